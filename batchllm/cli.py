@@ -1,0 +1,102 @@
+"""The `batchllm` command line. Thin: parse options, call the library, map errors to exit codes.
+
+Exit codes: 0 done; 1 the run is incomplete (a node failed, its cause is printed);
+2 bad input (nothing was run or written).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from batchllm.engines.devices import parse_devices
+from batchllm.errors import USAGE_EXIT_CODE, RunIncomplete, UserError
+from batchllm.models.embedded import EMBEDDED_MODELS
+from batchllm.models.registry import batchllm_home
+
+app = typer.Typer(
+    help="Offline batch inference for multi-LLM pipelines: a YAML DAG of LLM stages over Parquet, run on vLLM.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+)
+models_app = typer.Typer(help="Embedded models that need no network.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+DAG_ARGUMENT = typer.Argument(..., help="The DAG file (YAML): inputs, nodes, outputs.", show_default=False)
+
+
+def _fail(error: UserError) -> None:
+    Console(stderr=True, highlight=False).print(f"[red]error:[/red] {error.paragraph()}", markup=True, soft_wrap=True)
+    raise typer.Exit(USAGE_EXIT_CODE)
+
+
+@app.command()
+def run(
+    dag: Path = DAG_ARGUMENT,
+    out: Path = typer.Option(None, "--out", "-o", help="Output folder. Default: runs/<DAG file name>."),
+    devices: str = typer.Option("auto", help="Devices to use: auto, cpu:N, gpu:N, or ids such as cpu:0,1."),
+    fresh: bool = typer.Option(False, "--fresh", help="Discard results of an earlier run in --out instead of resuming."),
+) -> None:
+    """Run every node of DAG and write Parquet results.
+
+    Results are committed as each request finishes: run the same command again after a
+    crash or Ctrl-C and it resumes, computing each (node, row, step) exactly once. A run
+    that is already complete starts no engine.
+    """
+    from batchllm.runtime.launch import run_dag_file
+
+    console = Console(stderr=True)
+    out = out or Path("runs") / dag.stem
+    try:
+        result, progress = run_dag_file(dag, out, parse_devices(devices), fresh=fresh, console=console)
+    except UserError as error:
+        _fail(error)
+    except RunIncomplete as incomplete:
+        Console(stderr=True).print(f"[red]run incomplete:[/red] {incomplete}. Fix the cause and run the same command again to resume.")
+        raise typer.Exit(1)
+    if result.engines_started == 0:
+        console.print(f"Nothing to do: every node's results in {out} are complete; no engine was started.")
+    else:
+        console.print(progress.summary_table())
+    for name, path in result.outputs.items():
+        typer.echo(f"{name}: {path}")
+
+
+@app.command()
+def validate(dag: Path = DAG_ARGUMENT) -> None:
+    """Check DAG, its input files and its models without running anything."""
+    from batchllm.spec.checks import check_dag
+    from batchllm.spec.loader import load_dag
+
+    try:
+        spec = load_dag(dag)
+        check_dag(spec, batchllm_home())
+    except UserError as error:
+        _fail(error)
+    typer.echo(f"{dag}: ok ({len(spec.nodes)} nodes: {', '.join(spec.topological_order())})")
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """List embedded models and whether they are prepared."""
+    home = batchllm_home()
+    for name, model in EMBEDDED_MODELS.items():
+        state = "prepared" if model.is_prepared(home) else "not prepared yet"
+        typer.echo(f"{name}\t{state}\t{model.description}")
+
+
+@models_app.command("prepare")
+def models_prepare(name: str = typer.Argument("smollm2-135m", help="Embedded model name.")) -> None:
+    """Convert an embedded model once into $BATCHLLM_HOME (default ~/.cache/batchllm)."""
+    if name not in EMBEDDED_MODELS:
+        _fail(UserError(f"unknown embedded model {name!r}", hint=f"choose one of: {', '.join(EMBEDDED_MODELS)}"))
+    try:
+        path = EMBEDDED_MODELS[name].prepare(batchllm_home())
+    except UserError as error:
+        _fail(error)
+    typer.echo(str(path))
+
+
+def main() -> None:
+    app()

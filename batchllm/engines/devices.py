@@ -1,0 +1,88 @@
+"""Devices an engine replica runs on: GPUs on a GPU machine, CPU cores elsewhere.
+
+Everything above this module speaks of devices by index; only here do they become
+environment variables (`CUDA_VISIBLE_DEVICES`, or vLLM's CPU thread binding).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from batchllm.errors import UserError
+
+_SPEC = re.compile(r"(cpu|gpu):(\d+)\Z|(cpu|gpu):(\d+(?:,\d+)+)\Z")
+
+
+@dataclass(frozen=True)
+class DeviceSet:
+    kind: str  # "cpu" (cores) or "gpu"
+    ids: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{','.join(map(str, self.ids))}"
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One engine replica: its devices, split into `tp` tensor-parallel ranks."""
+
+    kind: str
+    device_ids: tuple[int, ...]
+    tp: int = 1
+
+    def environment(self) -> dict[str, str]:
+        if self.kind == "gpu":
+            return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, self.device_ids))}
+        per_rank = len(self.device_ids) // self.tp
+        ranks = [self.device_ids[i * per_rank:(i + 1) * per_rank] for i in range(self.tp)]
+        return {"VLLM_CPU_OMP_THREADS_BIND": "|".join(_core_list(r) for r in ranks)}
+
+
+def _core_list(cores: tuple[int, ...]) -> str:
+    if list(cores) == list(range(cores[0], cores[-1] + 1)) and len(cores) > 1:
+        return f"{cores[0]}-{cores[-1]}"
+    return ",".join(map(str, cores))
+
+
+def parse_devices(text: str) -> DeviceSet:
+    """`auto`, `cpu:N` / `gpu:N` (the first N), or explicit ids like `cpu:0,1`."""
+    if text == "auto":
+        gpus = _visible_gpu_count()
+        return DeviceSet("gpu", tuple(range(gpus))) if gpus else DeviceSet("cpu", tuple(range(os.cpu_count() or 1)))
+    match = _SPEC.match(text)
+    if not match:
+        raise UserError(f"bad device spec {text!r}", where="--devices", hint="use auto, cpu:N, gpu:N, or explicit ids such as cpu:0,1")
+    kind = match.group(1) or match.group(3)
+    if match.group(2):
+        count = int(match.group(2))
+        if count < 1:
+            raise UserError(f"bad device spec {text!r}: at least one device is needed", where="--devices")
+        ids = tuple(range(count))
+    else:
+        ids = tuple(int(i) for i in match.group(4).split(","))
+        if len(set(ids)) != len(ids):
+            raise UserError(f"bad device spec {text!r}: a device is listed twice", where="--devices")
+    available = (os.cpu_count() or 1) if kind == "cpu" else _visible_gpu_count()
+    if max(ids) >= available:
+        raise UserError(f"device spec {text!r} asks for {kind} {max(ids)}, but this machine has {available} {kind}s",
+                        where="--devices", hint=f"use at most {kind}:{available}" if available else "use cpu:N")
+    return DeviceSet(kind, ids)
+
+
+def _visible_gpu_count() -> int:
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+
+
+def whole_set_replica(devices: DeviceSet) -> Replica:
+    """One replica on all devices: threads over all cores, or tensor parallel over all GPUs."""
+    return Replica(devices.kind, devices.ids, tp=len(devices.ids) if devices.kind == "gpu" else 1)

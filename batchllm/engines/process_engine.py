@@ -1,0 +1,138 @@
+"""The driver's handle on one engine worker process.
+
+`Engine` is the interface the runtime uses; `ProcessEngine` runs any stepper (the real
+vLLM one by default) in a spawned process. A later Ray-actor engine implements the
+same four members.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import time
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+from batchllm.engines.protocol import (
+    EngineConfig,
+    EngineRequest,
+    EngineResult,
+    StopWorker,
+    SubmitRequests,
+    WorkerFailed,
+    WorkerReady,
+    WorkerResults,
+)
+from batchllm.engines.worker import worker_main
+
+
+class EngineFailed(RuntimeError):
+    """The engine could not start or died; the message says why."""
+
+
+class Engine(Protocol):
+    config: EngineConfig
+    ready: WorkerReady
+    busy_s: float  # time spent inside engine steps so far
+
+    def submit(self, requests: Sequence[EngineRequest]) -> None: ...
+    def poll(self, timeout_s: float) -> list[EngineResult]: ...
+    def stop(self) -> None: ...
+
+
+EngineFactory = Callable[[EngineConfig], Engine]
+
+
+def _log_tail(path: str | None, lines: int = 15) -> str:
+    if not path or not Path(path).is_file():
+        return ""
+    tail = Path(path).read_text(errors="replace").splitlines()[-lines:]
+    return "\n".join(tail)
+
+
+class ProcessEngine:
+    def __init__(self, config: EngineConfig, stepper_factory, start_timeout_s: float = 1800.0):
+        self.config = config
+        self.busy_s = 0.0
+        context = multiprocessing.get_context("spawn")
+        self._inbox, self._outbox = context.Queue(), context.Queue()
+        self._process = context.Process(
+            target=worker_main, args=(config, self._inbox, self._outbox, stepper_factory), daemon=True,
+            name=f"batchllm-engine-{Path(config.model).name}",
+        )
+        self._process.start()
+        self.ready = self._wait_ready(start_timeout_s)
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def _failure(self, reason: str) -> EngineFailed:
+        tail = _log_tail(self.config.log_path)
+        where = f" (engine log: {self.config.log_path})" if self.config.log_path else ""
+        return EngineFailed(f"{reason}{where}" + (f"\n{tail}" if tail else ""))
+
+    def _next_message(self, timeout_s: float):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self._outbox.get(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                if not self._process.is_alive():
+                    raise self._failure(f"engine worker exited with code {self._process.exitcode}") from None
+                if time.monotonic() >= deadline:
+                    return None
+
+    def _wait_ready(self, timeout_s: float) -> WorkerReady:
+        message = self._next_message(timeout_s)
+        if isinstance(message, WorkerReady):
+            return message
+        self._process.kill()
+        if isinstance(message, WorkerFailed):
+            raise self._failure(f"engine for {self.config.model} failed to start:\n{message.error}")
+        raise self._failure(f"engine for {self.config.model} did not start within {timeout_s:.0f} s")
+
+    def submit(self, requests: Sequence[EngineRequest]) -> None:
+        if requests:
+            self._inbox.put(SubmitRequests(tuple(requests)))
+
+    def poll(self, timeout_s: float) -> list[EngineResult]:
+        """Finished results; waits up to `timeout_s` for the first message."""
+        results: list[EngineResult] = []
+        message = self._next_message(timeout_s)
+        while message is not None:
+            if isinstance(message, WorkerFailed):
+                raise self._failure(f"engine for {self.config.model} failed:\n{message.error}")
+            if isinstance(message, WorkerResults):
+                results.extend(message.results)
+                self.busy_s += message.busy_s
+            try:
+                message = self._outbox.get_nowait()
+            except queue.Empty:
+                message = None
+        return results
+
+    def stop(self) -> None:
+        if self._process.is_alive():
+            self._inbox.put(StopWorker())
+            self._process.join(timeout=30)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(timeout=10)
+
+
+def start_vllm_engine(config: EngineConfig) -> ProcessEngine:
+    from batchllm.engines.vllm_stepper import VllmStepper, configure_environment
+
+    return ProcessEngine(config, _VllmStepperFactory(configure_environment, VllmStepper))
+
+
+class _VllmStepperFactory:
+    """Picklable: sets the device environment in the child before vLLM is imported."""
+
+    def __init__(self, configure, stepper_class):
+        self._configure, self._stepper_class = configure, stepper_class
+
+    def __call__(self, config: EngineConfig):
+        self._configure(config)
+        return self._stepper_class(config)

@@ -1,0 +1,76 @@
+"""Plain records crossing the engine boundary (picklable; no vLLM types)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from batchllm.engines.devices import Replica
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    request_id: str
+    prompt: str  # the user message when `chat`, else the raw completion prompt
+    system: str | None = None
+    chat: bool = True
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    n: int = 1
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    request_id: str
+    texts: tuple[str, ...]  # n completions; texts[0] is the main one
+    num_prompt_tokens: int
+    num_output_tokens: int  # summed over the n completions
+    finish_reason: str  # "stop" | "length" | "error: ..." (the request could not run)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything needed to start one engine replica on its devices."""
+
+    model: str  # a local directory or hub id
+    replica: Replica
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    enforce_eager: bool = True
+    log_path: str | None = None  # where the engine's own logs go
+
+    def sharing_key(self) -> tuple:
+        """Two configs with the same key can be served by one running engine."""
+        return (self.model, self.replica, self.max_model_len, self.max_num_seqs, self.kv_cache_memory_bytes, self.enforce_eager)
+
+
+# Worker -> driver messages.
+@dataclass(frozen=True)
+class WorkerReady:
+    load_time_s: float
+    kv_capacity_tokens: int
+    block_size_tokens: int
+
+
+@dataclass(frozen=True)
+class WorkerResults:
+    results: tuple[EngineResult, ...]
+    busy_s: float = 0.0  # time spent inside engine steps since the last message
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    error: str
+
+
+# Driver -> worker messages.
+@dataclass(frozen=True)
+class SubmitRequests:
+    requests: tuple[EngineRequest, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class StopWorker:
+    pass

@@ -1,0 +1,87 @@
+"""Engine worker process: one engine replica, fed over queues.
+
+Loop, three calls a turn: take new messages (blocking only when idle), step the
+engine, send what finished. The worker dies with its driver (PR_SET_PDEATHSIG), so a
+`kill -9` of the driver never leaves an orphaned engine holding memory and cores.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import signal
+import sys
+import time
+import traceback
+
+from batchllm.engines.protocol import (
+    EngineConfig,
+    StopWorker,
+    SubmitRequests,
+    WorkerFailed,
+    WorkerResults,
+)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the idle loop's parent check still ends the worker
+
+
+def _redirect_output(log_path: str | None) -> None:
+    if log_path:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+
+def worker_main(config: EngineConfig, inbox, outbox, stepper_factory) -> None:
+    """Entry point of the worker process (spawned)."""
+    _die_with_parent()
+    _redirect_output(config.log_path)
+    parent = os.getppid()
+    try:
+        stepper = stepper_factory(config)
+        outbox.put(stepper.ready)
+        serve(stepper, inbox, outbox, parent_alive=lambda: os.getppid() == parent)
+    except BaseException:  # report, then exit: the driver decides what to do
+        outbox.put(WorkerFailed(traceback.format_exc(limit=8)))
+        sys.stdout.flush()
+
+
+def serve(stepper, inbox, outbox, parent_alive) -> None:
+    while True:
+        messages = _take_messages(inbox, block=not stepper.has_work(), parent_alive=parent_alive)
+        for message in messages:
+            if isinstance(message, StopWorker):
+                return
+            if isinstance(message, SubmitRequests):
+                refused = [r for r in (stepper.add(req) for req in message.requests) if r is not None]
+                if refused:
+                    outbox.put(WorkerResults(tuple(refused)))
+        if stepper.has_work():
+            started = time.perf_counter()
+            finished = stepper.step()
+            busy_s = time.perf_counter() - started
+            outbox.put(WorkerResults(tuple(finished), busy_s=busy_s))
+
+
+def _take_messages(inbox, *, block: bool, parent_alive) -> list:
+    messages = []
+    while block and not messages:
+        try:
+            messages.append(inbox.get(timeout=1.0))
+        except queue.Empty:
+            if not parent_alive():
+                return [StopWorker()]
+    while True:
+        try:
+            messages.append(inbox.get_nowait())
+        except queue.Empty:
+            return messages

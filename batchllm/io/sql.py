@@ -1,0 +1,34 @@
+"""Routing predicates (`where:`), evaluated by DuckDB with no file or network access."""
+
+from __future__ import annotations
+
+import duckdb
+import pyarrow as pa
+
+from batchllm.errors import UserError
+from batchllm.io.inputs import ROW_ID
+
+
+def where_row_ids(rows: pa.Table, upstream: dict[str, pa.Array], predicate: str, *, where: str) -> list[str]:
+    """Row ids of `rows` for which `predicate` holds.
+
+    `upstream` maps node names to their text outputs, aligned with `rows`; the
+    predicate sees them as columns next to the input columns.
+    """
+    table = rows
+    for name, column in upstream.items():
+        table = table.append_column(name, column)
+    connection = duckdb.connect(config={"enable_external_access": False})
+    try:
+        connection.register("batch_rows", table)
+        result = connection.execute(f"SELECT {ROW_ID} FROM batch_rows WHERE ({predicate})").fetchall()
+    except duckdb.Error as exc:
+        first_line = str(exc).strip().splitlines()[0]
+        raise UserError(
+            f"the SQL predicate {predicate!r} failed in DuckDB: {first_line}",
+            where=where,
+            hint="write a boolean SQL expression over input columns and upstream node names",
+        ) from None
+    finally:
+        connection.close()
+    return [row[0] for row in result]

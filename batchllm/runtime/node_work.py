@@ -1,0 +1,111 @@
+"""What one node still has to do: pure bookkeeping, no engine code.
+
+A unit of work is (row_id, step). A row takes part when every upstream node it reads
+produced an output for it and its `where:` predicate holds. Plain nodes have one step
+per row; iterating nodes have one step per list element, and step k becomes ready only
+when step k-1 is committed (its output is step k's `previous`).
+
+Invariant: a unit is handed out at most once per NodeWork, and never when the journal
+already holds it; together with the journal this gives exactly-once results.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pyarrow as pa
+
+from batchllm.engines.protocol import EngineRequest
+from batchllm.io.inputs import ROW_ID, InputTable
+from batchllm.io.journal import ResultRecord
+from batchllm.io.sql import where_row_ids
+from batchllm.spec.model import NodeSpec
+from batchllm.spec.templates import PromptTemplate, compile_template, render_checked
+
+
+@functools.lru_cache(maxsize=256)
+def _template(source: str) -> PromptTemplate:
+    return compile_template(source, where="template", first_line=None)
+
+
+class NodeWork:
+    def __init__(self, node: NodeSpec, data: InputTable, upstream: dict[str, dict[str, str]],
+                 done: dict[tuple[str, int], ResultRecord]):
+        """`upstream` maps each upstream node to its final text per row_id."""
+        self.node = node
+        self._done = done
+        self._upstream = upstream
+        self._rows = {row[ROW_ID]: row for row in data.table.to_pylist() if all(row[ROW_ID] in upstream[u] for u in node.upstream)}
+        if node.where:
+            kept = data.table.filter(pa.array([row_id in self._rows for row_id in data.table.column(ROW_ID).to_pylist()]))
+            columns = {u: pa.array([upstream[u][r] for r in kept.column(ROW_ID).to_pylist()], pa.string()) for u in node.upstream}
+            selected = set(where_row_ids(kept, columns, node.where, where=f"nodes.{node.name}.where"))
+            self._rows = {r: row for r, row in self._rows.items() if r in selected}
+        self._steps = {r: (len(row[node.iterate.over] or []) if node.iterate else 1) for r, row in self._rows.items()}
+        self._in_flight: dict[str, tuple[str, int]] = {}
+        self._handed_out: set[tuple[str, int]] = set()
+
+    @property
+    def total_units(self) -> int:
+        return sum(self._steps.values())
+
+    @property
+    def done_units(self) -> int:
+        return sum(1 for key in self._done if key[0] in self._steps and key[1] < self._steps[key[0]])
+
+    def is_finished(self) -> bool:
+        return self.done_units == self.total_units
+
+    def _next_step(self, row_id: str) -> int:
+        step = 0
+        while (row_id, step) in self._done:
+            step += 1
+        return step
+
+    def ready_requests(self) -> list[EngineRequest]:
+        """Units whose inputs are all committed and that are not done or in flight."""
+        requests = []
+        for row_id, steps in self._steps.items():
+            step = self._next_step(row_id)
+            if step < steps and (row_id, step) not in self._handed_out:
+                requests.append(self._request(row_id, step))
+        return requests
+
+    def _request(self, row_id: str, step: int) -> EngineRequest:
+        node, row = self.node, self._rows[row_id]
+        context = dict(row)
+        context.update({u: self._upstream[u][row_id] for u in node.upstream})
+        if node.iterate:
+            previous = self._done.get((row_id, step - 1))
+            context.update({node.iterate.item_name: row[node.iterate.over][step], "step": step,
+                            "previous": previous.text if previous else None})
+        where = f"nodes.{node.name} (row {row_id!r}, step {step})"
+        render = lambda source: render_checked(_template(source), context, where=where)  # noqa: E731
+        request_id = f"{node.name}:{row_id}:{step}"
+        self._in_flight[request_id] = (row_id, step)
+        self._handed_out.add((row_id, step))
+        s = node.sampling
+        return EngineRequest(
+            request_id=request_id, prompt=render(node.prompt), system=render(node.system) if node.system else None,
+            chat=node.chat, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=s.seed, n=s.n,
+        )
+
+    def record_for(self, request_id: str, texts, num_prompt_tokens, num_output_tokens, finish_reason) -> ResultRecord:
+        """The journal record for a finished request of this node."""
+        row_id, step = self._in_flight.pop(request_id)
+        return ResultRecord(row_id, step, tuple(texts), num_prompt_tokens, num_output_tokens, finish_reason)
+
+    def requeue_in_flight(self) -> None:
+        """After an engine is lost, its unfinished units may be handed out again."""
+        for key in self._in_flight.values():
+            self._handed_out.discard(key)
+        self._in_flight.clear()
+
+    def final_records(self) -> dict[str, ResultRecord]:
+        """Row -> record of its last step, for rows whose every step is committed."""
+        final = {}
+        for row_id, steps in self._steps.items():
+            record = self._done.get((row_id, steps - 1)) if steps else None
+            if record is not None:
+                final[row_id] = record
+        return final

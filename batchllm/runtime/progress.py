@@ -1,0 +1,77 @@
+"""Progress display and end-of-run summary (rich, on stderr)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+
+@dataclass
+class NodeStats:
+    node: str
+    model: str
+    units_total: int
+    units_done_before: int
+    units_done_now: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    engine_load_s: float = 0.0
+    started_at: float = field(default_factory=time.monotonic)
+    busy_s: float = 0.0  # inside engine steps
+    finished_at: float | None = None
+
+    @property
+    def elapsed_s(self) -> float:
+        return (self.finished_at or time.monotonic()) - self.started_at
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+class RunProgress:
+    def __init__(self, console: Console):
+        self.console = console
+        self._bars = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=console, transient=False,
+        )
+        self._tasks: dict[str, int] = {}
+        self.stats: dict[str, NodeStats] = {}
+
+    def __enter__(self) -> "RunProgress":
+        self._bars.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._bars.__exit__(*exc)
+
+    def note(self, message: str) -> None:
+        self._bars.console.print(message)
+
+    def start_node(self, stats: NodeStats) -> None:
+        self.stats[stats.node] = stats
+        self._tasks[stats.node] = self._bars.add_task(stats.node, total=stats.units_total, completed=stats.units_done_before, rate="")
+
+    def advance(self, node: str, prompt_tokens: int, output_tokens: int) -> None:
+        stats = self.stats[node]
+        stats.units_done_now += 1
+        stats.prompt_tokens += prompt_tokens
+        stats.output_tokens += output_tokens
+        self._bars.update(self._tasks[node], advance=1, rate=f"{stats.output_tokens_per_s:,.0f} tok/s")
+
+    def finish_node(self, node: str) -> None:
+        self.stats[node].finished_at = time.monotonic()
+
+    def summary_table(self) -> Table:
+        table = Table(title="batchllm run summary")
+        for column in ("node", "model", "requests", "prompt tok", "output tok", "load s", "engine s", "time s", "output tok/s"):
+            table.add_column(column, justify="left" if column in ("node", "model") else "right")
+        for s in self.stats.values():
+            table.add_row(s.node, s.model, f"{s.units_done_before + s.units_done_now}/{s.units_total}", f"{s.prompt_tokens:,}",
+                          f"{s.output_tokens:,}", f"{s.engine_load_s:.1f}", f"{s.busy_s:.1f}", f"{s.elapsed_s:.1f}", f"{s.output_tokens_per_s:,.1f}")
+        return table

@@ -1,0 +1,54 @@
+"""Layout of a run's output folder, and the lock that keeps two runs out of it.
+
+    <out>/<output>.parquet         final data sets
+    <out>/nodes/<node>.parquet     every (row, step) result of a node
+    <out>/.batchllm/journal/       the commit logs that make resume exact
+    <out>/.batchllm/logs/          engine logs
+"""
+
+from __future__ import annotations
+
+import fcntl
+import shutil
+from pathlib import Path
+
+from batchllm.errors import UserError
+
+
+class RunDir:
+    def __init__(self, root: Path):
+        self.root = root
+        self.state = root / ".batchllm"
+        self._lock_file = None
+
+    def journal_path(self, node: str) -> Path:
+        return self.state / "journal" / f"{node}.jsonl"
+
+    def node_path(self, node: str) -> Path:
+        return self.root / "nodes" / f"{node}.parquet"
+
+    def output_path(self, name: str) -> Path:
+        return self.root / f"{name}.parquet"
+
+    def log_path(self, label: str) -> Path:
+        return self.state / "logs" / f"{label}.log"
+
+    def open(self, fresh: bool) -> None:
+        """Create the folder and take the lock; with `fresh`, drop earlier results first."""
+        if self.root.exists() and not self.root.is_dir():
+            raise UserError(f"--out {str(self.root)!r} exists and is not a folder", hint="choose another --out")
+        self.state.mkdir(parents=True, exist_ok=True)
+        self._lock_file = open(self.state / "lock", "w")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"another batchllm run is using {str(self.root)!r}", hint="wait for it to finish, or choose another --out") from None
+        if fresh:
+            for path in (self.state / "journal", self.state / "logs", self.root / "nodes"):
+                shutil.rmtree(path, ignore_errors=True)
+        (self.state / "logs").mkdir(exist_ok=True)
+
+    def close(self) -> None:
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None

@@ -1,0 +1,163 @@
+"""The simple executor: nodes in topological order, each on all devices.
+
+Consecutive nodes that use the same model (and engine settings) share one running
+engine, so a DAG that calls one model in several roles pays its load time once.
+Nothing is started for a node whose results are all committed already, so a re-run
+of a finished DAG loads no model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from batchllm.engines.devices import DeviceSet, whole_set_replica
+from batchllm.engines.process_engine import Engine, EngineFactory, EngineFailed
+from batchllm.engines.protocol import EngineConfig
+from batchllm.errors import RunIncomplete
+from batchllm.io.inputs import InputTable
+from batchllm.io.journal import ResultJournal, ResultRecord
+from batchllm.io.outputs import node_table, output_table, write_parquet_atomically
+from batchllm.models.registry import resolve_model
+from batchllm.runtime.fingerprint import node_fingerprints
+from batchllm.runtime.node_work import NodeWork
+from batchllm.runtime.progress import NodeStats, RunProgress
+from batchllm.runtime.run_dir import RunDir
+from batchllm.spec.model import DagSpec
+
+MAX_ENGINE_RESTARTS = 2
+# On CPUs vLLM would otherwise size the KV cache as a share of all RAM; 1 GiB holds
+# about 44,000 tokens of the embedded model and leaves room for two replicas.
+CPU_KV_CACHE_DEFAULT_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class RunResult:
+    engines_started: int
+    nodes_failed: dict[str, str]  # node -> cause
+    outputs: dict[str, Path]
+
+
+class EnginePool:
+    """At most one running engine; reused while the next node can share it."""
+
+    def __init__(self, factory: EngineFactory):
+        self._factory = factory
+        self.current: Engine | None = None
+        self.started = 0
+
+    def can_share(self, config: EngineConfig) -> bool:
+        return self.current is not None and self.current.config.sharing_key() == config.sharing_key()
+
+    def engine_for(self, config: EngineConfig) -> Engine:
+        if self.can_share(config):
+            return self.current
+        self.stop()
+        self.current = self._factory(config)
+        self.started += 1
+        return self.current
+
+    def stop(self) -> None:
+        if self.current is not None:
+            self.current.stop()
+            self.current = None
+
+
+class SequentialRunner:
+    def __init__(self, dag: DagSpec, tables: dict[str, InputTable], run_dir: RunDir, devices: DeviceSet,
+                 engine_factory: EngineFactory, progress: RunProgress, home: Path):
+        self.dag, self.tables, self.run_dir, self.devices = dag, tables, run_dir, devices
+        self.pool = EnginePool(engine_factory)
+        self.progress, self.home = progress, home
+
+    def run(self) -> RunResult:
+        prints = node_fingerprints(self.dag)
+        journals = {n: ResultJournal(self.run_dir.journal_path(n), prints[n], n) for n in self.dag.nodes}
+        finals: dict[str, dict[str, ResultRecord]] = {}
+        failed: dict[str, str] = {}
+        try:
+            for name in self.dag.topological_order():
+                node = self.dag.nodes[name]
+                blocked = [u for u in node.upstream if u in failed]
+                if blocked:
+                    failed[name] = f"upstream node {blocked[0]!r} failed"
+                    continue
+                work = NodeWork(node, self.tables[node.input_name], {u: {r: rec.text for r, rec in finals[u].items()} for u in node.upstream}, journals[name].records)
+                if not work.is_finished():
+                    try:
+                        self._run_node(work, journals[name])
+                    except EngineFailed as exc:
+                        failed[name] = str(exc)
+                        self.progress.note(f"[red]node {name} failed:[/red] {exc}")
+                journals[name].sync()
+                write_parquet_atomically(node_table(list(journals[name].records.values()), node.sampling.n), self.run_dir.node_path(name))
+                finals[name] = work.final_records()
+        finally:
+            self.pool.stop()
+            for journal in journals.values():
+                journal.close()
+        outputs = self._write_outputs(finals)
+        if failed:
+            raise RunIncomplete("; ".join(f"node {n}: {cause.splitlines()[0]}" for n, cause in failed.items()))
+        return RunResult(self.pool.started, failed, outputs)
+
+    def _engine_config(self, model: str) -> EngineConfig:
+        ref = resolve_model(model, dag_dir=self.dag.path.parent, home=self.home, where=f"model {model!r}")
+        replica = whole_set_replica(self.devices)
+        e = self.dag.engine
+        return EngineConfig(
+            model=ref.materialise(self.home), replica=replica, max_model_len=e.max_model_len, max_num_seqs=e.max_num_seqs,
+            kv_cache_memory_bytes=e.kv_cache_memory_bytes or (CPU_KV_CACHE_DEFAULT_BYTES if replica.kind == "cpu" else None),
+            enforce_eager=replica.kind == "cpu" if e.enforce_eager is None else e.enforce_eager,
+            log_path=str(self.run_dir.log_path(f"engine-{ref.name.replace('/', '_')}")),
+        )
+
+    def _run_node(self, work: NodeWork, journal: ResultJournal) -> None:
+        node = work.node
+        stats = NodeStats(node.name, node.model, work.total_units, work.done_units)
+        self.progress.start_node(stats)
+        restarts = 0
+        while not work.is_finished():
+            config = self._engine_config(node.model)
+            starts = self.pool.started
+            if not self.pool.can_share(config):
+                self.progress.note(f"starting engine {node.model} on {self.devices} for node {node.name}")
+            try:
+                engine = self.pool.engine_for(config)
+                if self.pool.started > starts:
+                    stats.engine_load_s += engine.ready.load_time_s
+                self._drive(work, engine, journal)
+            except EngineFailed:
+                self.pool.stop()  # a dead engine: stop() only reaps it
+                work.requeue_in_flight()
+                restarts += 1
+                if restarts > MAX_ENGINE_RESTARTS:
+                    self.progress.finish_node(node.name)
+                    raise
+                self.progress.note(f"[yellow]engine for {node.name} died; restarting ({restarts}/{MAX_ENGINE_RESTARTS})[/yellow]")
+        self.progress.finish_node(node.name)
+
+    def _drive(self, work: NodeWork, engine: Engine, journal: ResultJournal) -> None:
+        busy_before = engine.busy_s
+        try:
+            self._feed(work, engine, journal)
+        finally:
+            self.progress.stats[work.node.name].busy_s += engine.busy_s - busy_before
+
+    def _feed(self, work: NodeWork, engine: Engine, journal: ResultJournal) -> None:
+        engine.submit(work.ready_requests())
+        while not work.is_finished():
+            for result in engine.poll(timeout_s=0.5):
+                record = work.record_for(result.request_id, result.texts, result.num_prompt_tokens,
+                                         result.num_output_tokens, result.finish_reason)
+                journal.append(record)
+                self.progress.advance(work.node.name, result.num_prompt_tokens, result.num_output_tokens)
+            engine.submit(work.ready_requests())
+
+    def _write_outputs(self, finals: dict[str, dict[str, ResultRecord]]) -> dict[str, Path]:
+        written = {}
+        for name, spec in self.dag.outputs.items():
+            path = self.run_dir.output_path(name)
+            write_parquet_atomically(output_table(spec, self.tables[spec.input_name], finals), path)
+            written[name] = path
+        return written

@@ -1,0 +1,90 @@
+"""Checks of a parsed DAG against its data and models, before anything runs.
+
+Columns a template reads must exist in the node's input and hold strings; an
+`iterate.over` column must hold lists of strings; a `where:` predicate must bind in
+DuckDB over the input columns and upstream outputs; every model must resolve.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from batchllm.errors import UserError
+from batchllm.io.inputs import InputTable, load_inputs
+from batchllm.io.sql import where_row_ids
+from batchllm.models.registry import resolve_model
+from batchllm.spec.model import DagSpec, NodeSpec
+from batchllm.spec.templates import compile_template, render_checked
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def _is_text_list(kind: pa.DataType) -> bool:
+    return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and _is_text(kind.value_type)
+
+
+def check_dag(dag: DagSpec, home) -> dict[str, InputTable]:
+    """Validate everything that needs data or models; returns the loaded inputs."""
+    tables = load_inputs(dag.inputs)
+    for node in dag.nodes.values():
+        _check_node(dag, node, tables[node.input_name])
+        resolve_model(node.model, dag_dir=dag.path.parent, home=home, where=f"{dag.path}, line {node.line}, nodes.{node.name}.model")
+    for output in dag.outputs.values():
+        schema = tables[output.input_name].table.schema
+        for column, ref in output.columns.items():
+            if ref.node is None and ref.field not in schema.names:
+                raise UserError(
+                    f"outputs.{output.name}.columns.{column} names {ref.field!r}, which is neither a node nor a column of input {output.input_name!r}",
+                    where=f"{dag.path}, line {output.line}",
+                    hint=f"nodes: {', '.join(dag.nodes)}; columns: {', '.join(schema.names)}",
+                )
+    return tables
+
+
+def _check_node(dag: DagSpec, node: NodeSpec, data: InputTable) -> None:
+    where = f"{dag.path}, line {node.line}, nodes.{node.name}"
+    schema = data.table.schema
+    for column in node.columns_used:
+        if column not in schema.names:
+            raise UserError(
+                f"the template or `where` reads {column!r}, which is neither a node nor a column of input {node.input_name!r}",
+                where=where,
+                hint=f"columns of {node.input_name!r}: {', '.join(schema.names)}; nodes: {', '.join(dag.nodes)}",
+            )
+        if column in dag.nodes:
+            raise UserError(f"{column!r} is both a node and a column of input {node.input_name!r}", where=where, hint="rename the node")
+        kind = schema.field(column).type
+        if not _is_text(kind) and not (node.iterate and column == node.iterate.over):
+            raise UserError(
+                f"column {column!r} of input {node.input_name!r} has type {kind}, but prompt columns must be strings",
+                where=where,
+                hint=f"convert it to text in the input file (e.g. DuckDB: CAST({column} AS VARCHAR))",
+            )
+    if node.iterate:
+        over = node.iterate.over
+        if over not in schema.names:
+            raise UserError(f"iterate.over names {over!r}, which is not a column of input {node.input_name!r}", where=where,
+                            hint=f"columns: {', '.join(schema.names)}")
+        if not _is_text_list(schema.field(over).type):
+            raise UserError(f"iterate.over column {over!r} has type {schema.field(over).type}, but must be a list of strings",
+                            where=where, hint="store the chunks of each row as list<string>")
+    if node.where:
+        empty = {name: pa.array([], pa.string()) for name in node.upstream}
+        where_row_ids(data.table.slice(0, 0), empty, node.where, where=f"{where}.where")
+    _dry_render(node, data, where)
+
+
+def _dry_render(node: NodeSpec, data: InputTable, where: str) -> None:
+    """Render both templates on the first row, upstream outputs as empty text."""
+    row = data.table.slice(0, 1).to_pylist()[0]
+    context = {name: value for name, value in row.items()}
+    context.update({name: "" for name in node.upstream})
+    if node.iterate:
+        items = row.get(node.iterate.over) or [""]
+        context.update({node.iterate.item_name: items[0], "step": 0, "previous": None})
+    for key, source in (("prompt", node.prompt), ("system", node.system)):
+        if source is not None:
+            template = compile_template(source, where=f"{where}.{key}", first_line=None)
+            render_checked(template, context, where=f"{where}.{key}")

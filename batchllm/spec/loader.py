@@ -1,0 +1,252 @@
+"""YAML file -> DagSpec: structure, types, templates, references and the graph.
+
+Checks that need the data (columns, types, rows) or the models live in `spec.checks`.
+Every error is a UserError naming the field and line, raised before anything runs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+
+import networkx as nx
+
+from batchllm.errors import UserError
+from batchllm.spec.model import (
+    RESULT_FIELDS,
+    ColumnRef,
+    DagSpec,
+    EngineSpec,
+    InputSpec,
+    IterateSpec,
+    NodeSpec,
+    OutputSpec,
+    SamplingSpec,
+)
+from batchllm.spec.templates import compile_template
+from batchllm.spec.yaml_lines import LineDict, read_yaml
+
+NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# Names every template may use besides columns and nodes; iteration adds two more.
+ROW_NAMES = frozenset({"row_id"})
+ITERATION_NAMES = frozenset({"step", "previous"})
+_SQL_STRING = re.compile(r"'(?:[^']|'')*'")
+_SQL_WORD = re.compile(r'"([^"]+)"|([A-Za-z_][A-Za-z0-9_]*)')
+
+
+class _Section:
+    """Typed reads from one YAML mapping, with errors that name `where` and the line."""
+
+    def __init__(self, file: Path, mapping: object, where: str, line: int, allowed: set[str]):
+        self.file, self.where = file, where
+        if not isinstance(mapping, LineDict):
+            raise UserError(f"{where} must be a mapping, got {_show(mapping)}", where=f"{file}, line {line}")
+        self.mapping = mapping
+        for key in mapping:
+            if key not in allowed:
+                close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(sorted(allowed))}"
+                self.fail(key, f"unknown key {key!r} in {where}", hint)
+
+    def fail(self, key: str | None, message: str, hint: str | None = None) -> None:
+        line = self.mapping.line_of(key) if key else self.mapping.line
+        raise UserError(message, where=f"{self.file}, line {line}", hint=hint)
+
+    def line(self, key: str) -> int:
+        return self.mapping.line_of(key)
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: object = ..., *, check=None, expect=""):
+        if key not in self.mapping:
+            if default is ...:
+                self.fail(None, f"{self.where} needs the key {key!r}", f"add `{key}:` to {self.where}")
+            return default
+        value = self.mapping[key]
+        ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+        if not ok or (check is not None and not check(value)):
+            noun = expect or getattr(kind, "__name__", "value")
+            self.fail(key, f"{self.where}.{key} must be {noun}, got {_show(value)}")
+        return value
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def load_dag(path: Path) -> DagSpec:
+    path = Path(path)
+    raw = read_yaml(path)
+    top = _Section(path, raw, "the DAG", 1, {"name", "inputs", "nodes", "outputs", "engine"})
+    inputs = _parse_inputs(top, path)
+    nodes = _parse_nodes(top, path, inputs)
+    _check_graph(path, nodes)
+    outputs = _parse_outputs(top, path, inputs, nodes)
+    name = top.get("name", str, default=path.stem, expect="a string")
+    return DagSpec(path=path, name=name, inputs=inputs, nodes=nodes, outputs=outputs, engine=_parse_engine(top, path))
+
+
+def _check_name(section: _Section, key: str, kind: str) -> None:
+    if not isinstance(key, str) or not NAME_PATTERN.match(key):
+        section.fail(key, f"{kind} name {key!r} is not a valid name", "use letters, digits and _, not starting with a digit")
+
+
+def _parse_inputs(top: _Section, path: Path) -> dict[str, InputSpec]:
+    raw = top.get("inputs", dict, expect="a mapping of input names to {path, id_column}")
+    if not raw:
+        top.fail("inputs", "the DAG declares no inputs", "add at least one Parquet input under `inputs:`")
+    section = _Section(path, raw, "inputs", top.line("inputs"), set(raw))
+    inputs = {}
+    for name, body in raw.items():
+        _check_name(section, name, "input")
+        item = _Section(path, body, f"inputs.{name}", section.line(name), {"path", "id_column"})
+        file = item.get("path", str, expect="a path to a Parquet file")
+        id_column = item.get("id_column", str, default=None, expect="a column name")
+        resolved = (path.parent / file).resolve() if not Path(file).is_absolute() else Path(file)
+        inputs[name] = InputSpec(name=name, path=resolved, id_column=id_column, line=section.line(name))
+    return inputs
+
+
+def _parse_sampling(node: _Section, path: Path) -> SamplingSpec:
+    if "sampling" not in node.mapping:
+        return SamplingSpec()
+    where = f"{node.where}.sampling"
+    s = _Section(path, node.mapping["sampling"], where, node.line("sampling"), {"max_tokens", "temperature", "top_p", "seed", "n"})
+    number = (int, float)
+    return SamplingSpec(
+        max_tokens=s.get("max_tokens", int, 128, check=lambda v: v > 0, expect="a positive integer"),
+        temperature=float(s.get("temperature", number, 0.0, check=lambda v: v >= 0, expect="a number >= 0")),
+        top_p=float(s.get("top_p", number, 1.0, check=lambda v: 0 < v <= 1, expect="a number in (0, 1]")),
+        seed=s.get("seed", int, None, expect="an integer"),
+        n=s.get("n", int, 1, check=lambda v: v >= 1, expect="an integer >= 1"),
+    )
+
+
+def _sql_identifiers(predicate: str) -> set[str]:
+    without_strings = _SQL_STRING.sub(" ", predicate)
+    return {quoted or bare for quoted, bare in _SQL_WORD.findall(without_strings)}
+
+
+def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec]) -> dict[str, NodeSpec]:
+    raw = top.get("nodes", dict, expect="a mapping of node names to LLM stages")
+    if not raw:
+        top.fail("nodes", "the DAG declares no nodes", "add at least one LLM stage under `nodes:`")
+    section = _Section(path, raw, "nodes", top.line("nodes"), set(raw))
+    allowed = {"model", "input", "prompt", "system", "chat", "sampling", "where", "iterate"}
+    parsed: dict[str, tuple[_Section, NodeSpec, set[str]]] = {}
+    for name, body in raw.items():
+        _check_name(section, name, "node")
+        if name in ROW_NAMES | ITERATION_NAMES:
+            section.fail(name, f"node name {name!r} is reserved", "rename the node")
+        node = _Section(path, body, f"nodes.{name}", section.line(name), allowed)
+        default_input = next(iter(inputs)) if len(inputs) == 1 else ...
+        input_name = node.get("input", str, default_input, expect="the name of an input")
+        if input_name not in inputs:
+            node.fail("input", f"nodes.{name}.input names unknown input {input_name!r}", f"declared inputs: {', '.join(inputs)}")
+        iterate = None
+        if "iterate" in node.mapping:
+            it = _Section(path, node.mapping["iterate"], f"nodes.{name}.iterate", node.line("iterate"), {"over", "as"})
+            iterate = IterateSpec(over=it.get("over", str, expect="a list column"), item_name=it.get("as", str, "item", expect="a name"))
+        where_text = node.get("where", str, None, expect="a SQL predicate")
+        names: set[str] = set()
+        templates = {}
+        for key in ("prompt", "system"):
+            source = node.get(key, str, None if key == "system" else ..., expect="a template string")
+            if source is not None:
+                templates[key] = compile_template(source, where=f"{path}, nodes.{name}.{key}", first_line=node.mapping.value_line(key))
+                names |= templates[key].names
+        locals_ = ITERATION_NAMES | {iterate.item_name} if iterate else frozenset()
+        names -= locals_ | ROW_NAMES
+        if where_text is not None:
+            names |= _sql_identifiers(where_text) & set(raw)
+        spec = NodeSpec(
+            name=name,
+            model=node.get("model", str, expect="a model name or directory"),
+            input_name=input_name,
+            prompt=templates["prompt"].source,
+            system=templates["system"].source if "system" in templates else None,
+            chat=node.get("chat", bool, True, expect="true or false"),
+            sampling=_parse_sampling(node, path),
+            where=where_text,
+            iterate=iterate,
+            line=section.line(name),
+            upstream=tuple(sorted(n for n in names if n in raw)),
+            columns_used=tuple(sorted(n for n in names if n not in raw)),
+        )
+        parsed[name] = (node, spec, names)
+    for name, (node, spec, _) in parsed.items():
+        for up in spec.upstream:
+            if parsed[up][1].input_name != spec.input_name:
+                node.fail(None, f"node {name!r} reads node {up!r}, which runs over another input ({parsed[up][1].input_name!r})",
+                          "nodes joined row by row must share one input")
+    return {name: spec for name, (_, spec, _) in parsed.items()}
+
+
+def _check_graph(path: Path, nodes: dict[str, NodeSpec]) -> None:
+    graph = nx.DiGraph()
+    graph.add_nodes_from(nodes)
+    graph.add_edges_from((up, name) for name, node in nodes.items() for up in node.upstream)
+    try:
+        cycle = nx.find_cycle(graph)
+    except nx.NetworkXNoCycle:
+        return
+    chain = " -> ".join([edge[0] for edge in cycle] + [cycle[0][0]])
+    first = nodes[cycle[0][0]]
+    raise UserError(
+        f"the nodes form a cycle: {chain}",
+        where=f"{path}, line {first.line}",
+        hint="a node cannot read its own output, directly or through others; use `iterate:` for chains",
+    )
+
+
+def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], nodes: dict[str, NodeSpec]) -> dict[str, OutputSpec]:
+    if "outputs" not in top.mapping:  # default: one data set per input, every node's text
+        outputs = {}
+        for input_name in inputs:
+            columns = {n: ColumnRef(n, "text") for n, spec in nodes.items() if spec.input_name == input_name}
+            name = "results" if len(inputs) == 1 else input_name
+            if columns:
+                outputs[name] = OutputSpec(name=name, input_name=input_name, columns=columns, line=0)
+        return outputs
+    raw = top.get("outputs", dict, expect="a mapping of output names to {columns}")
+    section = _Section(path, raw, "outputs", top.line("outputs"), set(raw))
+    outputs = {}
+    for name, body in raw.items():
+        _check_name(section, name, "output")
+        out = _Section(path, body, f"outputs.{name}", section.line(name), {"input", "columns"})
+        columns_raw = out.get("columns", dict, expect="a mapping of column names to `column`, `node` or `node.field`")
+        columns = {}
+        for column, ref in columns_raw.items():
+            if not isinstance(ref, str):
+                out.fail("columns", f"outputs.{name}.columns.{column} must be a string, got {_show(ref)}")
+            head, _, field = ref.partition(".")
+            if head in nodes:
+                field = field or "text"
+                if field not in RESULT_FIELDS:
+                    out.fail("columns", f"outputs.{name}.columns.{column}: {ref!r} names unknown field {field!r}", f"fields: {', '.join(RESULT_FIELDS)}")
+                columns[column] = ColumnRef(head, field)
+            else:
+                columns[column] = ColumnRef(None, ref)
+        node_inputs = {nodes[c.node].input_name for c in columns.values() if c.node}
+        default_input = next(iter(node_inputs)) if len(node_inputs) == 1 else (next(iter(inputs)) if len(inputs) == 1 else ...)
+        input_name = out.get("input", str, default_input, expect="the name of an input")
+        if input_name not in inputs:
+            out.fail("input", f"outputs.{name}.input names unknown input {input_name!r}", f"declared inputs: {', '.join(inputs)}")
+        if node_inputs - {input_name}:
+            out.fail("columns", f"outputs.{name} mixes nodes of different inputs", "make one output per input")
+        outputs[name] = OutputSpec(name=name, input_name=input_name, columns=columns, line=section.line(name))
+    return outputs
+
+
+def _parse_engine(top: _Section, path: Path) -> EngineSpec:
+    if "engine" not in top.mapping:
+        return EngineSpec()
+    keys = {"max_model_len", "max_num_seqs", "kv_cache_memory_bytes", "enforce_eager"}
+    e = _Section(path, top.mapping["engine"], "engine", top.line("engine"), keys)
+    positive = dict(check=lambda v: v > 0, expect="a positive integer")
+    return EngineSpec(
+        max_model_len=e.get("max_model_len", int, None, **positive),
+        max_num_seqs=e.get("max_num_seqs", int, None, **positive),
+        kv_cache_memory_bytes=e.get("kv_cache_memory_bytes", int, None, **positive),
+        enforce_eager=e.get("enforce_eager", bool, None, expect="true or false"),
+    )

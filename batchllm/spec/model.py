@@ -1,0 +1,106 @@
+"""The validated DAG: plain frozen records, built only by `spec.loader`.
+
+A DAG has named Parquet inputs, LLM nodes whose prompt templates reference input
+columns and upstream node outputs (that is where the edges come from), and named
+output data sets assembled from those columns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Fields of a node's result that an output column may name as `node.field`.
+RESULT_FIELDS = ("text", "num_prompt_tokens", "num_output_tokens", "finish_reason")
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    n: int = 1
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    path: Path
+    id_column: str | None
+    line: int
+
+
+@dataclass(frozen=True)
+class IterateSpec:
+    """Run the node once per element of a list column, in order, per row.
+
+    Step k's template sees `item_name` (the k-th element), `step` (k) and `previous`
+    (step k-1's output, or None at step 0). Downstream nodes see the last step's output.
+    """
+
+    over: str
+    item_name: str
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    model: str
+    input_name: str
+    prompt: str
+    system: str | None
+    chat: bool
+    sampling: SamplingSpec
+    where: str | None
+    iterate: IterateSpec | None
+    line: int
+    upstream: tuple[str, ...] = ()
+    columns_used: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ColumnRef:
+    """An output column: an input column (`node` is None) or a node's result field."""
+
+    node: str | None
+    field: str
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    name: str
+    input_name: str
+    columns: dict[str, ColumnRef]
+    line: int
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Engine settings shared by every model of the DAG (None: the engine's default)."""
+
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    enforce_eager: bool | None = None  # None: eager on CPUs (compiling costs ~100 s there), compiled on GPUs
+
+
+@dataclass(frozen=True)
+class DagSpec:
+    path: Path
+    name: str
+    inputs: dict[str, InputSpec]
+    nodes: dict[str, NodeSpec]
+    outputs: dict[str, OutputSpec]
+    engine: EngineSpec = field(default_factory=EngineSpec)
+
+    def topological_order(self) -> list[str]:
+        """Node names, every node after all of its upstream nodes (stable by file order)."""
+        done: list[str] = []
+        placed: set[str] = set()
+        while len(done) < len(self.nodes):
+            for name, node in self.nodes.items():
+                if name not in placed and all(u in placed for u in node.upstream):
+                    done.append(name)
+                    placed.add(name)
+        return done

@@ -1,0 +1,68 @@
+"""Prompt templates: Jinja2 in a sandbox, with the names each template reads.
+
+Templates come from DAG files, which may be shared, so they run in an immutable
+sandbox and are also checked statically: no attribute or item whose name starts
+with an underscore (the way into Python internals) is allowed at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jinja2
+from jinja2 import meta, nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from batchllm.errors import UserError
+
+_ENVIRONMENT = ImmutableSandboxedEnvironment(
+    undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=False
+)
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    source: str
+    compiled: jinja2.Template
+    names: frozenset[str]
+
+    def render(self, context: dict[str, object]) -> str:
+        return self.compiled.render(context)
+
+
+def compile_template(source: str, *, where: str, first_line: int | None) -> PromptTemplate:
+    """Parse and check a template; `first_line` is its first line in the DAG file."""
+    try:
+        tree = _ENVIRONMENT.parse(source)
+    except jinja2.TemplateSyntaxError as exc:
+        line = f", line {first_line + exc.lineno - 1}" if first_line else ""
+        raise UserError(
+            f"template syntax error: {exc.message}",
+            where=f"{where}{line}",
+            hint="check the {{ }} and {% %} pairs of the template",
+        ) from None
+    for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
+        key = node.attr if isinstance(node, nodes.Getattr) else getattr(node.arg, "value", None)
+        if isinstance(key, str) and key.startswith("_"):
+            raise UserError(
+                f"template reaches the private attribute {key!r}, which is not allowed",
+                where=where,
+                hint="templates may read input columns and upstream outputs only",
+            )
+    return PromptTemplate(
+        source=source,
+        compiled=_ENVIRONMENT.from_string(tree),
+        names=frozenset(meta.find_undeclared_variables(tree)),
+    )
+
+
+def render_checked(template: PromptTemplate, context: dict[str, object], *, where: str) -> str:
+    """Render, turning template runtime errors into user errors."""
+    try:
+        return template.render(context)
+    except jinja2.exceptions.SecurityError as exc:
+        raise UserError(f"template blocked by the sandbox: {exc}", where=where) from None
+    except jinja2.exceptions.UndefinedError as exc:
+        raise UserError(f"template error: {exc.message}", where=where) from None
+    except (TypeError, ValueError, ArithmeticError, jinja2.TemplateError) as exc:
+        raise UserError(f"template failed to render: {exc}", where=where) from None
