@@ -36,7 +36,33 @@ class Engine(Protocol):
     busy_s: float  # time spent inside engine steps so far
 
     def submit(self, requests: Sequence[EngineRequest]) -> None: ...
-    def poll(self, timeout_s: float) -> list[EngineResult]: ...
+    def poll(self, timeout_s: float) -> list[EngineResult]:
+        """Finished results; waits up to `timeout_s` for the first message.
+
+        Results delivered before a failure are returned first; the failure is raised
+        by the next call, so nothing the engine finished is ever dropped.
+        """
+        if self._pending_failure is not None:
+            raise self._pending_failure
+        results: list[EngineResult] = []
+        try:
+            message = self._next_message(timeout_s)
+            while message is not None:
+                if isinstance(message, WorkerFailed):
+                    raise self._failure(f"engine for {self.config.model} failed:\n{message.error}")
+                if isinstance(message, WorkerResults):
+                    results.extend(message.results)
+                    self.busy_s += message.busy_s
+                try:
+                    message = self._outbox.get_nowait()
+                except queue.Empty:
+                    message = None
+        except EngineFailed as failure:
+            if not results:
+                raise
+            self._pending_failure = failure
+        return results
+
     def stop(self) -> None: ...
 
 
@@ -54,6 +80,7 @@ class ProcessEngine:
     def __init__(self, config: EngineConfig, stepper_factory, start_timeout_s: float = 1800.0):
         self.config = config
         self.busy_s = 0.0
+        self._pending_failure: EngineFailed | None = None
         context = multiprocessing.get_context("spawn")
         self._inbox, self._outbox = context.Queue(), context.Queue()
         self._process = context.Process(

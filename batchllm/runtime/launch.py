@@ -17,7 +17,7 @@ from batchllm.spec.loader import load_dag
 
 
 def run_dag_file(dag_path: Path, out: Path, devices: DeviceSet, *, fresh: bool = False, console: Console,
-                 engine_factory: EngineFactory = start_vllm_engine, home: Path | None = None) -> tuple[RunResult, RunProgress]:
+                 engine_factory: EngineFactory | None = None, home: Path | None = None) -> tuple[RunResult, RunProgress]:
     """Validate everything first (nothing is written on bad input), then run."""
     home = home or batchllm_home()
     dag = load_dag(dag_path)
@@ -26,7 +26,8 @@ def run_dag_file(dag_path: Path, out: Path, devices: DeviceSet, *, fresh: bool =
     run_dir.open(fresh=fresh)
     try:
         with RunProgress(console) as progress:
-            result = SequentialRunner(dag, tables, run_dir, devices, engine_factory, progress, home).run()
+            runner = SequentialRunner(dag, tables, run_dir, devices, engine_factory or start_vllm_engine, progress, home)
+            result = runner.run()
         return result, progress
     finally:
         run_dir.close()

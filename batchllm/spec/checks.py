@@ -7,6 +7,8 @@ DuckDB over the input columns and upstream outputs; every model must resolve.
 
 from __future__ import annotations
 
+import difflib
+
 import pyarrow as pa
 
 from batchllm.errors import UserError
@@ -48,10 +50,12 @@ def _check_node(dag: DagSpec, node: NodeSpec, data: InputTable) -> None:
     schema = data.table.schema
     for column in node.columns_used:
         if column not in schema.names:
+            close = difflib.get_close_matches(column, [*schema.names, *dag.nodes], n=1)
+            listing = f"columns of {node.input_name!r}: {', '.join(schema.names)}; nodes: {', '.join(dag.nodes)}"
             raise UserError(
                 f"the template or `where` reads {column!r}, which is neither a node nor a column of input {node.input_name!r}",
                 where=where,
-                hint=f"columns of {node.input_name!r}: {', '.join(schema.names)}; nodes: {', '.join(dag.nodes)}",
+                hint=f"did you mean {close[0]!r}? ({listing})" if close else listing,
             )
         if column in dag.nodes:
             raise UserError(f"{column!r} is both a node and a column of input {node.input_name!r}", where=where, hint="rename the node")

@@ -44,9 +44,10 @@ def compile_template(source: str, *, where: str, first_line: int | None) -> Prom
     for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
         key = node.attr if isinstance(node, nodes.Getattr) else getattr(node.arg, "value", None)
         if isinstance(key, str) and key.startswith("_"):
+            line = f", line {first_line + node.lineno - 1}" if first_line else ""
             raise UserError(
                 f"template reaches the private attribute {key!r}, which is not allowed",
-                where=where,
+                where=f"{where}{line}",
                 hint="templates may read input columns and upstream outputs only",
             )
     return PromptTemplate(

