@@ -77,6 +77,35 @@ def validate(dag: Path = DAG_ARGUMENT) -> None:
     typer.echo(f"{dag}: ok ({len(spec.nodes)} nodes: {', '.join(spec.topological_order())})")
 
 
+@app.command()
+def profile(
+    model: str = typer.Option("smollm2-135m", help="Model to profile: an embedded name or a model directory."),
+    devices: str = typer.Option("auto", help="Devices: every replica shape that fits on them is profiled."),
+    out: Path = typer.Option(Path("profiles"), help="Profiles folder; writes <out>/<hardware>/<model>/."),
+) -> None:
+    """Measure MODEL on the real engine: load time, KV capacity and step latency per
+    replica shape, and its output-length distribution. The planner reads the result."""
+    from batchllm.costmodel.profile import profile_dir, this_hardware
+    from batchllm.engines.process_engine import start_vllm_engine
+    from batchllm.models.registry import resolve_model
+    from batchllm.profiling.profiler import ProfileSettings, profile_model
+
+    console = Console(stderr=True)
+    try:
+        device_set = parse_devices(devices)
+        ref = resolve_model(model, dag_dir=Path.cwd(), home=batchllm_home(), where="--model")
+        hardware = this_hardware() if device_set.kind == "cpu" else "gpu-local"
+        target = profile_dir(out, hardware, ref.name.replace("/", "_"))
+        model_dir = Path(ref.materialise(batchllm_home()))
+    except UserError as error:
+        _fail(error)
+    logs = target / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    result, tables = profile_model(ref.name, model_dir, device_set, hardware, start_vllm_engine, ProfileSettings(), logs, console.print)
+    result.save(target, tables)
+    typer.echo(f"profile: {target}")
+
+
 @models_app.command("list")
 def models_list() -> None:
     """List embedded models and whether they are prepared."""

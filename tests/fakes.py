@@ -38,6 +38,9 @@ class FakeEngine:
             results.append(EngineResult(request.request_id, (text,) * request.n, len(request.prompt), len(text), "stop"))
         return results
 
+    def drain_steps(self) -> list:
+        return []
+
     def stop(self) -> None:
         self.stopped = True
 
@@ -89,5 +92,47 @@ class _CrashingEngine:
         self._given += len(results)
         return results
 
+    def drain_steps(self) -> list:
+        return []
+
     def stop(self) -> None:
         self._inner.stop()
+
+
+class FakeStepper:
+    """Runs inside a real worker process in place of vLLM: one request finishes per step.
+
+    `fail_at_step` makes step N raise, to test how failures cross the process boundary.
+    """
+
+    def __init__(self, config: EngineConfig, fail_at_step: int | None = None):
+        from batchllm.engines.protocol import WorkerReady
+
+        self.ready = WorkerReady(0.0, 1000, 16, 8, 64, 512, "fake")
+        self._queue: list[EngineRequest] = []
+        self._steps, self._fail_at = 0, fail_at_step
+
+    def add(self, request: EngineRequest):
+        self._queue.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self._queue)
+
+    def step(self):
+        from batchllm.engines.protocol import StepRecord
+
+        self._steps += 1
+        if self._fail_at is not None and self._steps >= self._fail_at:
+            raise RuntimeError(f"fake stepper broke at step {self._steps}")
+        request = self._queue.pop(0)
+        text = fake_text(request)
+        result = EngineResult(request.request_id, (text,), len(request.prompt), len(text), "stop")
+        return [result], StepRecord(0.001, len(request.prompt), 1, len(self._queue), 0, 0, 0)
+
+
+class FakeStepperFactory:
+    def __init__(self, fail_at_step: int | None = None):
+        self.fail_at_step = fail_at_step
+
+    def __call__(self, config: EngineConfig) -> FakeStepper:
+        return FakeStepper(config, self.fail_at_step)

@@ -11,14 +11,14 @@ Coefficients are non-negative, so adding work never makes a step faster.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 FEATURES = ("prefill_tokens", "prefill_attention", "decode_seqs", "decode_context")
 
 
-@dataclass(frozen=True)
-class StepFeatures:
+class StepFeatures(NamedTuple):
     prefill_tokens: float
     prefill_attention: float
     decode_seqs: float

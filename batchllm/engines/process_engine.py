@@ -17,6 +17,7 @@ from batchllm.engines.protocol import (
     EngineConfig,
     EngineRequest,
     EngineResult,
+    StepRecord,
     StopWorker,
     SubmitRequests,
     WorkerFailed,
@@ -36,33 +37,8 @@ class Engine(Protocol):
     busy_s: float  # time spent inside engine steps so far
 
     def submit(self, requests: Sequence[EngineRequest]) -> None: ...
-    def poll(self, timeout_s: float) -> list[EngineResult]:
-        """Finished results; waits up to `timeout_s` for the first message.
-
-        Results delivered before a failure are returned first; the failure is raised
-        by the next call, so nothing the engine finished is ever dropped.
-        """
-        if self._pending_failure is not None:
-            raise self._pending_failure
-        results: list[EngineResult] = []
-        try:
-            message = self._next_message(timeout_s)
-            while message is not None:
-                if isinstance(message, WorkerFailed):
-                    raise self._failure(f"engine for {self.config.model} failed:\n{message.error}")
-                if isinstance(message, WorkerResults):
-                    results.extend(message.results)
-                    self.busy_s += message.busy_s
-                try:
-                    message = self._outbox.get_nowait()
-                except queue.Empty:
-                    message = None
-        except EngineFailed as failure:
-            if not results:
-                raise
-            self._pending_failure = failure
-        return results
-
+    def poll(self, timeout_s: float) -> list[EngineResult]: ...
+    def drain_steps(self) -> list[StepRecord]: ...
     def stop(self) -> None: ...
 
 
@@ -81,6 +57,7 @@ class ProcessEngine:
         self.config = config
         self.busy_s = 0.0
         self._pending_failure: EngineFailed | None = None
+        self._steps: list[StepRecord] = []
         context = multiprocessing.get_context("spawn")
         self._inbox, self._outbox = context.Queue(), context.Queue()
         self._process = context.Process(
@@ -93,6 +70,9 @@ class ProcessEngine:
     @property
     def pid(self) -> int | None:
         return self._process.pid
+
+    def is_alive(self) -> bool:
+        return self._process.is_alive()
 
     def _failure(self, reason: str) -> EngineFailed:
         tail = _log_tail(self.config.log_path)
@@ -124,20 +104,37 @@ class ProcessEngine:
             self._inbox.put(SubmitRequests(tuple(requests)))
 
     def poll(self, timeout_s: float) -> list[EngineResult]:
-        """Finished results; waits up to `timeout_s` for the first message."""
+        """Finished results; waits up to `timeout_s` for the first message.
+
+        Results delivered before a failure are returned first; the failure is raised
+        by the next call, so nothing the engine finished is ever dropped.
+        """
+        if self._pending_failure is not None:
+            raise self._pending_failure
         results: list[EngineResult] = []
-        message = self._next_message(timeout_s)
-        while message is not None:
-            if isinstance(message, WorkerFailed):
-                raise self._failure(f"engine for {self.config.model} failed:\n{message.error}")
-            if isinstance(message, WorkerResults):
-                results.extend(message.results)
-                self.busy_s += message.busy_s
-            try:
-                message = self._outbox.get_nowait()
-            except queue.Empty:
-                message = None
+        try:
+            message = self._next_message(timeout_s)
+            while message is not None:
+                if isinstance(message, WorkerFailed):
+                    raise self._failure(f"engine for {self.config.model} failed:\n{message.error}")
+                if isinstance(message, WorkerResults):
+                    results.extend(message.results)
+                    self.busy_s += message.busy_s
+                    self._steps.extend(message.steps)
+                try:
+                    message = self._outbox.get_nowait()
+                except queue.Empty:
+                    message = None
+        except EngineFailed as failure:
+            if not results:
+                raise
+            self._pending_failure = failure
         return results
+
+    def drain_steps(self) -> list[StepRecord]:
+        """Step records received since the last call."""
+        steps, self._steps = self._steps, []
+        return steps
 
     def stop(self) -> None:
         if self._process.is_alive():

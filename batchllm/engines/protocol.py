@@ -46,18 +46,39 @@ class EngineConfig:
         return (self.model, self.replica, self.max_model_len, self.max_num_seqs, self.kv_cache_memory_bytes, self.enforce_eager)
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """One engine iteration as measured: what it computed and how long it took."""
+
+    wall_s: float
+    prefill_tokens: int  # prompt tokens computed (chunks of prefills)
+    prefill_requests: int
+    decode_seqs: int  # sequences that decoded one token
+    decode_context: int  # total context (prompt + output so far) of those sequences
+    prefix_queries: int  # prompt tokens looked up in the prefix cache
+    prefix_hits: int  # of those, served from the cache
+
+
 # Worker -> driver messages.
 @dataclass(frozen=True)
 class WorkerReady:
     load_time_s: float
     kv_capacity_tokens: int
     block_size_tokens: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    engine_version: str
 
 
 @dataclass(frozen=True)
 class WorkerResults:
     results: tuple[EngineResult, ...]
-    busy_s: float = 0.0  # time spent inside engine steps since the last message
+    steps: tuple[StepRecord, ...] = ()
+
+    @property
+    def busy_s(self) -> float:
+        return sum(step.wall_s for step in self.steps)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,9 @@
 
 The engine core runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so one `step()`
 is one scheduler iteration, and stopping the worker stops everything it started.
+Each step is measured: its wall time, and from vLLM's own per-iteration details
+(through a stat logger, vLLM's public hook) how many prompt tokens it computed, how
+many sequences decoded, and the prefix cache's lookups and hits.
 """
 
 from __future__ import annotations
@@ -9,15 +12,15 @@ from __future__ import annotations
 import os
 import time
 import zlib
+from dataclasses import dataclass, field
 
-from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, WorkerReady
+from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord, WorkerReady
 
 
 def configure_environment(config: EngineConfig) -> None:
     """Must run before vllm is imported: device binding and in-process engine core."""
     os.environ.update(config.replica.environment())
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
@@ -26,26 +29,89 @@ def request_seed(seed: int, request_id: str) -> int:
     return (seed * 1_000_003 + zlib.crc32(request_id.encode())) % (2**31)
 
 
+@dataclass
+class _LiveRequest:
+    prompt_tokens: int
+    pieces: list[list[str]]  # per completion: text deltas
+    output_tokens: list[int]
+    finish_reasons: list[str | None]
+    decoding: bool = False
+
+    @classmethod
+    def new(cls, prompt_tokens: int, n: int) -> "_LiveRequest":
+        return cls(prompt_tokens, [[] for _ in range(n)], [0] * n, [None] * n)
+
+    def context(self) -> int:
+        return sum(self.prompt_tokens + tokens for tokens in self.output_tokens)
+
+
+@dataclass
+class _IterationTally:
+    """What vLLM's stat logger reported during the current step."""
+
+    prefill_tokens: int = 0
+    prefill_requests: int = 0
+    decode_seqs: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    seen: list = field(default_factory=list)
+
+
+def _recorder_factory(tally_holder: list):
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class StepRecorder(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            if scheduler_stats is None:
+                return
+            tally = tally_holder[0]
+            details = scheduler_stats.iteration_details
+            if details is not None and not details.is_dummy:
+                tally.prefill_tokens += details.num_ctx_tokens
+                tally.prefill_requests += details.num_ctx_requests
+                tally.decode_seqs += details.num_generation_requests
+            cache = scheduler_stats.prefix_cache_stats
+            if cache is not None:
+                tally.prefix_queries += cache.queries
+                tally.prefix_hits += cache.hits
+
+        def log_engine_initialized(self):
+            pass
+
+    return StepRecorder
+
+
 class VllmStepper:
     def __init__(self, config: EngineConfig):
         started = time.perf_counter()
-        from vllm import LLM
+        import vllm
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
 
         options = dict(model=config.model, seed=0, disable_log_stats=False, enforce_eager=config.enforce_eager,
-                       tensor_parallel_size=config.replica.tp)
+                       tensor_parallel_size=config.replica.tp, enable_logging_iteration_details=True)
         for key in ("max_model_len", "max_num_seqs", "kv_cache_memory_bytes"):
             if getattr(config, key) is not None:
                 options[key] = getattr(config, key)
-        self._llm = LLM(**options)
-        self._engine = self._llm.llm_engine
-        self._tokenizer = self._llm.get_tokenizer()
-        cache = self._engine.vllm_config.cache_config
+        self._tally = [_IterationTally()]
+        self._engine = LLMEngine.from_engine_args(EngineArgs(**options), stat_loggers=[_recorder_factory(self._tally)])
+        self._tokenizer = self._engine.get_tokenizer()
+        vllm_config = self._engine.vllm_config
+        cache, scheduler = vllm_config.cache_config, vllm_config.scheduler_config
         self.ready = WorkerReady(
             load_time_s=time.perf_counter() - started,
             kv_capacity_tokens=int(cache.num_gpu_blocks or 0) * int(cache.block_size),
             block_size_tokens=int(cache.block_size),
+            max_num_seqs=int(scheduler.max_num_seqs),
+            max_num_batched_tokens=int(scheduler.max_num_batched_tokens),
+            max_model_len=int(vllm_config.model_config.max_model_len),
+            engine_version=f"vllm {vllm.__version__}",
         )
-        self._prompt_tokens: dict[str, int] = {}
+        self._live: dict[str, _LiveRequest] = {}
+        self._decode_context = 0  # sum of context over decoding sequences
 
     def _token_ids(self, request: EngineRequest) -> list[int]:
         if not request.chat:
@@ -60,40 +126,53 @@ class VllmStepper:
     def add(self, request: EngineRequest) -> EngineResult | None:
         """Queue a request; a request the engine refuses comes back at once as an error result."""
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(
             n=request.n, max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
             seed=None if request.seed is None else request_seed(request.seed, request.request_id),
+            output_kind=RequestOutputKind.DELTA,
         )
         ids = self._token_ids(request)
         try:
             self._engine.add_request(request.request_id, {"prompt_token_ids": ids}, params)
         except ValueError as exc:  # e.g. prompt longer than max_model_len
             return EngineResult(request.request_id, ("",), len(ids), 0, f"error: {exc}")
-        self._prompt_tokens[request.request_id] = len(ids)
+        self._live[request.request_id] = _LiveRequest.new(len(ids), request.n)
         return None
 
     def has_work(self) -> bool:
         return self._engine.has_unfinished_requests()
 
-    def step(self) -> list[EngineResult]:
+    def step(self) -> tuple[list[EngineResult], StepRecord]:
+        self._tally[0] = _IterationTally()
+        context_before = self._decode_context
+        started = time.perf_counter()
+        outputs = self._engine.step()
+        wall_s = time.perf_counter() - started
         finished = []
-        for output in self._engine.step():
-            if not output.finished:
-                continue
-            completions = output.outputs
-            finished.append(EngineResult(
-                request_id=output.request_id,
-                texts=tuple(c.text for c in completions),
-                num_prompt_tokens=self._prompt_tokens.pop(output.request_id, len(output.prompt_token_ids or ())),
-                num_output_tokens=sum(len(c.token_ids) for c in completions),
-                finish_reason=str(completions[0].finish_reason),
-            ))
-        return finished
-
-    def prefix_cache_counters(self) -> dict[str, int]:
-        counters = {}
-        for metric in self._llm.get_metrics():
-            if metric.name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits"):
-                counters[metric.name.removeprefix("vllm:")] = int(metric.value)
-        return counters
+        for output in outputs:
+            live = self._live[output.request_id]
+            before = live.context() if live.decoding else 0
+            for completion in output.outputs:
+                live.pieces[completion.index].append(completion.text)
+                live.output_tokens[completion.index] += len(completion.token_ids)
+                if completion.finish_reason is not None:
+                    live.finish_reasons[completion.index] = str(completion.finish_reason)
+            live.decoding = True
+            if output.finished:
+                del self._live[output.request_id]
+                self._decode_context -= before
+                finished.append(EngineResult(
+                    request_id=output.request_id,
+                    texts=tuple("".join(p) for p in live.pieces),
+                    num_prompt_tokens=live.prompt_tokens,
+                    num_output_tokens=sum(live.output_tokens),
+                    finish_reason=live.finish_reasons[0] or "stop",
+                ))
+            else:
+                self._decode_context += live.context() - before
+        tally = self._tally[0]
+        record = StepRecord(wall_s, tally.prefill_tokens, tally.prefill_requests, tally.decode_seqs,
+                            context_before, tally.prefix_queries, tally.prefix_hits)
+        return finished, record

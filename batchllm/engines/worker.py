@@ -12,7 +12,6 @@ import os
 import queue
 import signal
 import sys
-import time
 import traceback
 
 from batchllm.engines.protocol import (
@@ -66,10 +65,8 @@ def serve(stepper, inbox, outbox, parent_alive) -> None:
                 if refused:
                     outbox.put(WorkerResults(tuple(refused)))
         if stepper.has_work():
-            started = time.perf_counter()
-            finished = stepper.step()
-            busy_s = time.perf_counter() - started
-            outbox.put(WorkerResults(tuple(finished), busy_s=busy_s))
+            finished, record = stepper.step()
+            outbox.put(WorkerResults(tuple(finished), (record,)))
 
 
 def _take_messages(inbox, *, block: bool, parent_alive) -> list:

@@ -1,0 +1,93 @@
+"""How long a model takes to serve a set of requests under an execution plan.
+
+Sampling then simulation: output lengths are sampled from the profile's CDF (or taken
+as known), requests are split over the data-parallel replicas by estimated work (the
+runtime splits them the same way), each replica's continuous batching is simulated
+with the profile's step latency, and a newly started model pays its load time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from batchllm.costmodel.lengths import output_lengths
+from batchllm.costmodel.profile import Profile, ReplicaShape
+from batchllm.costmodel.simulator import SchedulerLimits, SimulationResult, simulate_replica
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    dp: int
+    shape: ReplicaShape
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.shape.devices
+
+    def __str__(self) -> str:
+        return f"dp{self.dp}x{self.shape.key}"
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompt_tokens: np.ndarray
+    max_tokens: np.ndarray
+    known_output_tokens: np.ndarray | None = None  # when known (e.g. measured), used instead of sampling
+    cached_tokens: np.ndarray | None = None  # prefix-cache hits expected per request
+    ready_s: np.ndarray | None = None  # when each request becomes available (pipelining)
+
+    @classmethod
+    def of(cls, prompt_tokens, max_tokens, **extra) -> "Workload":
+        prompt_tokens = np.asarray(prompt_tokens, np.int64)
+        return cls(prompt_tokens, np.broadcast_to(np.asarray(max_tokens, np.int64), prompt_tokens.shape), **extra)
+
+    def __len__(self) -> int:
+        return int(self.prompt_tokens.size)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    total_s: float  # load_s + run_s
+    load_s: float
+    run_s: float
+    finish_s: np.ndarray  # per request, from the plan's start (load included)
+    output_tokens: np.ndarray  # the lengths the simulation used
+    replicas: list[SimulationResult]
+
+
+def split_by_work(work: np.ndarray, replicas: int) -> list[np.ndarray]:
+    """Indices per replica, balanced by work: heaviest first, dealt out in snake order."""
+    order = np.argsort(-np.asarray(work), kind="stable")
+    lap = np.arange(order.size) % (2 * replicas)
+    target = np.where(lap < replicas, lap, 2 * replicas - 1 - lap)
+    return [np.sort(order[target == r]) for r in range(replicas)]
+
+
+def scheduler_limits(profile: Profile, shape: ReplicaShape) -> SchedulerLimits:
+    engine = profile.engine
+    return SchedulerLimits(
+        max_num_seqs=int(engine["max_num_seqs"]),
+        max_num_batched_tokens=int(engine["max_num_batched_tokens"]),
+        kv_capacity_tokens=profile.shape(shape).kv_capacity_tokens,
+        block_size_tokens=int(engine["block_size_tokens"]),
+    )
+
+
+def estimate(profile: Profile, plan: ExecutionPlan, workload: Workload, *, seed: int = 0, include_load: bool = True) -> Estimate:
+    shape_profile = profile.shape(plan.shape)
+    outputs = output_lengths(profile.lengths, workload.prompt_tokens, workload.max_tokens, profile.facts.max_model_len,
+                             seed, known=workload.known_output_tokens)
+    load_s = shape_profile.load_time_s if include_load else 0.0
+    limits = scheduler_limits(profile, plan.shape)
+    finish = np.zeros(len(workload))
+    results = []
+    for indices in split_by_work(workload.prompt_tokens + outputs, plan.dp):
+        pick = lambda values: None if values is None else np.asarray(values)[indices]  # noqa: E731
+        result = simulate_replica(workload.prompt_tokens[indices], outputs[indices], limits, shape_profile.latency,
+                                  cached_tokens=pick(workload.cached_tokens), ready_s=pick(workload.ready_s))
+        finish[indices] = result.finish_s + load_s
+        results.append(result)
+    run_s = max((r.total_s for r in results), default=0.0)
+    return Estimate(load_s + run_s, load_s, run_s, finish, outputs, results)

@@ -1,0 +1,144 @@
+"""Profiles: what the cost model knows about one model on one kind of hardware.
+
+On disk, `profiles/<hardware>/<model>/` holds plain files a person can read and diff:
+
+    profile.json          engine settings, model facts, and per replica shape: load
+                          time, KV capacity, fitted step-latency coefficients, fit error
+    output_lengths.csv    the output-length CDF (length, cdf)
+    steps-<shape>.csv     the raw step measurements the coefficients were fit on
+
+A replica shape is `w<devices>-tp<tp>`: a replica spanning that many devices with that
+tensor-parallel degree (on GPUs w == tp; on CPUs w cores may serve one rank as threads).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import platform
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from batchllm.costmodel.latency import StepLatencyModel
+from batchllm.costmodel.lengths import LengthDistribution
+from batchllm.errors import UserError
+
+# Engine settings that change step times or scheduling; a profile taken with other
+# values does not describe the run.
+MATCHED_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "block_size_tokens", "dtype", "enforce_eager", "engine_version")
+
+
+@dataclass(frozen=True)
+class ReplicaShape:
+    devices: int
+    tp: int = 1
+
+    @property
+    def key(self) -> str:
+        return f"w{self.devices}-tp{self.tp}"
+
+    @classmethod
+    def parse(cls, key: str) -> "ReplicaShape":
+        match = re.fullmatch(r"w(\d+)-tp(\d+)", key)
+        if not match:
+            raise ValueError(f"bad replica shape {key!r}; expected like 'w2-tp1'")
+        return cls(int(match.group(1)), int(match.group(2)))
+
+
+@dataclass(frozen=True)
+class ShapeProfile:
+    load_time_s: float
+    kv_capacity_tokens: int
+    latency: StepLatencyModel
+    fit_median_error: float | None = None  # |predicted - measured| / measured over steps
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    parameters: int
+    layers: int
+    hidden_size: int
+    attention_heads: int
+    kv_heads: int
+    max_model_len: int
+
+
+@dataclass(frozen=True)
+class Profile:
+    kind: str  # "measured" | "analytic"
+    hardware: str
+    model: str
+    engine: dict[str, object]
+    facts: ModelFacts
+    shapes: dict[str, ShapeProfile]
+    lengths: LengthDistribution
+    notes: dict[str, object] = field(default_factory=dict)
+
+    def shape(self, shape: ReplicaShape) -> ShapeProfile:
+        if shape.key not in self.shapes:
+            raise UserError(f"profile {self.hardware}/{self.model} has no replica shape {shape.key}",
+                            hint=f"profiled shapes: {', '.join(self.shapes)}; run `batchllm profile` for more")
+        return self.shapes[shape.key]
+
+    def check_settings(self, engine: dict[str, object]) -> None:
+        """Refuse to estimate a run whose engine settings differ from the profile's."""
+        differ = [f"{key}: profile {self.engine.get(key)!r}, run {engine[key]!r}"
+                  for key in MATCHED_SETTINGS if key in engine and engine[key] != self.engine.get(key)]
+        if differ:
+            raise UserError(f"profile {self.hardware}/{self.model} was taken with other engine settings ({'; '.join(differ)})",
+                            hint="re-run `batchllm profile` with these settings, or run with the profiled ones")
+
+    # -- files --------------------------------------------------------------
+    def save(self, directory: Path, step_tables: dict[str, list[dict]] | None = None) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        body = {
+            "kind": self.kind, "hardware": self.hardware, "model": self.model, "engine": self.engine,
+            "facts": asdict(self.facts), "notes": self.notes, "censored_at": self.lengths.censored_at,
+            "shapes": {key: {"load_time_s": s.load_time_s, "kv_capacity_tokens": s.kv_capacity_tokens,
+                             "latency": s.latency.to_dict(), "fit_median_error": s.fit_median_error}
+                       for key, s in self.shapes.items()},
+        }
+        (directory / "profile.json").write_text(json.dumps(body, indent=2) + "\n")
+        _write_csv(directory / "output_lengths.csv", self.lengths.to_rows())
+        for key, rows in (step_tables or {}).items():
+            _write_csv(directory / f"steps-{key}.csv", rows)
+
+    @classmethod
+    def load(cls, directory: Path) -> "Profile":
+        path = directory / "profile.json"
+        if not path.is_file():
+            raise UserError(f"no profile at {str(directory)!r}", hint="run `batchllm profile`, or pick a profiled model")
+        body = json.loads(path.read_text())
+        with open(directory / "output_lengths.csv", newline="") as handle:
+            rows = [{"length": int(r["length"]), "cdf": float(r["cdf"])} for r in csv.DictReader(handle)]
+        shapes = {key: ShapeProfile(s["load_time_s"], s["kv_capacity_tokens"], StepLatencyModel(**s["latency"]), s.get("fit_median_error"))
+                  for key, s in body["shapes"].items()}
+        return cls(body["kind"], body["hardware"], body["model"], body["engine"], ModelFacts(**body["facts"]), shapes,
+                   LengthDistribution.from_rows(rows, body["censored_at"]), body.get("notes", {}))
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as handle:
+        if rows:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+def this_hardware() -> str:
+    """A stable name for this machine's kind of CPU, e.g. `cpu-intel-xeon-platinum-8481c`."""
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1]
+                break
+    except OSError:
+        pass
+    slug = re.sub(r"\(r\)|\(tm\)|cpu|@.*|processor", " ", name.lower())
+    return "cpu-" + "-".join(re.findall(r"[a-z0-9]+", slug))
+
+
+def profile_dir(root: Path, hardware: str, model: str) -> Path:
+    return root / hardware / model

@@ -1,0 +1,134 @@
+"""`batchllm profile`: measure a model on the real engine and write its profile.
+
+Per replica shape, an engine is started on the first devices and fed real prompts:
+first turns of ShareGPT conversations (lengths unrestricted: the output-length CDF is
+measured on these, on the widest shape) and long multi-turn prompts (prefill-heavy
+steps). Every engine step is recorded (wall time, prompt tokens computed, decoding
+sequences and their context), and the step-latency model is fit on those records.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from batchllm.costmodel.latency import FEATURES, StepFeatures, StepLatencyModel
+from batchllm.costmodel.lengths import LengthDistribution
+from batchllm.costmodel.profile import ModelFacts, Profile, ReplicaShape, ShapeProfile
+from batchllm.engines.devices import DeviceSet, Replica
+from batchllm.engines.process_engine import EngineFactory
+from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord
+
+PROMPTS = Path(__file__).resolve().parent.parent.parent / "profiles" / "prompts"
+WARMUP_STEPS = 2  # the first steps of a fresh engine pay one-time costs
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    length_prompts: int = 256  # first turns whose output lengths form the CDF
+    length_cap_tokens: int = 256
+    prefill_prompts: int = 48  # long multi-turn prompts, few output tokens
+    latency_prompts: int = 128  # first turns on the narrower shapes (latency only)
+    max_model_len: int = 2048
+    kv_cache_memory_bytes: int | None = 1 << 30
+
+
+def step_features(steps: list[StepRecord]) -> np.ndarray:
+    """Rows of FEATURES; prefill attention is approximated as if a step's chunks were equal."""
+    return np.array([[s.prefill_tokens, s.prefill_tokens**2 / max(s.prefill_requests, 1), s.decode_seqs, s.decode_context]
+                     for s in steps], float)
+
+
+def shapes_to_profile(devices: DeviceSet, attention_heads: int) -> list[ReplicaShape]:
+    count = len(devices.ids)
+    if devices.kind == "gpu":
+        return [ReplicaShape(t, t) for t in (1, 2, 4, 8) if t <= count and attention_heads % t == 0]
+    shapes = [ReplicaShape(w, 1) for w in range(1, count + 1)]  # one rank, w cores of threads
+    return shapes + [ReplicaShape(t, t) for t in range(2, count + 1) if attention_heads % t == 0]
+
+
+def model_facts(model_dir: Path, max_model_len: int) -> ModelFacts:
+    config = json.loads((model_dir / "config.json").read_text())
+    parameters = 0
+    for weights in model_dir.glob("*.safetensors"):
+        with open(weights, "rb") as handle:
+            header = json.loads(handle.read(struct.unpack("<Q", handle.read(8))[0]))
+        parameters += sum(int(np.prod(t["shape"])) for name, t in header.items() if name != "__metadata__")
+    return ModelFacts(
+        parameters=parameters, layers=config["num_hidden_layers"], hidden_size=config["hidden_size"],
+        attention_heads=config["num_attention_heads"], kv_heads=config.get("num_key_value_heads", config["num_attention_heads"]),
+        max_model_len=max_model_len,
+    )
+
+
+def prompts(name: str, start: int, count: int) -> list[str]:
+    texts = pq.read_table(PROMPTS / f"{name}.parquet", columns=["prompt"]).column("prompt").to_pylist()
+    return texts[start:start + count]
+
+
+def run_requests(engine, requests: list[EngineRequest], on_result: Callable[[int], None]) -> tuple[list[EngineResult], list[StepRecord]]:
+    engine.drain_steps()
+    engine.submit(requests)
+    results: list[EngineResult] = []
+    while len(results) < len(requests):
+        batch = engine.poll(timeout_s=1.0)
+        results += batch
+        if batch:
+            on_result(len(results))
+    return results, engine.drain_steps()
+
+
+def profile_model(model_name: str, model_dir: Path, devices: DeviceSet, hardware: str, factory: EngineFactory,
+                  settings: ProfileSettings, log_dir: Path, report: Callable[[str], None]) -> tuple[Profile, dict[str, list[dict]]]:
+    facts = model_facts(model_dir, settings.max_model_len)
+    shapes = shapes_to_profile(devices, facts.attention_heads)
+    widest = max((s for s in shapes if s.tp == 1), key=lambda s: s.devices)
+    shape_profiles, tables, engine_settings, lengths = {}, {}, {}, None
+    for shape in shapes:
+        replica = Replica(devices.kind, devices.ids[: shape.devices], tp=shape.tp)
+        config = EngineConfig(model=str(model_dir), replica=replica, max_model_len=settings.max_model_len,
+                              kv_cache_memory_bytes=settings.kv_cache_memory_bytes if devices.kind == "cpu" else None,
+                              enforce_eager=devices.kind == "cpu", log_path=str(log_dir / f"profile-{shape.key}.log"))
+        report(f"[{shape.key}] starting engine on {replica.kind} {','.join(map(str, replica.device_ids))}")
+        engine = factory(config)
+        try:
+            ready = engine.ready
+            engine_settings = {"engine_version": ready.engine_version, "max_num_seqs": ready.max_num_seqs,
+                               "max_num_batched_tokens": ready.max_num_batched_tokens, "block_size_tokens": ready.block_size_tokens,
+                               "max_model_len": ready.max_model_len, "dtype": "bfloat16", "enforce_eager": config.enforce_eager,
+                               "kv_cache_memory_bytes": config.kv_cache_memory_bytes}
+            steps: list[StepRecord] = []
+            workloads = [("prefill", [EngineRequest(f"p{i}", text, max_tokens=4) for i, text in enumerate(prompts("multi_turn", 0, settings.prefill_prompts))])]
+            if shape == widest:
+                texts = prompts("first_turns", 0, settings.length_prompts)
+                workloads.append(("lengths", [EngineRequest(f"l{i}", t, max_tokens=settings.length_cap_tokens) for i, t in enumerate(texts)]))
+            else:
+                texts = prompts("first_turns", 0, settings.latency_prompts)
+                workloads.append(("decode", [EngineRequest(f"d{i}", t, max_tokens=128) for i, t in enumerate(texts)]))
+            for label, requests in workloads:
+                started = time.monotonic()
+                results, records = run_requests(engine, requests, lambda n: None)
+                steps += records[WARMUP_STEPS:] if label == workloads[0][0] else records
+                report(f"[{shape.key}] {label}: {len(requests)} requests, {len(records)} steps, {time.monotonic() - started:.1f} s")
+                if label == "lengths":
+                    lengths = LengthDistribution.fit([r.num_output_tokens for r in results], [r.finish_reason != "length" for r in results])
+        finally:
+            engine.stop()
+        features, seconds = step_features(steps), np.array([s.wall_s for s in steps])
+        latency = StepLatencyModel.fit(features, seconds)
+        predicted = np.array([latency.step_s(StepFeatures(*row)) for row in features])
+        error = float(np.median(np.abs(predicted - seconds) / seconds))
+        shape_profiles[shape.key] = ShapeProfile(ready.load_time_s, ready.kv_capacity_tokens, latency, round(error, 4))
+        tables[shape.key] = [{"wall_s": round(s.wall_s, 6), **dict(zip(FEATURES, map(float, f)))} for s, f in zip(steps, features)]
+        report(f"[{shape.key}] load {ready.load_time_s:.1f} s, KV {ready.kv_capacity_tokens:,} tokens, step fit median error {error:.1%}")
+    profile = Profile("measured", hardware, model_name, engine_settings, facts, shape_profiles, lengths,
+                      notes={"length_prompts": "profiles/prompts/first_turns.parquet", "temperature": 0.0,
+                             "length_cap_tokens": settings.length_cap_tokens})
+    return profile, tables

@@ -1,0 +1,65 @@
+"""The worker process and its queues, with a fake stepper in place of vLLM (no model)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from batchllm.engines.devices import Replica
+from batchllm.engines.process_engine import EngineFailed, ProcessEngine
+from batchllm.engines.protocol import EngineConfig, EngineRequest
+from tests.fakes import FakeStepperFactory
+
+CONFIG = EngineConfig(model="fake", replica=Replica("cpu", (0,)))
+
+
+def requests(count: int) -> list[EngineRequest]:
+    return [EngineRequest(f"r{i}", f"p{i}") for i in range(count)]
+
+
+def collect(engine: ProcessEngine, count: int) -> list:
+    results, deadline = [], time.monotonic() + 30
+    while len(results) < count and time.monotonic() < deadline:
+        results += engine.poll(timeout_s=0.5)
+    return results
+
+
+def test_results_and_step_records_cross_the_process_boundary():
+    engine = ProcessEngine(CONFIG, FakeStepperFactory())
+    try:
+        engine.submit(requests(5))
+        results = collect(engine, 5)
+        assert sorted(r.request_id for r in results) == [f"r{i}" for i in range(5)]
+        assert results[0].texts == ("<p0>",)
+        steps = engine.drain_steps()
+        assert len(steps) == 5 and [s.decode_seqs for s in steps] == [4, 3, 2, 1, 0]
+        assert engine.drain_steps() == []
+        assert engine.busy_s == pytest.approx(0.005)
+    finally:
+        engine.stop()
+    assert not engine.is_alive()
+
+
+def test_a_failing_engine_hands_over_finished_results_before_raising():
+    engine = ProcessEngine(CONFIG, FakeStepperFactory(fail_at_step=3))
+    try:
+        engine.submit(requests(5))
+        results = []
+        with pytest.raises(EngineFailed, match="fake stepper broke at step 3"):
+            for _ in range(60):
+                results += engine.poll(timeout_s=0.5)
+        assert [r.request_id for r in results] == ["r0", "r1"]
+    finally:
+        engine.stop()
+
+
+def test_a_killed_worker_is_reported():
+    engine = ProcessEngine(CONFIG, FakeStepperFactory())
+    os.kill(engine.pid, signal.SIGKILL)
+    with pytest.raises(EngineFailed, match="exited with code -9"):
+        for _ in range(20):
+            engine.poll(timeout_s=0.5)
+    engine.stop()
