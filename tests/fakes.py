@@ -14,7 +14,7 @@ def fake_text(request: EngineRequest) -> str:
 class FakeEngine:
     def __init__(self, config: EngineConfig, *, die_after: int | None = None, per_poll: int = 3):
         self.config = config
-        self.ready = WorkerReady(load_time_s=0.0, kv_capacity_tokens=10_000, block_size_tokens=16)
+        self.ready = WorkerReady(0.0, 10_000, 16, 8, 64, 512, "fake")
         self.busy_s = 0.0
         self.queue: list[EngineRequest] = []
         self.seen: list[EngineRequest] = []
