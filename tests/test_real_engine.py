@@ -179,3 +179,20 @@ def test_kill_9_mid_node_then_resume_gives_each_unit_exactly_once(tmp_path, mode
     assert again.returncode == 0, stderr
     assert "Nothing to do" in stderr and "no engine was started" in stderr
     assert {p: p.stat().st_size for p in (out / ".batchllm" / "logs").glob("*.log")} == logs
+
+
+def test_a_prompt_longer_than_the_context_fails_its_row_only(tmp_path, model_home, shared_engines):
+    import pyarrow as pa
+
+    pq.write_table(pa.table({"id": ["short", "long"], "text": ["Say hello.", "word " * 3000]}), tmp_path / "rows.parquet")
+    dag = tmp_path / "dag.yaml"
+    dag.write_text(
+        "inputs:\n  rows: {path: rows.parquet, id_column: id}\n"
+        "engine:\n  max_model_len: 2048\n"
+        "nodes:\n  echo:\n    model: smollm2-135m\n    prompt: '{{ text }}'\n    sampling: {max_tokens: 8}\n"
+    )
+    result, _ = run_dag_file(dag, tmp_path / "out", parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
+    assert result.nodes_failed == {}
+    rows = {r["row_id"]: r for r in journal(tmp_path / "out", "echo")}
+    assert rows["short"]["finish_reason"] in ("stop", "length") and rows["short"]["texts"][0]
+    assert rows["long"]["finish_reason"].startswith("error: prompt has ") and "max_model_len is 2048" in rows["long"]["finish_reason"]

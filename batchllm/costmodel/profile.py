@@ -142,3 +142,12 @@ def this_hardware() -> str:
 
 def profile_dir(root: Path, hardware: str, model: str) -> Path:
     return root / hardware / model
+
+
+def find_profile(root: Path, hardware: str, model: str) -> Profile:
+    """The measured profile if there is one, else the analytic one (profiles/analytic/...)."""
+    for directory in (profile_dir(root, hardware, model), profile_dir(root / "analytic", hardware, model)):
+        if (directory / "profile.json").is_file():
+            return Profile.load(directory)
+    raise UserError(f"no profile for model {model!r} on {hardware!r} under {str(root)!r}",
+                    hint="run `batchllm profile` on that hardware, or add the model to profiles/analytic/catalog.yaml")

@@ -74,7 +74,7 @@ class _Replica:
         self.waiting: deque[int] = deque()
         self.prefilling: list[int] = []  # admission order
         self.decoding: set[int] = set()
-        self.admitted: list[int] = []  # admission order of all running requests (preemption picks the last)
+        self.admitted: dict[int, None] = {}  # running requests in admission order (preemption picks the last)
         self.heap: list[tuple[int, int]] = []  # (finish clock, request)
         self.start_clock = [0] * len(self.prompt)
         self.generated_at_start = [0] * len(self.prompt)
@@ -85,7 +85,7 @@ class _Replica:
         self.steps = 0
         self.preemptions = 0
         self.finish_s = [float("nan")] * len(self.prompt)
-        self.trace: list[TraceSegment] = []
+        self.trace: list[tuple] = []  # TraceSegment fields; made into records once, at the end
 
     # -- bookkeeping -------------------------------------------------------
     def kv_tokens(self) -> int:
@@ -107,7 +107,7 @@ class _Replica:
 
     def finish(self, r: int) -> None:
         self.finish_s[r] = self.now
-        self.admitted.remove(r)
+        del self.admitted[r]
 
     def arrive(self) -> None:
         while self.arrivals and self.ready_s[self.arrivals[0]] <= self.now + 1e-12:
@@ -136,7 +136,7 @@ class _Replica:
                 break
             self.waiting.popleft()
             self.prefilling.append(r)
-            self.admitted.append(r)
+            self.admitted[r] = None
             self.kv_other += self.computed[r]
             free_kv -= need
             chunks.append((r, chunk))
@@ -188,7 +188,8 @@ class _Replica:
 
     def _preempt(self) -> None:
         while self.kv_tokens() > self.limits.kv_capacity_tokens and len(self.admitted) > 1:
-            victim = self.admitted.pop()
+            victim = next(reversed(self.admitted))
+            del self.admitted[victim]
             self.preemptions += 1
             if victim in self.decoding:
                 generated = self.generated_at_start[victim] + self.clock - self.start_clock[victim]
@@ -207,7 +208,7 @@ class _Replica:
 
     def _record(self, steps: int, prefill_tokens: int, duration: float) -> None:
         running = len(self.decoding) + len(self.prefilling)
-        self.trace.append(TraceSegment(self.now, steps, running, prefill_tokens, duration))
+        self.trace.append((self.now, steps, running, prefill_tokens, duration))
         self.now += duration
         self.steps += steps
 
@@ -226,7 +227,8 @@ class _Replica:
                     self._preempt()
             else:
                 self.decode_jump()
-        return SimulationResult(self.now, np.array(self.finish_s), self.steps, self.preemptions, self.trace)
+        trace = [TraceSegment(*segment) for segment in self.trace]
+        return SimulationResult(self.now, np.array(self.finish_s), self.steps, self.preemptions, trace)
 
     def _fits(self, r: int) -> bool:
         first_chunk = min(self.left[r], self.limits.max_num_batched_tokens - len(self.decoding))

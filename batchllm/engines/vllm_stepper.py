@@ -15,6 +15,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord, WorkerReady
+from batchllm.models.tokens import PromptTokenizer
 
 
 def configure_environment(config: EngineConfig) -> None:
@@ -98,7 +99,7 @@ class VllmStepper:
                 options[key] = getattr(config, key)
         self._tally = [_IterationTally()]
         self._engine = LLMEngine.from_engine_args(EngineArgs(**options), stat_loggers=[_recorder_factory(self._tally)])
-        self._tokenizer = self._engine.get_tokenizer()
+        self._tokenizer = PromptTokenizer(config.model)
         vllm_config = self._engine.vllm_config
         cache, scheduler = vllm_config.cache_config, vllm_config.scheduler_config
         self.ready = WorkerReady(
@@ -113,19 +114,10 @@ class VllmStepper:
         self._live: dict[str, _LiveRequest] = {}
         self._decode_context = 0  # sum of context over decoding sequences
 
-    def _token_ids(self, request: EngineRequest) -> list[int]:
-        if not request.chat:
-            return list(self._tokenizer.encode(request.prompt))
-        messages = ([{"role": "system", "content": request.system}] if request.system else [])
-        messages.append({"role": "user", "content": request.prompt})
-        ids = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if not isinstance(ids, list):  # a BatchEncoding in newer transformers
-            ids = ids["input_ids"]
-        return list(ids)
-
     def add(self, request: EngineRequest) -> EngineResult | None:
         """Queue a request; a request the engine refuses comes back at once as an error result."""
         from vllm import SamplingParams
+        from vllm.exceptions import VLLMError
         from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(
@@ -133,10 +125,13 @@ class VllmStepper:
             seed=None if request.seed is None else request_seed(request.seed, request.request_id),
             output_kind=RequestOutputKind.DELTA,
         )
-        ids = self._token_ids(request)
+        ids = self._tokenizer.token_ids(request)
+        if len(ids) >= self.ready.max_model_len:
+            reason = f"error: prompt has {len(ids)} tokens, the engine's max_model_len is {self.ready.max_model_len}"
+            return EngineResult(request.request_id, ("",), len(ids), 0, reason)
         try:
             self._engine.add_request(request.request_id, {"prompt_token_ids": ids}, params)
-        except ValueError as exc:  # e.g. prompt longer than max_model_len
+        except (VLLMError, ValueError) as exc:  # any other request vLLM refuses
             return EngineResult(request.request_id, ("",), len(ids), 0, f"error: {exc}")
         self._live[request.request_id] = _LiveRequest.new(len(ids), request.n)
         return None

@@ -115,6 +115,7 @@ def profile_model(model_name: str, model_dir: Path, devices: DeviceSet, hardware
             for label, requests in workloads:
                 started = time.monotonic()
                 results, records = run_requests(engine, requests, lambda n: None)
+                results = [r for r in results if not r.finish_reason.startswith("error")]  # e.g. prompts too long
                 steps += records[WARMUP_STEPS:] if label == workloads[0][0] else records
                 report(f"[{shape.key}] {label}: {len(requests)} requests, {len(records)} steps, {time.monotonic() - started:.1f} s")
                 if label == "lengths":

@@ -22,6 +22,9 @@ class NodeStats:
     engine_load_s: float = 0.0
     started_at: float = field(default_factory=time.monotonic)
     busy_s: float = 0.0  # inside engine steps
+    engine_steps: int = 0
+    prefix_queries: int = 0  # prompt tokens looked up in the engine's prefix cache
+    prefix_hits: int = 0  # of those, served from it
     finished_at: float | None = None
 
     @property
@@ -63,6 +66,13 @@ class RunProgress:
         stats.prompt_tokens += prompt_tokens
         stats.output_tokens += output_tokens
         self._bars.update(self._tasks[node], advance=1, rate=f"{stats.output_tokens_per_s:,.0f} tok/s")
+
+    def count_steps(self, node: str, steps) -> None:
+        stats = self.stats[node]
+        for step in steps:
+            stats.engine_steps += 1
+            stats.prefix_queries += step.prefix_queries
+            stats.prefix_hits += step.prefix_hits
 
     def finish_node(self, node: str) -> None:
         self.stats[node].finished_at = time.monotonic()

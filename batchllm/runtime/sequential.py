@@ -152,6 +152,7 @@ class SequentialRunner:
                                          result.num_output_tokens, result.finish_reason)
                 journal.append(record)
                 self.progress.advance(work.node.name, result.num_prompt_tokens, result.num_output_tokens)
+            self.progress.count_steps(work.node.name, engine.drain_steps())
             engine.submit(work.ready_requests())
 
     def _write_outputs(self, finals: dict[str, dict[str, ResultRecord]]) -> dict[str, Path]:

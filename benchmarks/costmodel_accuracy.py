@@ -1,0 +1,121 @@
+"""Cost model accuracy: estimated vs measured time on the real engine, side by side.
+
+    .venv/bin/python benchmarks/costmodel_accuracy.py          (about 15 minutes on 2 cores)
+
+For each workload (real ShareGPT prompts not used for profiling; counts and max_tokens
+vary), the run time is estimated from the committed profile before the run, with
+output lengths sampled (mean of 5 seeds), then measured on the real engine, then
+estimated again with the measured output lengths fed back in. Engine start-up is
+reported apart (it is a profile constant). Also writes the simulated vs real running
+count per step of the first workload to benchmarks/results/running_trace.csv.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from batchllm.costmodel.estimator import ExecutionPlan, Workload, estimate  # noqa: E402
+from batchllm.costmodel.profile import Profile, ReplicaShape, profile_dir, this_hardware  # noqa: E402
+from batchllm.engines.devices import Replica  # noqa: E402
+from batchllm.engines.process_engine import start_vllm_engine  # noqa: E402
+from batchllm.engines.protocol import EngineConfig, EngineRequest  # noqa: E402
+from batchllm.models.registry import batchllm_home, resolve_model  # noqa: E402
+from batchllm.models.tokens import PromptTokenizer  # noqa: E402
+from batchllm.profiling.profiler import prompts, run_requests  # noqa: E402
+
+# (label, prompt set, first prompt, count, max_tokens, cores). Profiling used first_turns[0:256]
+# and multi_turn[0:48]; these start further on.
+WORKLOADS = [
+    ("short-100x64", "first_turns", 500, 100, 64, 2),
+    ("short-300x128", "first_turns", 600, 300, 128, 2),
+    ("long-80x64", "multi_turn", 200, 80, 64, 2),
+    ("short-150x256", "first_turns", 900, 100, 256, 2),
+    ("short-120x96-1core", "first_turns", 300, 120, 96, 1),
+]
+SEEDS = 5
+
+
+def main() -> None:
+    home = batchllm_home()
+    model_dir = resolve_model("smollm2-135m", dag_dir=REPO, home=home, where="benchmark").materialise(home)
+    profile = Profile.load(profile_dir(REPO / "profiles", this_hardware(), "smollm2-135m"))
+    tokenizer = PromptTokenizer(model_dir)
+    rows, engines = [], {}
+    try:
+        for label, prompt_set, start, count, max_tokens, cores in WORKLOADS:
+            shape = ReplicaShape(cores, 1)
+            if cores not in engines:
+                for engine in engines.values():
+                    engine.stop()
+                engines.clear()
+                config = EngineConfig(model=model_dir, replica=Replica("cpu", tuple(range(cores))),
+                                      max_model_len=int(profile.engine["max_model_len"]),
+                                      kv_cache_memory_bytes=profile.engine.get("kv_cache_memory_bytes"), enforce_eager=True,
+                                      log_path=str(REPO / "benchmarks" / "results" / f"engine-{cores}.log"))
+                (REPO / "benchmarks" / "results").mkdir(exist_ok=True)
+                engines[cores] = start_vllm_engine(config)
+                measured_load = engines[cores].ready.load_time_s
+                print(f"engine on {cores} core(s): started in {measured_load:.1f} s (profile says {profile.shape(shape).load_time_s:.1f} s)", flush=True)
+            requests = [EngineRequest(f"{label}-{i}", text, max_tokens=max_tokens) for i, text in enumerate(prompts(prompt_set, start, count))]
+            prompt_tokens = np.array([tokenizer.count(r) for r in requests])
+            workload = Workload.of(prompt_tokens, max_tokens)
+            plan = ExecutionPlan(1, shape)
+            started = time.perf_counter()
+            sampled_estimates = [estimate(profile, plan, workload, seed=s, include_load=False) for s in range(SEEDS)]
+            sampled = [e.run_s for e in sampled_estimates]
+            estimate_ms = (time.perf_counter() - started) * 1000 / SEEDS
+            wall_started = time.perf_counter()
+            results, steps = run_requests(engines[cores], requests, lambda n: None)
+            measured = time.perf_counter() - wall_started
+            by_id = {r.request_id: r for r in results}
+            known = np.array([by_id[r.request_id].num_output_tokens for r in requests])
+            known_estimate = estimate(profile, plan, Workload.of(prompt_tokens, max_tokens, known_output_tokens=known), include_load=False)
+            guess = float(np.mean(sampled))
+            rows.append((label, count, max_tokens, cores, guess, measured, known_estimate.run_s, estimate_ms,
+                         float(np.mean(known)), float(np.mean(sampled_estimates[0].output_tokens))))
+            print(f"{label}: estimated {guess:.1f} s, measured {measured:.1f} s, with known lengths {known_estimate.run_s:.1f} s", flush=True)
+            if len(rows) == 1:
+                write_running_trace(known_estimate, steps)
+    finally:
+        for engine in engines.values():
+            engine.stop()
+    report(rows)
+
+
+def write_running_trace(simulated, real_steps) -> None:
+    """Per step: real running count (decoding + prefilling) and the simulation's."""
+    sim_running = [seg.running for seg in simulated.replicas[0].trace for _ in range(seg.steps)]
+    path = REPO / "benchmarks" / "results" / "running_trace.csv"
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["step", "real_running", "real_step_s", "simulated_running"])
+        for i, step in enumerate(real_steps):
+            writer.writerow([i, step.decode_seqs + step.prefill_requests, round(step.wall_s, 4), sim_running[i] if i < len(sim_running) else ""])
+    print(f"running count per step, real vs simulated: {path}")
+
+
+def report(rows) -> None:
+    print()
+    header = f"{'workload':<20}{'reqs':>6}{'max_tok':>8}{'cores':>6}{'est s':>8}{'real s':>8}{'err':>8}{'known s':>9}{'err':>8}{'est ms':>8}{'out tok real/sampled':>22}"
+    print(header)
+    errors, known_errors = [], []
+    for label, count, max_tokens, cores, guess, measured, known, ms, real_len, sampled_len in rows:
+        error, known_error = (guess - measured) / measured, (known - measured) / measured
+        errors.append(abs(error))
+        known_errors.append(abs(known_error))
+        print(f"{label:<20}{count:>6}{max_tokens:>8}{cores:>6}{guess:>8.1f}{measured:>8.1f}{error:>+8.1%}{known:>9.1f}{known_error:>+8.1%}{ms:>8.1f}{real_len:>11.1f}/{sampled_len:<10.1f}")
+    print(f"sampled lengths: median |error| {statistics.median(errors):.1%}, max {max(errors):.1%}; "
+          f"known lengths: median {statistics.median(known_errors):.1%}, max {max(known_errors):.1%}")
+
+
+if __name__ == "__main__":
+    main()
