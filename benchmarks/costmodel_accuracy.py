@@ -32,15 +32,17 @@ from batchllm.models.registry import batchllm_home, resolve_model  # noqa: E402
 from batchllm.models.tokens import PromptTokenizer  # noqa: E402
 from batchllm.profiling.profiler import prompts, run_requests  # noqa: E402
 
-# (label, prompt set, first prompt, count, max_tokens, cores). Profiling used first_turns[0:256]
-# and multi_turn[0:48]; these start further on.
+# (label, prompt set, count, max_tokens, cores, longest prompt in characters). Prompts come
+# from index 300 on (profiling used first_turns[0:256] and multi_turn[0:48]). Prefill on
+# these CPUs runs at ~200 tokens/s, so counts stay small enough for ~15 minutes in all.
 WORKLOADS = [
-    ("short-100x64", "first_turns", 500, 100, 64, 2),
-    ("short-300x128", "first_turns", 600, 300, 128, 2),
-    ("long-80x64", "multi_turn", 200, 80, 64, 2),
-    ("short-150x256", "first_turns", 900, 100, 256, 2),
-    ("short-120x96-1core", "first_turns", 300, 120, 96, 1),
+    ("short-100x64", "first_turns", 100, 64, 2, 400),
+    ("short-150x128", "first_turns", 150, 128, 2, 400),
+    ("long-30x64", "multi_turn", 30, 64, 2, 3000),
+    ("short-100x256", "first_turns", 100, 256, 2, 400),
+    ("short-100x96-1core", "first_turns", 100, 96, 1, 400),
 ]
+FIRST_UNUSED_PROMPT = 300
 SEEDS = 5
 
 
@@ -51,7 +53,9 @@ def main() -> None:
     tokenizer = PromptTokenizer(model_dir)
     rows, engines = [], {}
     try:
-        for label, prompt_set, start, count, max_tokens, cores in WORKLOADS:
+        used: dict[str, int] = {}
+        fresh_engine = False
+        for label, prompt_set, count, max_tokens, cores, max_chars in WORKLOADS:
             shape = ReplicaShape(cores, 1)
             if cores not in engines:
                 for engine in engines.values():
@@ -63,15 +67,22 @@ def main() -> None:
                                       log_path=str(REPO / "benchmarks" / "results" / f"engine-{cores}.log"))
                 (REPO / "benchmarks" / "results").mkdir(exist_ok=True)
                 engines[cores] = start_vllm_engine(config)
+                fresh_engine = True
                 measured_load = engines[cores].ready.load_time_s
                 print(f"engine on {cores} core(s): started in {measured_load:.1f} s (profile says {profile.shape(shape).load_time_s:.1f} s)", flush=True)
-            requests = [EngineRequest(f"{label}-{i}", text, max_tokens=max_tokens) for i, text in enumerate(prompts(prompt_set, start, count))]
+            texts = [t for t in prompts(prompt_set, FIRST_UNUSED_PROMPT, 10_000) if len(t) <= max_chars]
+            texts = texts[used.get(prompt_set, 0): used.get(prompt_set, 0) + count]  # no prompt twice across workloads
+            used[prompt_set] = used.get(prompt_set, 0) + count
+            requests = [EngineRequest(f"{label}-{i}", text, max_tokens=max_tokens) for i, text in enumerate(texts)]
             prompt_tokens = np.array([tokenizer.count(r) for r in requests])
             workload = Workload.of(prompt_tokens, max_tokens)
             plan = ExecutionPlan(1, shape)
             started = time.perf_counter()
+            # the first workload on a fresh engine also pays its warm-up steps
+            warmup_s = profile.shape(shape).warmup_s if fresh_engine else 0.0
+            fresh_engine = False
             sampled_estimates = [estimate(profile, plan, workload, seed=s, include_load=False) for s in range(SEEDS)]
-            sampled = [e.run_s for e in sampled_estimates]
+            sampled = [e.run_s + warmup_s for e in sampled_estimates]
             estimate_ms = (time.perf_counter() - started) * 1000 / SEEDS
             wall_started = time.perf_counter()
             results, steps = run_requests(engines[cores], requests, lambda n: None)
@@ -80,15 +91,25 @@ def main() -> None:
             known = np.array([by_id[r.request_id].num_output_tokens for r in requests])
             known_estimate = estimate(profile, plan, Workload.of(prompt_tokens, max_tokens, known_output_tokens=known), include_load=False)
             guess = float(np.mean(sampled))
-            rows.append((label, count, max_tokens, cores, guess, measured, known_estimate.run_s, estimate_ms,
+            rows.append((label, count, max_tokens, cores, guess, measured, known_estimate.run_s + warmup_s, estimate_ms,
                          float(np.mean(known)), float(np.mean(sampled_estimates[0].output_tokens))))
-            print(f"{label}: estimated {guess:.1f} s, measured {measured:.1f} s, with known lengths {known_estimate.run_s:.1f} s", flush=True)
+            print(f"{label}: estimated {guess:.1f} s, measured {measured:.1f} s, with known lengths {known_estimate.run_s + warmup_s:.1f} s", flush=True)
+            write_steps(label, steps)
             if len(rows) == 1:
                 write_running_trace(known_estimate, steps)
     finally:
         for engine in engines.values():
             engine.stop()
     report(rows)
+
+
+def write_steps(label: str, steps) -> None:
+    """Every real step of a workload, for comparing step by step with the latency model."""
+    path = REPO / "benchmarks" / "results" / f"steps-{label}.csv"
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["wall_s", "prefill_tokens", "prefill_requests", "decode_seqs", "decode_context"])
+        writer.writerows((round(s.wall_s, 4), s.prefill_tokens, s.prefill_requests, s.decode_seqs, s.decode_context) for s in steps)
 
 
 def write_running_trace(simulated, real_steps) -> None:

@@ -15,7 +15,6 @@ class FakeEngine:
     def __init__(self, config: EngineConfig, *, die_after: int | None = None, per_poll: int = 3):
         self.config = config
         self.ready = WorkerReady(0.0, 10_000, 16, 8, 64, 512, "fake")
-        self.busy_s = 0.0
         self.queue: list[EngineRequest] = []
         self.seen: list[EngineRequest] = []
         self.stopped = False
@@ -77,10 +76,6 @@ class _CrashingEngine:
         self._inner, self._limit, self._given = inner, limit, 0
         self.config, self.ready = inner.config, inner.ready
         self.seen = inner.seen
-
-    @property
-    def busy_s(self) -> float:
-        return self._inner.busy_s
 
     def submit(self, requests) -> None:
         self._inner.submit(requests)

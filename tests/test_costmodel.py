@@ -151,7 +151,7 @@ ENGINE = {"engine_version": "vllm 0.32.0", "max_num_seqs": 8, "max_num_batched_t
 
 def tiny_profile() -> Profile:
     facts = ModelFacts(parameters=1000, layers=2, hidden_size=8, attention_heads=4, kv_heads=4, max_model_len=256)
-    shapes = {"w1-tp1": ShapeProfile(load_time_s=7.0, kv_capacity_tokens=10_000, latency=ONE_SECOND_A_STEP)}
+    shapes = {"w1-tp1": ShapeProfile(load_time_s=5.0, kv_capacity_tokens=10_000, latency=ONE_SECOND_A_STEP, warmup_s=2.0)}
     return Profile("measured", "cpu-test", "tiny", ENGINE, facts, shapes, LengthDistribution.fit([3, 5], [True, True]))
 
 
@@ -182,7 +182,7 @@ def test_split_by_work_balances_and_keeps_every_request_once():
     assert [work[p].sum() for p in parts] == [20, 20]
 
 
-def test_estimate_adds_load_time_and_uses_known_lengths():
+def test_estimate_adds_load_and_warm_up_time_and_uses_known_lengths():
     workload = Workload.of([4, 4], max_tokens=100, known_output_tokens=np.array([3, 3]))
     result = estimate(tiny_profile(), ExecutionPlan(1, ReplicaShape(1)), workload)
     assert result.load_s == 7.0 and result.run_s == 3.0 and result.total_s == 10.0

@@ -44,7 +44,7 @@ def shared_engines():
         def __init__(self, engine):
             self._engine, self.config, self.ready = engine, engine.config, engine.ready
 
-        busy_s = property(lambda self: self._engine.busy_s)
+        drain_steps = property(lambda self: self._engine.drain_steps)
         submit = property(lambda self: self._engine.submit)
         poll = property(lambda self: self._engine.poll)
 

@@ -50,7 +50,7 @@ class Workload:
 @dataclass(frozen=True)
 class Estimate:
     total_s: float  # load_s + run_s
-    load_s: float
+    load_s: float  # engine start and warm-up, for a newly started model
     run_s: float
     finish_s: np.ndarray  # per request, from the plan's start (load included)
     output_tokens: np.ndarray  # the lengths the simulation used
@@ -79,7 +79,7 @@ def estimate(profile: Profile, plan: ExecutionPlan, workload: Workload, *, seed:
     shape_profile = profile.shape(plan.shape)
     outputs = output_lengths(profile.lengths, workload.prompt_tokens, workload.max_tokens, profile.facts.max_model_len,
                              seed, known=workload.known_output_tokens)
-    load_s = shape_profile.load_time_s if include_load else 0.0
+    load_s = shape_profile.start_cost_s if include_load else 0.0
     limits = scheduler_limits(profile, plan.shape)
     finish = np.zeros(len(workload))
     results = []

@@ -55,11 +55,23 @@ class StepLatencyModel:
 
     @classmethod
     def fit(cls, features: np.ndarray, seconds: np.ndarray) -> "StepLatencyModel":
-        """Non-negative least squares on rows of FEATURES (plus an intercept)."""
-        design = np.column_stack([np.ones(len(features)), np.asarray(features, float)])
-        coefficients = _nonnegative_least_squares(design, np.asarray(seconds, float))
-        return cls(*map(float, coefficients))
+        """Non-negative least squares on relative error (a 0.1 s step counts as much as a
+        10 s one), then once more without the steps the first fit misses by over 2x
+        (a step that stalled, or whose work was miscounted)."""
+        model, _ = cls.fit_robust(features, seconds)
+        return model
 
+    @classmethod
+    def fit_robust(cls, features: np.ndarray, seconds: np.ndarray) -> tuple["StepLatencyModel", int]:
+        """The fitted model and how many outlying steps the second pass left out."""
+        design = np.column_stack([np.ones(len(features)), np.asarray(features, float)])
+        seconds = np.asarray(seconds, float)
+        keep = seconds > 0
+        for _ in range(2):
+            coefficients = _nonnegative_least_squares(design[keep] / seconds[keep, None], np.ones(int(keep.sum())))
+            ratio = (design @ coefficients) / np.where(seconds > 0, seconds, np.inf)
+            keep = (seconds > 0) & (ratio > 0.5) & (ratio < 2.0)
+        return cls(*map(float, coefficients)), int((seconds > 0).sum() - keep.sum())
 
 def _nonnegative_least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Active-set NNLS (Lawson-Hanson) on column-scaled data; small problems only."""

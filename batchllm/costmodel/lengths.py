@@ -17,7 +17,7 @@ import numpy as np
 class LengthDistribution:
     lengths: np.ndarray  # sorted support, in tokens (>= 1)
     cdf: np.ndarray  # P(X <= lengths[i]); last value is 1.0
-    censored_at: int  # lengths >= this were cut by the profiling cap
+    censored_at: int  # the largest length an output was cut at (the profiling cap)
 
     @classmethod
     def fit(cls, lengths: list[int] | np.ndarray, finished: list[bool] | np.ndarray) -> "LengthDistribution":
@@ -34,7 +34,7 @@ class LengthDistribution:
         survival = np.cumprod(1.0 - ended / at_risk)
         cdf = 1.0 - survival
         cdf[-1] = 1.0  # remaining mass: at the largest cap
-        censored_at = int(lengths[~finished].min()) if (~finished).any() else int(support[-1]) + 1
+        censored_at = int(lengths[~finished].max()) if (~finished).any() else int(support[-1]) + 1
         return cls(lengths=support, cdf=cdf, censored_at=censored_at)
 
     def sample(self, count: int, seed: int) -> np.ndarray:

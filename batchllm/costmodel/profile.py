@@ -48,10 +48,16 @@ class ReplicaShape:
 
 @dataclass(frozen=True)
 class ShapeProfile:
-    load_time_s: float
+    load_time_s: float  # engine start until it can take requests
     kv_capacity_tokens: int
     latency: StepLatencyModel
     fit_median_error: float | None = None  # |predicted - measured| / measured over steps
+    warmup_s: float = 0.0  # what a fresh engine's first steps take beyond the fitted model
+
+    @property
+    def start_cost_s(self) -> float:
+        """What starting this replica costs before it runs at its measured speed."""
+        return self.load_time_s + self.warmup_s
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,7 @@ class Profile:
         body = {
             "kind": self.kind, "hardware": self.hardware, "model": self.model, "engine": self.engine,
             "facts": asdict(self.facts), "notes": self.notes, "censored_at": self.lengths.censored_at,
-            "shapes": {key: {"load_time_s": s.load_time_s, "kv_capacity_tokens": s.kv_capacity_tokens,
+            "shapes": {key: {"load_time_s": s.load_time_s, "warmup_s": s.warmup_s, "kv_capacity_tokens": s.kv_capacity_tokens,
                              "latency": s.latency.to_dict(), "fit_median_error": s.fit_median_error}
                        for key, s in self.shapes.items()},
         }
@@ -112,7 +118,8 @@ class Profile:
         body = json.loads(path.read_text())
         with open(directory / "output_lengths.csv", newline="") as handle:
             rows = [{"length": int(r["length"]), "cdf": float(r["cdf"])} for r in csv.DictReader(handle)]
-        shapes = {key: ShapeProfile(s["load_time_s"], s["kv_capacity_tokens"], StepLatencyModel(**s["latency"]), s.get("fit_median_error"))
+        shapes = {key: ShapeProfile(s["load_time_s"], s["kv_capacity_tokens"], StepLatencyModel(**s["latency"]),
+                                    s.get("fit_median_error"), s.get("warmup_s", 0.0))
                   for key, s in body["shapes"].items()}
         return cls(body["kind"], body["hardware"], body["model"], body["engine"], ModelFacts(**body["facts"]), shapes,
                    LengthDistribution.from_rows(rows, body["censored_at"]), body.get("notes", {}))

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from batchllm.costmodel.latency import StepFeatures, StepLatencyModel
+from batchllm.costmodel.latency import StepLatencyModel
 
 
 @dataclass(frozen=True)
@@ -58,182 +58,152 @@ class SimulationResult:
     trace: list[TraceSegment]
 
 
-class _Replica:
-    def __init__(self, prompt, output, cached, ready_s, limits: SchedulerLimits, latency: StepLatencyModel, jump: bool):
-        self.jump = jump
-        # Per-request state lives in plain lists: element access is what the loop does.
-        self.limits, self.latency = limits, latency
-        prompt = np.asarray(prompt, np.int64)
-        left = np.maximum(prompt - np.minimum(np.asarray(cached, np.int64), prompt - 1), 1)
-        self.prompt = prompt.tolist()
-        self.target = np.asarray(output, np.int64).clip(min=1).tolist()
-        self.left = left.tolist()
-        self.computed = (prompt - left).tolist()  # tokens whose KV exists (cached prefix counts)
-        self.ready_s = np.asarray(ready_s, float).tolist()
-        self.arrivals = deque(np.argsort(ready_s, kind="stable").tolist())
-        self.waiting: deque[int] = deque()
-        self.prefilling: list[int] = []  # admission order
-        self.decoding: set[int] = set()
-        self.admitted: dict[int, None] = {}  # running requests in admission order (preemption picks the last)
-        self.heap: list[tuple[int, int]] = []  # (finish clock, request)
-        self.start_clock = [0] * len(self.prompt)
-        self.generated_at_start = [0] * len(self.prompt)
-        self.clock = 0
-        self.decode_base = 0  # sum over decoders of (kv tokens at start - start clock)
-        self.kv_other = 0  # kv tokens of prefilling requests
-        self.now = 0.0
-        self.steps = 0
-        self.preemptions = 0
-        self.finish_s = [float("nan")] * len(self.prompt)
-        self.trace: list[tuple] = []  # TraceSegment fields; made into records once, at the end
+def _simulate(prompt, output, cached, ready_s, limits: SchedulerLimits, latency: StepLatencyModel, jump: bool) -> SimulationResult:
+    """The scheduler loop, written as one function over local variables: it runs once per
+    event (a finish, an admission, a prefill chunk), so attribute and call overhead count."""
+    prompt_arr = np.asarray(prompt, np.int64)
+    left_arr = np.maximum(prompt_arr - np.minimum(np.asarray(cached, np.int64), prompt_arr - 1), 1)
+    prompt = prompt_arr.tolist()
+    target = np.asarray(output, np.int64).clip(min=1).tolist()
+    left = left_arr.tolist()
+    computed = (prompt_arr - left_arr).tolist()  # tokens whose KV exists (a cached prefix counts)
+    ready = np.asarray(ready_s, float).tolist()
+    arrivals = deque(np.argsort(ready_s, kind="stable").tolist())
+    count = len(prompt)
+    start_clock, generated_at_start = [0] * count, [0] * count
+    decoding = [False] * count
+    epoch = [0] * count  # bumped on preemption: heap entries of an older epoch are stale
+    finish_s = [float("nan")] * count
 
-    # -- bookkeeping -------------------------------------------------------
-    def kv_tokens(self) -> int:
-        running = len(self.decoding) + len(self.prefilling)
-        return self.decode_base + len(self.decoding) * self.clock + self.kv_other + running * (self.limits.block_size_tokens // 2)
+    max_seqs, budget_total, capacity = limits.max_num_seqs, limits.max_num_batched_tokens, limits.kv_capacity_tokens
+    half_block = limits.block_size_tokens // 2  # expected unused tail of a request's last block
+    c0, c_prefill, c_attention = latency.base_s, latency.per_prefill_token_s, latency.per_attention_unit_s
+    c_seq, c_context = latency.per_decode_seq_s, latency.per_context_token_s
 
-    def decode_context(self) -> int:
-        return self.decode_base + len(self.decoding) * self.clock
+    waiting: deque[int] = deque()
+    prefilling: list[int] = []  # admission order
+    admitted: dict[int, None] = {}  # running requests in admission order (preemption takes the last)
+    heap: list[tuple[int, int, int]] = []  # (finish clock, request, epoch) of decoding requests
+    n_dec = 0
+    clock = 0  # decode steps so far: every decoding request advances one token a step
+    decode_base = 0  # sum over decoders of (kv tokens when they started decoding - that clock)
+    kv_other = 0  # kv tokens of prefilling requests
+    now, steps, preemptions = 0.0, 0, 0
+    trace: list[tuple] = []
 
-    def _decoder_offset(self, r: int) -> int:
-        """A decoder's KV tokens are this offset plus the shared clock."""
-        return self.prompt[r] + self.generated_at_start[r] - self.start_clock[r]
-
-    def start_decoding(self, r: int, generated: int) -> None:
-        self.decoding.add(r)
-        self.start_clock[r], self.generated_at_start[r] = self.clock, generated
-        self.decode_base += self._decoder_offset(r)
-        heapq.heappush(self.heap, (self.clock + self.target[r] - generated, r))
-
-    def finish(self, r: int) -> None:
-        self.finish_s[r] = self.now
-        del self.admitted[r]
-
-    def arrive(self) -> None:
-        while self.arrivals and self.ready_s[self.arrivals[0]] <= self.now + 1e-12:
-            self.waiting.append(self.arrivals.popleft())
-
-    # -- one explicit step (prefill work present) -------------------------
-    def step(self) -> None:
-        budget = self.limits.max_num_batched_tokens - len(self.decoding)
-        chunks: list[tuple[int, int]] = []
-        prefill_tokens = prefill_attention = 0
-        for r in self.prefilling:
-            if budget <= 0:
+    while True:
+        while arrivals and ready[arrivals[0]] <= now + 1e-12:
+            waiting.append(arrivals.popleft())
+        if not admitted and not waiting:
+            if not arrivals:
                 break
-            chunk = min(self.left[r], budget)
-            chunks.append((r, chunk))
-            prefill_tokens += chunk
-            prefill_attention += chunk * (self.computed[r] + chunk)
-            budget -= chunk
-        free_kv = self.limits.kv_capacity_tokens - self.kv_tokens()
-        half_block = self.limits.block_size_tokens // 2
-        while self.waiting and budget > 0 and len(self.admitted) < self.limits.max_num_seqs:
-            r = self.waiting[0]
-            chunk = min(self.left[r], budget)
-            need = self.computed[r] + chunk + half_block
-            if need > free_kv:
-                break
-            self.waiting.popleft()
-            self.prefilling.append(r)
-            self.admitted[r] = None
-            self.kv_other += self.computed[r]
-            free_kv -= need
-            chunks.append((r, chunk))
-            prefill_tokens += chunk
-            prefill_attention += chunk * (self.computed[r] + chunk)
-            budget -= chunk
-        if not chunks and not self.decoding:
-            r = self.waiting[0]
-            raise ValueError(f"request {r} needs {self.prompt[r]} tokens of KV cache; the replica has {self.limits.kv_capacity_tokens}")
-        features = StepFeatures(prefill_tokens, prefill_attention, len(self.decoding), self.decode_context())
-        duration = self.latency.step_s(features)
-        self._record(1, prefill_tokens, duration)
-        self.clock += 1
-        for r, chunk in chunks:
-            self.left[r] -= chunk
-            self.computed[r] += chunk
-            self.kv_other += chunk
-            if self.left[r] == 0:  # prompt done: this step produced its first token
-                self.prefilling.remove(r)
-                self.kv_other -= self.computed[r]
-                if self.target[r] <= 1:
-                    self.finish(r)
-                else:
-                    self.start_decoding(r, 1)
-        self._pop_finished()
-
-    # -- a jump over pure-decode steps ------------------------------------
-    def decode_jump(self) -> None:
-        seqs = len(self.decoding)
-        steps = self.heap[0][0] - self.clock
-        room = self.limits.kv_capacity_tokens - self.kv_tokens()
-        steps = max(1, min(steps, room // seqs)) if room > 0 else 1
-        if self.arrivals and len(self.admitted) < self.limits.max_num_seqs:
-            until_arrival = self.ready_s[self.arrivals[0]] - self.now
-            steps = max(1, min(steps, self.latency.decode_steps_within(seqs, self.decode_context(), until_arrival) + 1))
-        duration = self.latency.decode_run_s(seqs, self.decode_context(), steps)
-        self._record(steps, 0, duration)
-        self.clock += steps
-        self._pop_finished()
-        if self.kv_tokens() > self.limits.kv_capacity_tokens:
-            self._preempt()
-
-    def _pop_finished(self) -> None:
-        while self.heap and self.heap[0][0] <= self.clock:
-            _, r = heapq.heappop(self.heap)
-            self.decoding.discard(r)
-            self.decode_base -= self._decoder_offset(r)
-            self.finish(r)
-
-    def _preempt(self) -> None:
-        while self.kv_tokens() > self.limits.kv_capacity_tokens and len(self.admitted) > 1:
-            victim = next(reversed(self.admitted))
-            del self.admitted[victim]
-            self.preemptions += 1
-            if victim in self.decoding:
-                generated = self.generated_at_start[victim] + self.clock - self.start_clock[victim]
-                self.decoding.discard(victim)
-                self.decode_base -= self._decoder_offset(victim)
-                self.heap = [(c, r) for c, r in self.heap if r != victim]
-                heapq.heapify(self.heap)
-                self.prompt[victim] += generated  # recompute prompt + output so far
-                self.target[victim] -= generated
-            else:
-                self.prefilling.remove(victim)
-                self.kv_other -= self.computed[victim]
-            self.left[victim] = self.prompt[victim]
-            self.computed[victim] = 0
-            self.waiting.appendleft(victim)
-
-    def _record(self, steps: int, prefill_tokens: int, duration: float) -> None:
-        running = len(self.decoding) + len(self.prefilling)
-        self.trace.append((self.now, steps, running, prefill_tokens, duration))
-        self.now += duration
-        self.steps += steps
-
-    def run(self) -> SimulationResult:
-        while True:
-            self.arrive()
-            if not self.admitted and not self.waiting:
-                if not self.arrivals:
+            now = ready[arrivals[0]]
+            continue
+        n_run = len(admitted)
+        decode_context = decode_base + n_dec * clock
+        kv = decode_context + kv_other + n_run * half_block
+        fits = False
+        if waiting and n_run < max_seqs:
+            w = waiting[0]
+            fits = computed[w] + min(left[w], budget_total - n_dec) + half_block <= capacity - kv
+        while heap and heap[0][2] != epoch[heap[0][1]]:
+            heapq.heappop(heap)
+        if jump and n_dec and not prefilling and not fits:
+            # -- a jump over pure-decode steps, to the next finish, KV overflow or arrival
+            run = heap[0][0] - clock
+            room = capacity - kv
+            run = max(1, min(run, room // n_dec)) if room > 0 else 1
+            if arrivals and n_run < max_seqs:
+                run = max(1, min(run, latency.decode_steps_within(n_dec, decode_context, ready[arrivals[0]] - now) + 1))
+            duration = run * (c0 + c_seq * n_dec + c_context * decode_context) + c_context * n_dec * run * (run - 1) / 2
+            trace.append((now, run, n_run, 0, duration))
+            now += duration
+            steps += run
+            clock += run
+        else:
+            # -- one explicit step: decodes, prefill chunks of running requests, admissions
+            budget = budget_total - n_dec
+            chunks: list[tuple[int, int]] = []
+            prefill_tokens = prefill_attention = 0
+            for r in prefilling:
+                if budget <= 0:
                     break
-                self.now = float(self.ready_s[self.arrivals[0]])
+                chunk = min(left[r], budget)
+                chunks.append((r, chunk))
+                prefill_tokens += chunk
+                prefill_attention += chunk * (computed[r] + chunk)
+                budget -= chunk
+            free_kv = capacity - kv
+            while waiting and budget > 0 and len(admitted) < max_seqs:
+                r = waiting[0]
+                chunk = min(left[r], budget)
+                need = computed[r] + chunk + half_block
+                if need > free_kv:
+                    break
+                waiting.popleft()
+                prefilling.append(r)
+                admitted[r] = None
+                kv_other += computed[r]
+                free_kv -= need
+                chunks.append((r, chunk))
+                prefill_tokens += chunk
+                prefill_attention += chunk * (computed[r] + chunk)
+                budget -= chunk
+            if not chunks and not n_dec:
+                r = waiting[0]
+                raise ValueError(f"request {r} needs {prompt[r]} tokens of KV cache; the replica has {capacity}")
+            duration = (c0 + c_prefill * prefill_tokens + c_attention * prefill_attention
+                        + c_seq * n_dec + c_context * decode_context)
+            trace.append((now, 1, n_dec + len(prefilling), prefill_tokens, duration))
+            now += duration
+            steps += 1
+            clock += 1
+            for r, chunk in chunks:
+                left[r] -= chunk
+                computed[r] += chunk
+                kv_other += chunk
+                if left[r] == 0:  # prompt done: this step produced its first token
+                    prefilling.remove(r)
+                    kv_other -= computed[r]
+                    if target[r] <= 1:
+                        finish_s[r] = now
+                        del admitted[r]
+                    else:  # starts decoding with one token generated
+                        decoding[r] = True
+                        n_dec += 1
+                        start_clock[r], generated_at_start[r] = clock, 1
+                        decode_base += prompt[r] + 1 - clock
+                        heapq.heappush(heap, (clock + target[r] - 1, r, epoch[r]))
+        # -- requests whose last token came in this step or jump
+        while heap and heap[0][0] <= clock:
+            _, r, entry_epoch = heapq.heappop(heap)
+            if entry_epoch != epoch[r]:
                 continue
-            admissible = self.waiting and len(self.admitted) < self.limits.max_num_seqs
-            if not self.jump or self.prefilling or (admissible and self._fits(self.waiting[0])) or not self.decoding:
-                self.step()
-                if self.kv_tokens() > self.limits.kv_capacity_tokens:
-                    self._preempt()
+            decoding[r] = False
+            n_dec -= 1
+            decode_base -= prompt[r] + generated_at_start[r] - start_clock[r]
+            finish_s[r] = now
+            del admitted[r]
+        # -- KV overflow: preempt the newest running requests, to be recomputed later
+        while decode_base + n_dec * clock + kv_other + len(admitted) * half_block > capacity and len(admitted) > 1:
+            victim = next(reversed(admitted))
+            del admitted[victim]
+            preemptions += 1
+            if decoding[victim]:
+                generated = generated_at_start[victim] + clock - start_clock[victim]
+                decoding[victim] = False
+                n_dec -= 1
+                decode_base -= prompt[victim] + generated_at_start[victim] - start_clock[victim]
+                epoch[victim] += 1
+                prompt[victim] += generated  # its prompt is now prompt + output so far
+                target[victim] -= generated
             else:
-                self.decode_jump()
-        trace = [TraceSegment(*segment) for segment in self.trace]
-        return SimulationResult(self.now, np.array(self.finish_s), self.steps, self.preemptions, trace)
-
-    def _fits(self, r: int) -> bool:
-        first_chunk = min(self.left[r], self.limits.max_num_batched_tokens - len(self.decoding))
-        need = self.computed[r] + first_chunk + self.limits.block_size_tokens // 2
-        return need <= self.limits.kv_capacity_tokens - self.kv_tokens()
+                prefilling.remove(victim)
+                kv_other -= computed[victim]
+            left[victim] = prompt[victim]
+            computed[victim] = 0
+            waiting.appendleft(victim)
+    return SimulationResult(now, np.array(finish_s), steps, preemptions, [TraceSegment(*segment) for segment in trace])
 
 
 def simulate_replica(prompt_tokens, output_tokens, limits: SchedulerLimits, latency: StepLatencyModel,
@@ -247,4 +217,4 @@ def simulate_replica(prompt_tokens, output_tokens, limits: SchedulerLimits, late
     ready = np.zeros(count) if ready_s is None else ready_s
     if count == 0:
         return SimulationResult(0.0, np.zeros(0), 0, 0, [])
-    return _Replica(prompt_tokens, output_tokens, cached, ready, limits, latency, jump).run()
+    return _simulate(prompt_tokens, output_tokens, cached, ready, limits, latency, jump)

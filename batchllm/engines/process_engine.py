@@ -34,7 +34,6 @@ class EngineFailed(RuntimeError):
 class Engine(Protocol):
     config: EngineConfig
     ready: WorkerReady
-    busy_s: float  # time spent inside engine steps so far
 
     def submit(self, requests: Sequence[EngineRequest]) -> None: ...
     def poll(self, timeout_s: float) -> list[EngineResult]: ...
@@ -55,7 +54,6 @@ def _log_tail(path: str | None, lines: int = 15) -> str:
 class ProcessEngine:
     def __init__(self, config: EngineConfig, stepper_factory, start_timeout_s: float = 1800.0):
         self.config = config
-        self.busy_s = 0.0
         self._pending_failure: EngineFailed | None = None
         self._steps: list[StepRecord] = []
         context = multiprocessing.get_context("spawn")
@@ -119,7 +117,6 @@ class ProcessEngine:
                     raise self._failure(f"engine for {self.config.model} failed:\n{message.error}")
                 if isinstance(message, WorkerResults):
                     results.extend(message.results)
-                    self.busy_s += message.busy_s
                     self._steps.extend(message.steps)
                 try:
                     message = self._outbox.get_nowait()

@@ -76,10 +76,6 @@ class WorkerResults:
     results: tuple[EngineResult, ...]
     steps: tuple[StepRecord, ...] = ()
 
-    @property
-    def busy_s(self) -> float:
-        return sum(step.wall_s for step in self.steps)
-
 
 @dataclass(frozen=True)
 class WorkerFailed:

@@ -9,6 +9,8 @@ sequences and their context), and the step-latency model is fit on those records
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import json
 import struct
 import time
@@ -27,14 +29,15 @@ from batchllm.engines.process_engine import EngineFactory
 from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord
 
 PROMPTS = Path(__file__).resolve().parent.parent.parent / "profiles" / "prompts"
-WARMUP_STEPS = 2  # the first steps of a fresh engine pay one-time costs
+WARMUP_STEPS = 3  # the first steps of a fresh engine pay one-time costs (measured as warmup_s)
 
 
 @dataclass(frozen=True)
 class ProfileSettings:
     length_prompts: int = 256  # first turns whose output lengths form the CDF
     length_cap_tokens: int = 256
-    prefill_prompts: int = 48  # long multi-turn prompts, few output tokens
+    prefill_prompts: int = 32  # long multi-turn prompts, few output tokens
+    length_prompt_max_chars: int = 2000  # CPU prefill is slow; the longest prompts add time, not information
     latency_prompts: int = 128  # first turns on the narrower shapes (latency only)
     max_model_len: int = 2048
     kv_cache_memory_bytes: int | None = 1 << 30
@@ -68,9 +71,11 @@ def model_facts(model_dir: Path, max_model_len: int) -> ModelFacts:
     )
 
 
-def prompts(name: str, start: int, count: int) -> list[str]:
-    texts = pq.read_table(PROMPTS / f"{name}.parquet", columns=["prompt"]).column("prompt").to_pylist()
-    return texts[start:start + count]
+def prompts(name: str, start: int, count: int, max_chars: int | None = None) -> list[str]:
+    texts = pq.read_table(PROMPTS / f"{name}.parquet", columns=["prompt"]).column("prompt").to_pylist()[start:]
+    if max_chars is not None:
+        texts = [text for text in texts if len(text) <= max_chars]
+    return texts[:count]
 
 
 def run_requests(engine, requests: list[EngineRequest], on_result: Callable[[int], None]) -> tuple[list[EngineResult], list[StepRecord]]:
@@ -83,6 +88,28 @@ def run_requests(engine, requests: list[EngineRequest], on_result: Callable[[int
         if batch:
             on_result(len(results))
     return results, engine.drain_steps()
+
+
+def fit_steps(features: np.ndarray, seconds: np.ndarray) -> tuple[StepLatencyModel, float]:
+    """The step-latency model and its median relative error over all measured steps."""
+    latency = StepLatencyModel.fit(features, seconds)
+    predicted = np.array([latency.step_s(StepFeatures(*row)) for row in features])
+    return latency, round(float(np.median(np.abs(predicted - seconds) / seconds)), 4)
+
+
+def refit(directory: Path) -> Profile:
+    """Refit a saved profile's step latency from its saved measurements (no engine)."""
+    profile = Profile.load(directory)
+    shapes = {}
+    for key, shape in profile.shapes.items():
+        with open(directory / f"steps-{key}.csv", newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        features = np.array([[float(row[name]) for name in FEATURES] for row in rows])
+        latency, error = fit_steps(features, np.array([float(row["wall_s"]) for row in rows]))
+        shapes[key] = dataclasses.replace(shape, latency=latency, fit_median_error=error)
+    refitted = dataclasses.replace(profile, shapes=shapes)
+    refitted.save(directory)
+    return refitted
 
 
 def profile_model(model_name: str, model_dir: Path, devices: DeviceSet, hardware: str, factory: EngineFactory,
@@ -105,30 +132,32 @@ def profile_model(model_name: str, model_dir: Path, devices: DeviceSet, hardware
                                "max_model_len": ready.max_model_len, "dtype": "bfloat16", "enforce_eager": config.enforce_eager,
                                "kv_cache_memory_bytes": config.kv_cache_memory_bytes}
             steps: list[StepRecord] = []
+            first_steps: list[StepRecord] = []
             workloads = [("prefill", [EngineRequest(f"p{i}", text, max_tokens=4) for i, text in enumerate(prompts("multi_turn", 0, settings.prefill_prompts))])]
             if shape == widest:
-                texts = prompts("first_turns", 0, settings.length_prompts)
+                texts = prompts("first_turns", 0, settings.length_prompts, settings.length_prompt_max_chars)
                 workloads.append(("lengths", [EngineRequest(f"l{i}", t, max_tokens=settings.length_cap_tokens) for i, t in enumerate(texts)]))
             else:
-                texts = prompts("first_turns", 0, settings.latency_prompts)
+                texts = prompts("first_turns", 0, settings.latency_prompts, settings.length_prompt_max_chars)
                 workloads.append(("decode", [EngineRequest(f"d{i}", t, max_tokens=128) for i, t in enumerate(texts)]))
             for label, requests in workloads:
                 started = time.monotonic()
                 results, records = run_requests(engine, requests, lambda n: None)
                 results = [r for r in results if not r.finish_reason.startswith("error")]  # e.g. prompts too long
-                steps += records[WARMUP_STEPS:] if label == workloads[0][0] else records
+                if not first_steps:  # the engine's first steps: warm-up, measured apart
+                    first_steps, records = records[:WARMUP_STEPS], records[WARMUP_STEPS:]
+                steps += records
                 report(f"[{shape.key}] {label}: {len(requests)} requests, {len(records)} steps, {time.monotonic() - started:.1f} s")
                 if label == "lengths":
                     lengths = LengthDistribution.fit([r.num_output_tokens for r in results], [r.finish_reason != "length" for r in results])
         finally:
             engine.stop()
         features, seconds = step_features(steps), np.array([s.wall_s for s in steps])
-        latency = StepLatencyModel.fit(features, seconds)
-        predicted = np.array([latency.step_s(StepFeatures(*row)) for row in features])
-        error = float(np.median(np.abs(predicted - seconds) / seconds))
-        shape_profiles[shape.key] = ShapeProfile(ready.load_time_s, ready.kv_capacity_tokens, latency, round(error, 4))
+        latency, error = fit_steps(features, seconds)
+        warmup_s = sum(max(0.0, s.wall_s - latency.step_s(StepFeatures(*row))) for s, row in zip(first_steps, step_features(first_steps)))
+        shape_profiles[shape.key] = ShapeProfile(ready.load_time_s, ready.kv_capacity_tokens, latency, error, round(warmup_s, 2))
         tables[shape.key] = [{"wall_s": round(s.wall_s, 6), **dict(zip(FEATURES, map(float, f)))} for s, f in zip(steps, features)]
-        report(f"[{shape.key}] load {ready.load_time_s:.1f} s, KV {ready.kv_capacity_tokens:,} tokens, step fit median error {error:.1%}")
+        report(f"[{shape.key}] load {ready.load_time_s:.1f} s + warm-up {warmup_s:.1f} s, KV {ready.kv_capacity_tokens:,} tokens, step fit median error {error:.1%}")
     profile = Profile("measured", hardware, model_name, engine_settings, facts, shape_profiles, lengths,
                       notes={"length_prompts": "profiles/prompts/first_turns.parquet", "temperature": 0.0,
                              "length_cap_tokens": settings.length_cap_tokens})

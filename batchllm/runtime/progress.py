@@ -71,6 +71,7 @@ class RunProgress:
         stats = self.stats[node]
         for step in steps:
             stats.engine_steps += 1
+            stats.busy_s += step.wall_s
             stats.prefix_queries += step.prefix_queries
             stats.prefix_hits += step.prefix_hits
 

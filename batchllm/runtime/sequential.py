@@ -82,7 +82,8 @@ class SequentialRunner:
                 if blocked:
                     failed[name] = f"upstream node {blocked[0]!r} failed"
                     continue
-                work = NodeWork(node, self.tables[node.input_name], {u: {r: rec.text for r, rec in finals[u].items()} for u in node.upstream}, journals[name].records)
+                upstream_texts = {u: {row: record.text for row, record in finals[u].items()} for u in node.upstream}
+                work = NodeWork(node, self.tables[node.input_name], upstream_texts, journals[name].records)
                 if not work.is_finished():
                     try:
                         self._run_node(work, journals[name])
@@ -126,7 +127,7 @@ class SequentialRunner:
                 engine = self.pool.engine_for(config)
                 if self.pool.started > starts:
                     stats.engine_load_s += engine.ready.load_time_s
-                self._drive(work, engine, journal)
+                self._feed(work, engine, journal)
             except EngineFailed:
                 self.pool.stop()  # a dead engine: stop() only reaps it
                 work.requeue_in_flight()
@@ -136,13 +137,6 @@ class SequentialRunner:
                     raise
                 self.progress.note(f"[yellow]engine for {node.name} died; restarting ({restarts}/{MAX_ENGINE_RESTARTS})[/yellow]")
         self.progress.finish_node(node.name)
-
-    def _drive(self, work: NodeWork, engine: Engine, journal: ResultJournal) -> None:
-        busy_before = engine.busy_s
-        try:
-            self._feed(work, engine, journal)
-        finally:
-            self.progress.stats[work.node.name].busy_s += engine.busy_s - busy_before
 
     def _feed(self, work: NodeWork, engine: Engine, journal: ResultJournal) -> None:
         engine.submit(work.ready_requests())
