@@ -1,7 +1,7 @@
 """The `batchllm` command line. Thin: parse options, call the library, map errors to exit codes.
 
 Exit codes: 0 done; 1 the run is incomplete (a node failed, its cause is printed);
-2 bad input (nothing was run or written).
+2 bad input (nothing was run or written); 130 interrupted (resumable).
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ def run(
     Results are committed as each request finishes: run the same command again after a
     crash or Ctrl-C and it resumes, computing each (node, row, step) exactly once. A run
     that is already complete starts no engine.
+
+    Example: batchllm run dags/ensemble_judge.yaml --out runs/demo --devices cpu:2
     """
     from batchllm.runtime.launch import run_dag_file
 
@@ -55,6 +57,9 @@ def run(
     except RunIncomplete as incomplete:
         Console(stderr=True).print(f"[red]run incomplete:[/red] {incomplete}. Fix the cause and run the same command again to resume.")
         raise typer.Exit(1)
+    except KeyboardInterrupt:
+        Console(stderr=True).print("interrupted: finished results are kept; run the same command again to resume.")
+        raise typer.Exit(130)
     if result.engines_started == 0:
         console.print(f"Nothing to do: every node's results in {out} are complete; no engine was started.")
     else:

@@ -13,6 +13,7 @@ count per step of the first workload to benchmarks/results/running_trace.csv.
 from __future__ import annotations
 
 import csv
+import json
 import statistics
 import sys
 import time
@@ -79,8 +80,8 @@ def main() -> None:
             plan = ExecutionPlan(1, shape)
             started = time.perf_counter()
             # the first workload on a fresh engine also pays its warm-up steps
-            warmup_s = profile.shape(shape).warmup_s if fresh_engine else 0.0
-            fresh_engine = False
+            first_on_engine, fresh_engine = fresh_engine, False
+            warmup_s = profile.shape(shape).warmup_s if first_on_engine else 0.0
             sampled_estimates = [estimate(profile, plan, workload, seed=s, include_load=False) for s in range(SEEDS)]
             sampled = [e.run_s + warmup_s for e in sampled_estimates]
             estimate_ms = (time.perf_counter() - started) * 1000 / SEEDS
@@ -95,6 +96,7 @@ def main() -> None:
                          float(np.mean(known)), float(np.mean(sampled_estimates[0].output_tokens))))
             print(f"{label}: estimated {guess:.1f} s, measured {measured:.1f} s, with known lengths {known_estimate.run_s + warmup_s:.1f} s", flush=True)
             write_steps(label, steps)
+            save_workload(label, cores, max_tokens, prompt_tokens, known, measured, first_on_engine)
             if len(rows) == 1:
                 write_running_trace(known_estimate, steps)
     finally:
@@ -103,9 +105,36 @@ def main() -> None:
     report(rows)
 
 
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def save_workload(label, cores, max_tokens, prompt_tokens, known, measured, first_on_engine) -> None:
+    """What a re-evaluation needs without the engine: `--from-results` re-estimates from these."""
+    body = {"label": label, "cores": cores, "max_tokens": max_tokens, "measured_s": measured, "first_on_engine": first_on_engine,
+            "prompt_tokens": [int(t) for t in prompt_tokens], "output_tokens": [int(t) for t in known]}
+    (RESULTS / f"workload-{label}.json").write_text(json.dumps(body))
+
+
+def from_results() -> None:
+    """Re-estimate the saved workloads of the last run with the current profile and code."""
+    profile = Profile.load(profile_dir(REPO / "profiles", this_hardware(), "smollm2-135m"))
+    rows = []
+    for path in sorted(RESULTS.glob("workload-*.json"), key=lambda p: p.stat().st_mtime):
+        w = json.loads(path.read_text())
+        shape = ReplicaShape(w["cores"], 1)
+        warmup_s = profile.shape(shape).warmup_s if w["first_on_engine"] else 0.0
+        prompt_tokens, known = np.array(w["prompt_tokens"]), np.array(w["output_tokens"])
+        plan = ExecutionPlan(1, shape)
+        sampled = [estimate(profile, plan, Workload.of(prompt_tokens, w["max_tokens"]), seed=s, include_load=False) for s in range(SEEDS)]
+        known_estimate = estimate(profile, plan, Workload.of(prompt_tokens, w["max_tokens"], known_output_tokens=known), include_load=False)
+        rows.append((w["label"], len(known), w["max_tokens"], w["cores"], float(np.mean([e.run_s for e in sampled])) + warmup_s,
+                     w["measured_s"], known_estimate.run_s + warmup_s, 0.0, float(known.mean()), float(np.mean(sampled[0].output_tokens))))
+    report(rows)
+
+
 def write_steps(label: str, steps) -> None:
     """Every real step of a workload, for comparing step by step with the latency model."""
-    path = REPO / "benchmarks" / "results" / f"steps-{label}.csv"
+    path = RESULTS / f"steps-{label}.csv"
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["wall_s", "prefill_tokens", "prefill_requests", "decode_seqs", "decode_context"])
@@ -139,4 +168,4 @@ def report(rows) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from_results() if "--from-results" in sys.argv else main()

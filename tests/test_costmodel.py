@@ -215,3 +215,16 @@ def test_jumping_over_decode_steps_matches_stepping_one_at_a_time():
         assert fast.total_s == pytest.approx(slow.total_s, rel=1e-9)
         assert np.allclose(fast.finish_s, slow.finish_s)
         assert len(fast.trace) < len(slow.trace)
+
+
+def test_estimate_spread_covers_the_samples():
+    from batchllm.costmodel.estimator import estimate_spread
+
+    workload = Workload.of(np.full(50, 4), max_tokens=100)
+    plan = ExecutionPlan(1, ReplicaShape(1))
+    spread = estimate_spread(tiny_profile(), plan, workload, seeds=4)
+    assert len(spread.samples) == 4
+    assert spread.min_s <= spread.mean_s <= spread.max_s
+    assert spread.samples[2] == estimate(tiny_profile(), plan, workload, seed=2).total_s
+    fixed = estimate_spread(tiny_profile(), plan, Workload.of(np.full(50, 4), 100, known_output_tokens=np.full(50, 4)), seeds=3)
+    assert fixed.min_s == fixed.max_s  # known lengths: nothing to sample

@@ -92,3 +92,18 @@ def test_sampling_n_keeps_every_completion(workspace):
     table = pq.read_table(workspace.out / "nodes" / "a.parquet")
     assert table.column("texts").to_pylist()[0] == ["<A What is a prime number?>"] * 2
     assert {r.seed for r in factory.requests if r.request_id.startswith("a:")} == {3}
+
+
+def test_ctrl_c_keeps_committed_results_and_says_how_to_resume(workspace, monkeypatch):
+    from typer.testing import CliRunner
+
+    from batchllm import cli
+    from batchllm.runtime import launch
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch, "run_dag_file", interrupted)
+    result = CliRunner().invoke(cli.app, ["run", str(workspace.dag(ENSEMBLE_DAG)), "--out", str(workspace.out)])
+    assert result.exit_code == 130
+    assert result.output == "interrupted: finished results are kept; run the same command again to resume.\n"

@@ -39,6 +39,10 @@ class ProfileSettings:
     prefill_prompts: int = 32  # long multi-turn prompts, few output tokens
     length_prompt_max_chars: int = 2000  # CPU prefill is slow; the longest prompts add time, not information
     latency_prompts: int = 128  # first turns on the narrower shapes (latency only)
+    # Short prompts at full batch: decode steps whose context is small for their batch size,
+    # so the fit can tell the per-sequence cost from the per-context-token cost.
+    short_decode_prompts: int = 128
+    short_prompt_max_chars: int = 200
     max_model_len: int = 2048
     kv_cache_memory_bytes: int | None = 1 << 30
 
@@ -134,6 +138,8 @@ def profile_model(model_name: str, model_dir: Path, devices: DeviceSet, hardware
             steps: list[StepRecord] = []
             first_steps: list[StepRecord] = []
             workloads = [("prefill", [EngineRequest(f"p{i}", text, max_tokens=4) for i, text in enumerate(prompts("multi_turn", 0, settings.prefill_prompts))])]
+            short = prompts("first_turns", 0, settings.short_decode_prompts, settings.short_prompt_max_chars)
+            workloads.append(("short-decode", [EngineRequest(f"s{i}", text, max_tokens=48) for i, text in enumerate(short)]))
             if shape == widest:
                 texts = prompts("first_turns", 0, settings.length_prompts, settings.length_prompt_max_chars)
                 workloads.append(("lengths", [EngineRequest(f"l{i}", t, max_tokens=settings.length_cap_tokens) for i, t in enumerate(texts)]))
