@@ -90,7 +90,8 @@ def profile(
 ) -> None:
     """Measure MODEL on the real engine: load time, KV capacity and step latency per
     replica shape, and its output-length distribution. The planner reads the result."""
-    from batchllm.costmodel.profile import profile_dir, this_hardware
+    from batchllm.costmodel.profile import profile_dir
+    from batchllm.engines.devices import hardware_name
     from batchllm.engines.process_engine import start_vllm_engine
     from batchllm.models.registry import resolve_model
     from batchllm.profiling.profiler import ProfileSettings, profile_model
@@ -99,7 +100,7 @@ def profile(
     try:
         device_set = parse_devices(devices)
         ref = resolve_model(model, dag_dir=Path.cwd(), home=batchllm_home(), where="--model")
-        hardware = this_hardware() if device_set.kind == "cpu" else "gpu-local"
+        hardware = hardware_name(device_set.kind)
         target = profile_dir(out, hardware, ref.name.replace("/", "_"))
         model_dir = Path(ref.materialise(batchllm_home()))
     except UserError as error:

@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from batchllm.costmodel.estimator import ExecutionPlan, Workload, estimate  # noqa: E402
-from batchllm.costmodel.profile import Profile, ReplicaShape, profile_dir, this_hardware  # noqa: E402
+from batchllm.costmodel.profile import Profile, ReplicaShape, profile_dir  # noqa: E402
+from batchllm.engines.devices import hardware_name  # noqa: E402
 from batchllm.engines.devices import Replica  # noqa: E402
 from batchllm.engines.process_engine import start_vllm_engine  # noqa: E402
 from batchllm.engines.protocol import EngineConfig, EngineRequest  # noqa: E402
@@ -50,7 +51,7 @@ SEEDS = 5
 def main() -> None:
     home = batchllm_home()
     model_dir = resolve_model("smollm2-135m", dag_dir=REPO, home=home, where="benchmark").materialise(home)
-    profile = Profile.load(profile_dir(REPO / "profiles", this_hardware(), "smollm2-135m"))
+    profile = Profile.load(profile_dir(REPO / "profiles", hardware_name("cpu"), "smollm2-135m"))
     tokenizer = PromptTokenizer(model_dir)
     rows, engines = [], {}
     try:
@@ -117,7 +118,7 @@ def save_workload(label, cores, max_tokens, prompt_tokens, known, measured, firs
 
 def from_results() -> None:
     """Re-estimate the saved workloads of the last run with the current profile and code."""
-    profile = Profile.load(profile_dir(REPO / "profiles", this_hardware(), "smollm2-135m"))
+    profile = Profile.load(profile_dir(REPO / "profiles", hardware_name("cpu"), "smollm2-135m"))
     rows = []
     for path in sorted(RESULTS.glob("workload-*.json"), key=lambda p: p.stat().st_mtime):
         w = json.loads(path.read_text())

@@ -20,7 +20,8 @@ sys.path.insert(0, str(REPO))
 
 from batchllm.costmodel.estimator import ExecutionPlan, Workload, estimate, scheduler_limits  # noqa: E402
 from batchllm.costmodel.lengths import output_lengths  # noqa: E402
-from batchllm.costmodel.profile import Profile, ReplicaShape, profile_dir, this_hardware  # noqa: E402
+from batchllm.costmodel.profile import Profile, ReplicaShape, profile_dir  # noqa: E402
+from batchllm.engines.devices import hardware_name  # noqa: E402
 from batchllm.costmodel.simulator import simulate_replica  # noqa: E402
 
 REQUESTS = 10_000
@@ -38,7 +39,7 @@ def timed(function, repeats: int) -> float:
 
 
 def main() -> None:
-    profile = Profile.load(profile_dir(REPO / "profiles", this_hardware(), "smollm2-135m"))
+    profile = Profile.load(profile_dir(REPO / "profiles", hardware_name("cpu"), "smollm2-135m"))
     rng = np.random.default_rng(0)
     prompt_tokens = np.clip(rng.lognormal(mean=4.5, sigma=1.0, size=REQUESTS), 8, 1500).astype(np.int64)
     workload = Workload.of(prompt_tokens, max_tokens=256)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import json
-import platform
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -131,20 +130,6 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
             writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
-
-
-def this_hardware() -> str:
-    """A stable name for this machine's kind of CPU, e.g. `cpu-intel-xeon-platinum-8481c`."""
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1]
-                break
-    except OSError:
-        pass
-    slug = re.sub(r"\(r\)|\(tm\)|cpu|@.*|processor", " ", name.lower())
-    return "cpu-" + "-".join(re.findall(r"[a-z0-9]+", slug))
 
 
 def profile_dir(root: Path, hardware: str, model: str) -> Path:

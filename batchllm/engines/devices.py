@@ -7,10 +7,12 @@ environment variables (`CUDA_VISIBLE_DEVICES`, or vLLM's CPU thread binding).
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from batchllm.errors import UserError
 
@@ -81,6 +83,26 @@ def _visible_gpu_count() -> int:
     except (OSError, subprocess.SubprocessError):
         return 0
     return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+
+
+def hardware_name(kind: str) -> str:
+    """A stable name for this machine's kind of device, used to file profiles:
+    `cpu-intel-xeon` from /proc/cpuinfo, `gpu-nvidia-a100-sxm4-80gb` from nvidia-smi."""
+    name = platform.processor() or platform.machine()
+    if kind == "gpu":
+        try:
+            listing = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                     capture_output=True, text=True, timeout=10).stdout.splitlines()
+            name = listing[0] if listing else "unknown"
+        except (OSError, subprocess.SubprocessError):
+            name = "unknown"
+    else:
+        try:
+            name = next(line.split(":", 1)[1] for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
+        except (OSError, StopIteration):
+            pass
+    slug = re.sub(r"\(r\)|\(tm\)|\bcpu\b|@.*|processor", " ", name.lower())
+    return f"{kind}-" + "-".join(re.findall(r"[a-z0-9]+", slug))
 
 
 def whole_set_replica(devices: DeviceSet) -> Replica:
