@@ -8,7 +8,7 @@ with the profile's step latency, and a newly started model pays its load time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,10 +21,15 @@ from batchllm.costmodel.simulator import SchedulerLimits, SimulationResult, simu
 class ExecutionPlan:
     dp: int
     shape: ReplicaShape
+    devices: int = field(init=False, compare=False, repr=False)  # dp x the shape's devices
+    _hash: int = field(init=False, compare=False, repr=False)  # plans key the planner's tables
 
-    @property
-    def devices(self) -> int:
-        return self.dp * self.shape.devices
+    def __post_init__(self):
+        object.__setattr__(self, "devices", self.dp * self.shape.devices)
+        object.__setattr__(self, "_hash", hash((self.dp, self.shape.devices, self.shape.tp)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __str__(self) -> str:
         return f"dp{self.dp}x{self.shape.key}"

@@ -1,0 +1,90 @@
+"""What people do without a planner, and how far anyone could go: on the same costs.
+
+- Max-heuristic: one node at a time on all devices (its fastest plan there), in
+  topological order.
+- Min-heuristic: split the devices evenly over as many ready nodes as possible; a node
+  keeps its devices until it finishes, and freed devices go, split evenly, to nodes
+  still waiting (or stay idle when none waits).
+- Lower bound: no schedule on the fluid model ends earlier than the larger of (a) all
+  remaining work at each round's most efficient plan, spread over every device, and
+  (b) the longest producer-consumer chain, each node at its fastest.
+"""
+
+from __future__ import annotations
+
+import time
+
+from batchllm.costmodel.estimator import ExecutionPlan
+from batchllm.planner.schedule import Schedule
+from batchllm.planner.timeline import Timeline
+
+
+def _fastest_within(timeline: Timeline, name: str, devices: int) -> ExecutionPlan | None:
+    options = [p for p in timeline.problem.nodes[name].speeds if p.devices <= devices]
+    if not options:
+        return None
+    node = timeline.problem.nodes[name]
+    return min(options, key=lambda p: (node.speeds[p].start_s + timeline.remaining_s(name, p), p.devices))
+
+
+def max_heuristic(timeline: Timeline) -> Schedule:
+    started = time.perf_counter()
+    devices = timeline.problem.cluster.devices
+    while not timeline.done:
+        name = timeline.ready()[0]
+        timeline = timeline.advance({name: _fastest_within(timeline, name, devices)})
+    return Schedule.of("max-heuristic", timeline, time.perf_counter() - started)
+
+
+def min_heuristic(timeline: Timeline) -> Schedule:
+    started = time.perf_counter()
+    devices = timeline.problem.cluster.devices
+    while not timeline.done:
+        running = {n: e.plan for n, e in timeline.engines.items() if n in timeline.states}
+        free = devices - sum(p.devices for p in running.values())
+        waiting = [n for n in timeline.ready() if n not in running]
+        stage = dict(running)
+        while waiting and free > 0:
+            share = max(free // len(waiting), 1)
+            placed = False
+            for name in list(waiting):
+                plan = _fastest_within(timeline, name, min(share, free))
+                if plan is not None and free >= plan.devices:
+                    stage[name], free = plan, free - plan.devices
+                    waiting.remove(name)
+                    placed = True
+            if not placed:
+                break
+        if not stage:
+            raise ValueError(f"no node of {sorted(timeline.states)} fits on {timeline.problem.cluster}")
+        timeline = timeline.advance(stage)
+    return Schedule.of("min-heuristic", timeline, time.perf_counter() - started)
+
+
+def lower_bound_s(timeline: Timeline) -> float:
+    """A time no schedule from this point beats (see the module docstring). A model with
+    no engine running must start one: that start's device-seconds and time count too."""
+    problem = timeline.problem
+    running_models = {e.model for e in timeline.engines.values()}
+    start_device_s: dict[str, float] = {}  # per model to start: the cheapest start, once
+    device_s = 0.0
+    path: dict[str, float] = {}
+    for name, node in problem.nodes.items():
+        if name not in timeline.states:
+            continue
+        state = timeline.states[name]
+        rounds = node.rounds[state.round_index:]
+        for index, requests in enumerate(rounds):
+            weight = 1.0 - state.head_done if index == 0 else 1.0
+            device_s += weight * min(p.devices * s.round_s(requests) for p, s in node.speeds.items())
+        device_s += state.drain_left * min(p.devices * s.drain_s for p, s in node.speeds.items())
+        start_s = 0.0
+        if node.model not in running_models:
+            start_s = min(s.start_s for s in node.speeds.values())
+            cheapest = min(p.devices * s.start_s for p, s in node.speeds.items())
+            start_device_s[node.model] = min(start_device_s.get(node.model, cheapest), cheapest)
+        own = start_s + min(timeline.remaining_s(name, p) for p in node.speeds)
+        after = [path[p] + min(s.request_latency_s + s.drain_s for s in node.speeds.values()) for p in node.producers if p in path]
+        path[name] = max([own, *after])
+    device_s += sum(start_device_s.values())
+    return timeline.now_s + max(device_s / problem.cluster.devices, max(path.values(), default=0.0))

@@ -1,0 +1,85 @@
+"""What the planner plans: nodes (one per LLM stage of the DAG, self-loops fused) with
+their work and their speed under every candidate plan, on one cluster.
+
+Built from a DAG (`planner.from_dag`) or from published workload statistics
+(`benchmarks/planner_paper_scenarios.py`); the search never looks further than this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from batchllm.costmodel.estimator import ExecutionPlan, Workload
+from batchllm.costmodel.profile import Profile
+from batchllm.planner.cluster import Cluster, candidate_plans
+from batchllm.planner.speed import PlanSpeed, fit_shape_speed
+
+
+@dataclass(frozen=True)
+class NodeWorkload:
+    """One planning node before its speeds are fit."""
+
+    name: str
+    profile: Profile
+    workload: Workload  # a representative set of its requests (prompt lengths, max_tokens)
+    rounds: tuple[int, ...]  # requests per round: (N,) for a plain node, per step for an iterating one
+    producers: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not self.rounds or min(self.rounds) < 0:
+            raise ValueError(f"node {self.name!r}: rounds must be non-empty counts, got {self.rounds!r}")
+
+
+@dataclass(frozen=True)
+class PlanNode:
+    name: str
+    model: str
+    rounds: tuple[int, ...]
+    producers: tuple[str, ...]
+    speeds: dict[ExecutionPlan, PlanSpeed]
+
+    @property
+    def requests(self) -> int:
+        return sum(self.rounds)
+
+
+@dataclass(frozen=True)
+class PlanProblem:
+    cluster: Cluster
+    nodes: dict[str, PlanNode]  # in topological order
+    notes: tuple[str, ...] = field(default=())
+
+    def consumers(self, name: str) -> list[str]:
+        return [n for n, node in self.nodes.items() if name in node.producers]
+
+
+def build_problem(cluster: Cluster, workloads: list[NodeWorkload], notes: tuple[str, ...] = ()) -> PlanProblem:
+    """Fit each node's speed on each replica shape once; every plan's speed follows."""
+    nodes: dict[str, PlanNode] = {}
+    known = {w.name for w in workloads}
+    for item in _topological(workloads):
+        missing = [p for p in item.producers if p not in known]
+        if missing:
+            raise ValueError(f"node {item.name!r} reads unknown nodes {missing!r}")
+        plans = candidate_plans(item.profile, cluster)
+        shapes = {plan.shape for plan in plans}
+        speeds_by_shape = {shape: fit_shape_speed(item.profile, shape, item.workload) for shape in sorted(shapes, key=lambda s: s.key)}
+        speeds = {plan: speeds_by_shape[plan.shape].plan_speed(plan) for plan in plans}
+        nodes[item.name] = PlanNode(item.name, item.profile.model, item.rounds, item.producers, speeds)
+    return PlanProblem(cluster, nodes, notes)
+
+
+def _topological(workloads: list[NodeWorkload]) -> list[NodeWorkload]:
+    placed: list[NodeWorkload] = []
+    names: set[str] = set()
+    pending = list(workloads)
+    while pending:
+        ready = [w for w in pending if all(p in names or p not in {x.name for x in workloads} for p in w.producers)]
+        if not ready:
+            raise ValueError(f"nodes {[w.name for w in pending]!r} form a cycle")
+        for item in ready:
+            placed.append(item)
+            names.add(item.name)
+            pending.remove(item)
+    return placed
+

@@ -1,0 +1,231 @@
+"""Execution stages played forward on the fluid speed model: every search method builds
+its schedule through `Timeline.advance`, so all of them are judged by the same costs.
+
+A stage is a set of (node, plan) pairs on disjoint devices; it ends when its first node
+finishes. Within a stage a node pays its start cost first (engine start + warm-up; none
+when it keeps its plan and devices, or takes over an idle engine of the same model and
+plan), then progresses through its rounds. A node whose producers run in the same stage
+(model-level pipelining) gets its requests as they are produced: its finished share
+never exceeds theirs, and it ends at the earliest one request latency plus a drain after
+them. A node that changes plan loses the requests in flight (half a drain of work).
+
+Invariant: every node's state only moves forward, and a stage always finishes at
+least one node, so a schedule has at most as many stages as nodes plus preemptions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from batchllm.costmodel.estimator import ExecutionPlan
+from batchllm.planner.cluster import Placement, place
+from batchllm.planner.problem import PlanNode, PlanProblem
+from batchllm.planner.speed import PlanSpeed
+
+EPSILON_S = 1e-9
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """Progress of one node: rounds before `round_index` are done, `head_done` of that
+    round is done, and once all rounds are done `drain_left` of the drain remains."""
+
+    round_index: int = 0
+    head_done: float = 0.0
+    drain_left: float = 1.0
+
+    def remaining_s(self, node: PlanNode, speed: PlanSpeed) -> float:
+        rounds = node.rounds
+        if self.round_index >= len(rounds):
+            return speed.drain_s * self.drain_left
+        head = (1.0 - self.head_done) * speed.round_s(rounds[self.round_index])
+        return head + sum(speed.round_s(n) for n in rounds[self.round_index + 1:]) + speed.drain_s * self.drain_left
+
+    def done_requests(self, node: PlanNode) -> float:
+        rounds = node.rounds
+        done = float(sum(rounds[: self.round_index]))
+        return done + (self.head_done * rounds[self.round_index] if self.round_index < len(rounds) else 0.0)
+
+    def advanced(self, node: PlanNode, speed: PlanSpeed, seconds: float) -> "NodeState":
+        index, head_done, left = self.round_index, self.head_done, seconds
+        while index < len(node.rounds) and left > EPSILON_S:
+            round_s = (1.0 - head_done) * speed.round_s(node.rounds[index])
+            if left >= round_s:
+                left -= round_s
+                index, head_done = index + 1, 0.0
+            else:
+                full = speed.round_s(node.rounds[index])
+                head_done += left / full
+                left = 0.0
+        while index < len(node.rounds) and node.rounds[index] == 0:
+            index += 1
+        drain_left = self.drain_left
+        if index >= len(node.rounds) and left > 0 and speed.drain_s > 0:
+            drain_left = max(0.0, drain_left - left / speed.drain_s)
+        return NodeState(index, head_done, drain_left)
+
+    def capped(self, node: PlanNode, done_requests: float) -> "NodeState":
+        """This state, but with no more than `done_requests` done (pipelining)."""
+        if self.done_requests(node) <= done_requests:
+            return self
+        index, before = 0, 0.0
+        while index < len(node.rounds) and before + node.rounds[index] <= done_requests:
+            before += node.rounds[index]
+            index += 1
+        if index >= len(node.rounds):
+            return NodeState(index, 0.0, 1.0)
+        return NodeState(index, (done_requests - before) / node.rounds[index], 1.0)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A running engine after a stage: whose it is, its plan and devices, load still left."""
+
+    model: str
+    plan: ExecutionPlan
+    devices: tuple[int, ...]
+    load_left_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    index: int
+    start_s: float
+    duration_s: float
+    plans: dict[str, ExecutionPlan]
+    placement: Placement
+    start_costs_s: dict[str, float]  # engine start paid in this stage, per node
+    finished: tuple[str, ...]
+    requests_left: dict[str, float]  # after the stage, for every node of the stage
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.duration_s
+
+
+@dataclass(frozen=True)
+class Timeline:
+    problem: PlanProblem
+    now_s: float = 0.0
+    states: dict[str, NodeState] = field(default_factory=dict)  # unfinished nodes only
+    engines: dict[str, Engine] = field(default_factory=dict)  # by node, from the last stage
+    stages: tuple[StageRecord, ...] = ()
+    _remaining: dict = field(default_factory=dict, compare=False, repr=False)  # (node, plan) -> seconds, this timeline's states
+
+    def remaining_s(self, name: str, plan: ExecutionPlan) -> float:
+        """Time the node still needs on `plan`, start cost aside."""
+        key = (name, plan)
+        if key not in self._remaining:
+            node = self.problem.nodes[name]
+            self._remaining[key] = self.states[name].remaining_s(node, node.speeds[plan])
+        return self._remaining[key]
+
+    @classmethod
+    def start(cls, problem: PlanProblem) -> "Timeline":
+        return cls(problem, states={name: NodeState() for name in problem.nodes})
+
+    @property
+    def done(self) -> bool:
+        return not self.states
+
+    def ready(self, in_stage: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """Unfinished nodes whose producers are finished or run in the same stage."""
+        return [n for n in self.states if all(p not in self.states or p in in_stage for p in self.problem.nodes[n].producers)]
+
+    # -- costs of a candidate stage ----------------------------------------------------
+    def claims(self, plans: dict[str, ExecutionPlan]) -> dict[str, Engine]:
+        """The running engine each node of a candidate stage keeps: its own if the plan is
+        unchanged, else an idle one of the same model and plan whose owner has finished."""
+        claimed = {n: e for n, e in self.engines.items() if n in plans and e.plan == plans[n]}
+        taken = set(claimed)
+        for name, plan in plans.items():
+            if name in claimed:
+                continue
+            model = self.problem.nodes[name].model
+            owner = next((o for o, e in self.engines.items()
+                          if o not in taken and o not in self.states and e.model == model and e.plan == plan), None)
+            if owner is not None:
+                claimed[name] = self.engines[owner]
+                taken.add(owner)
+        return claimed
+
+    def start_cost_s(self, name: str, plan: ExecutionPlan, claimed: Engine | None) -> float:
+        """Engine start for `name` on `plan`; a node that leaves another plan also loses
+        the requests it had in flight (half a drain of its old plan)."""
+        if claimed is not None:
+            return claimed.load_left_s
+        node = self.problem.nodes[name]
+        own = self.engines.get(name)
+        lost_in_flight_s = node.speeds[own.plan].drain_s / 2 if own is not None and own.plan in node.speeds else 0.0
+        return node.speeds[plan].start_s + lost_in_flight_s
+
+    def finish_times(self, plans: dict[str, ExecutionPlan]) -> tuple[dict[str, float], dict[str, float]]:
+        """(finish, start cost) per node of the candidate stage, seconds from its start."""
+        finish: dict[str, float] = {}
+        costs: dict[str, float] = {}
+        claims = self.claims(plans)
+        for name in self.problem.nodes:  # topological order: producers first
+            if name not in plans:
+                continue
+            node, plan = self.problem.nodes[name], plans[name]
+            speed = node.speeds[plan]
+            costs[name] = self.start_cost_s(name, plan, claims.get(name))
+            end = costs[name] + self.remaining_s(name, plan)
+            for producer in node.producers:
+                if producer in plans:
+                    end = max(end, finish[producer] + speed.request_latency_s + speed.drain_s)
+            finish[name] = end
+        return finish, costs
+
+    def throughput(self, plans: dict[str, ExecutionPlan], ideal_s: dict[str, float]) -> float:
+        """Ideal device-seconds of work per second the candidate stage clears, if each of
+        its nodes ran to its end: the unit in which different models' work adds up."""
+        finish, _ = self.finish_times(plans)
+        return sum(ideal_s[n] / max(finish[n], EPSILON_S) for n in plans)
+
+    def ideal_device_s(self, name: str) -> float:
+        """Device-seconds the node's remaining work takes on its most efficient plan."""
+        return min(plan.devices * self.remaining_s(name, plan) for plan in self.problem.nodes[name].speeds)
+
+    # -- playing a stage --------------------------------------------------------------
+    def placement_for(self, plans: dict[str, ExecutionPlan]) -> Placement | None:
+        blocks = {n: (p.dp, p.shape.devices) for n, p in plans.items()}
+        kept = {n: e.devices for n, e in self.claims(plans).items()}
+        return place(blocks, kept, self.problem.cluster.devices)
+
+    def advance(self, plans: dict[str, ExecutionPlan]) -> "Timeline":
+        """Run one stage of these (node, plan) pairs until its first node finishes."""
+        if not plans:
+            raise ValueError("a stage needs at least one node")
+        if sum(p.devices for p in plans.values()) > self.problem.cluster.devices:
+            raise ValueError(f"stage {plans} needs more than {self.problem.cluster.devices} devices")
+        placement = self.placement_for(plans)
+        timeline = self
+        if placement is None:  # kept engines block aligned placement: everyone moves and reloads
+            timeline = replace(self, engines={})
+            placement = timeline.placement_for(plans)
+        finish, costs = timeline.finish_times(plans)
+        duration = min(finish.values())
+        states = dict(self.states)
+        for name in self.problem.nodes:
+            if name not in plans:
+                continue
+            node = self.problem.nodes[name]
+            speed = node.speeds[plans[name]]
+            state = states[name].advanced(node, speed, max(0.0, duration - costs[name]))
+            for producer in node.producers:
+                if producer in plans:  # it may serve only what the producer had made one request latency ago
+                    producer_node = self.problem.nodes[producer]
+                    made = self.states[producer].advanced(producer_node, producer_node.speeds[plans[producer]],
+                                                          max(0.0, duration - speed.request_latency_s - costs[producer]))
+                    share = made.done_requests(producer_node) / max(producer_node.requests, 1)
+                    state = state.capped(node, share * node.requests)
+            states[name] = state
+        finished = tuple(n for n in plans if finish[n] <= duration + EPSILON_S * max(1.0, duration) or states[n].remaining_s(self.problem.nodes[n], self.problem.nodes[n].speeds[plans[n]]) <= EPSILON_S)
+        for name in finished:
+            states.pop(name)
+        engines = {n: Engine(self.problem.nodes[n].model, p, placement[n], max(0.0, costs[n] - duration)) for n, p in plans.items()}
+        record = StageRecord(len(self.stages), self.now_s, duration, dict(plans), placement, costs, finished,
+                             {n: (self.problem.nodes[n].requests - states[n].done_requests(self.problem.nodes[n])) if n in states else 0.0
+                              for n in plans})
+        return Timeline(self.problem, self.now_s + duration, states, engines, self.stages + (record,))
