@@ -69,6 +69,55 @@ def run(
 
 
 @app.command()
+def plan(
+    dag: Path = DAG_ARGUMENT,
+    devices: str = typer.Option("auto", help="Hardware to plan for: 8xA100-80G, 2xH100-80G, cpu:2. auto: this machine."),
+    compare: bool = typer.Option(False, "--compare", help="Also estimate greedy, no-preemption, Max, Min, exact (small DAGs) and the lower bound."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON instead of tables."),
+    chart: Path = typer.Option(None, help="Gantt chart PNG path (an HTML file is written beside it). Default: plans/<DAG>-<devices>.png."),
+    profiles: Path = typer.Option(None, help="Profiles folder. Default: the profiles/ shipped with batchllm."),
+) -> None:
+    """Find a fast schedule for DAG: stages of (node, dp x tp plan) on the devices.
+
+    Estimates come from the model profiles (measured, or analytic for GPUs this machine
+    lacks): output lengths sampled from each model's distribution, the engine's batching
+    simulated step by step. The search grows each stage greedily by throughput per
+    device (SamuLLM's Algorithm 1), ends a stage when its first node finishes, and
+    re-plans the devices then; rollouts try nearby stages. Nothing is run.
+
+    Example: batchllm plan dags/ensemble_judge.yaml --devices 8xA100-80G --compare
+    """
+    import json
+
+    from batchllm.planner.gantt import write_html, write_png
+    from batchllm.planner.plan_file import PROFILES_ROOT, plan_dag_file
+    from batchllm.planner.report import print_report, report_json
+
+    if devices == "auto":
+        devices = _this_machine_devices()
+    try:
+        report = plan_dag_file(dag, devices, profiles_root=profiles or PROFILES_ROOT, compare=compare)
+    except UserError as error:
+        _fail(error)
+    chart = chart or Path("plans") / f"{dag.stem}-{devices.replace(':', '').replace('/', '_')}.png"
+    write_png(report, chart)
+    html_path = write_html(report, chart.with_suffix(".html"))
+    if as_json:
+        typer.echo(json.dumps({**report_json(report), "chart_png": str(chart), "chart_html": str(html_path)}, indent=2))
+        return
+    console = Console(highlight=False, width=max(Console().width, 120))
+    print_report(report, console)
+    console.print(f"gantt chart: {chart} and {html_path}")
+
+
+def _this_machine_devices() -> str:
+    from batchllm.engines.devices import hardware_name
+
+    local = parse_devices("auto")
+    return f"{len(local.ids)}x{hardware_name('gpu')}" if local.kind == "gpu" else f"cpu:{len(local.ids)}"
+
+
+@app.command()
 def validate(dag: Path = DAG_ARGUMENT) -> None:
     """Check DAG, its input files and its models without running anything."""
     from batchllm.spec.checks import check_dag

@@ -95,27 +95,25 @@ Placement = dict[str, tuple[int, ...]]  # node -> device ids, in replica order
 def place(blocks: dict[str, tuple[int, int]], kept: Placement, devices: int) -> Placement | None:
     """Device ids for each node's replicas, or None when they do not fit.
 
-    `blocks` maps a node to (replicas, devices per replica); nodes in `kept` stay where
-    they are. Others are packed largest replica first, each at the lowest free offset
-    that is a multiple of its size (buddy-style alignment keeps tp groups in NVLink
-    groups); with aligned power-of-two sizes this never fails while devices remain.
+    `blocks` maps a node to (replicas, devices per replica); the replicas in `kept` (a
+    node's running replicas it keeps or takes over) stay where they are. The others are
+    packed largest first, each at the lowest free offset that is a multiple of its size
+    (buddy-style alignment keeps tp groups inside NVLink groups).
     """
     free = [True] * devices
-    placement: Placement = {}
+    placement: dict[str, list[int]] = {}
     for node, ids in kept.items():
         if node in blocks:
             for device in ids:
                 free[device] = False
-            placement[node] = ids
-    order = sorted((n for n in blocks if n not in placement), key=lambda n: -blocks[n][1])
-    for node in order:
+            placement[node] = list(ids)
+    for node in sorted(blocks, key=lambda n: -blocks[n][1]):
         replicas, size = blocks[node]
-        ids: list[int] = []
-        for _ in range(replicas):
+        ids = placement.setdefault(node, [])
+        while len(ids) < replicas * size:
             offset = next((o for o in range(0, devices - size + 1, size) if all(free[o:o + size])), None)
             if offset is None:
                 return None
             free[offset:offset + size] = [False] * size
             ids.extend(range(offset, offset + size))
-        placement[node] = tuple(ids)
-    return placement
+    return {node: tuple(ids) for node, ids in placement.items()}

@@ -22,10 +22,10 @@ from batchllm.planner.timeline import Timeline
 def _options(timeline: Timeline, name: str) -> list[ExecutionPlan]:
     node = timeline.problem.nodes[name]
     best: dict[int, ExecutionPlan] = {}
-    for plan, speed in node.speeds.items():
-        cost = timeline.start_cost_s(name, plan, timeline.claims({name: plan}).get(name)) + timeline.remaining_s(name, plan)
-        held = best.get(plan.devices)
-        if held is None or cost < timeline.start_cost_s(name, held, timeline.claims({name: held}).get(name)) + timeline.remaining_s(name, held):
+    cost = {plan: timeline.start_cost_s(name, plan, timeline.claims({name: plan}).get(name)) + timeline.remaining_s(name, plan)
+            for plan in node.speeds}
+    for plan in node.speeds:
+        if plan.devices not in best or cost[plan] < cost[best[plan.devices]]:
             best[plan.devices] = plan
     return sorted(best.values(), key=lambda p: -p.devices)
 

@@ -23,7 +23,7 @@ import time
 
 from batchllm.costmodel.estimator import ExecutionPlan
 from batchllm.planner.schedule import Schedule
-from batchllm.planner.timeline import Timeline
+from batchllm.planner.timeline import EPSILON_S, Timeline
 
 
 def greedy_stage(timeline: Timeline, *, preemption: bool = True, seed: dict[str, ExecutionPlan] | None = None,
@@ -71,11 +71,10 @@ def greedy_stage(timeline: Timeline, *, preemption: bool = True, seed: dict[str,
 class _AloneThroughput:
     """A node's term of the stage throughput when nothing else in the stage affects it:
     no producer or consumer in the stage, and no other node of its model (which could
-    compete for the same idle engine). Memoised per (node, plan) for one stage search."""
+    compete for the same idle engine)."""
 
     def __init__(self, timeline: Timeline, ideal: dict[str, float]):
         self.timeline, self.ideal = timeline, ideal
-        self.memo: dict[tuple[str, ExecutionPlan], float] = {}
         nodes = timeline.problem.nodes
         self.related = {n: set(nodes[n].producers) | {c for c in nodes if n in nodes[c].producers} for n in nodes}
 
@@ -85,10 +84,7 @@ class _AloneThroughput:
         return not any(other != name and (other in self.related[name] or nodes[other].model == model) for other in chosen)
 
     def __call__(self, name: str, plan: ExecutionPlan) -> float:
-        key = (name, plan)
-        if key not in self.memo:
-            self.memo[key] = self.timeline.throughput({name: plan}, self.ideal)
-        return self.memo[key]
+        return self.ideal[name] / max(self.timeline.alone_finish_s(name, plan), EPSILON_S)
 
 
 def greedy_schedule(timeline: Timeline, *, preemption: bool = True, method: str | None = None) -> Schedule:

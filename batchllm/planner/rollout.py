@@ -5,8 +5,8 @@ Neighbours of the greedy stage G: G without one of its nodes (regrown without it
 the stage grown greedily from each ready node on its fastest plan for each device
 count. G itself is always a candidate and its rollout is the plain greedy schedule, so
 the result is never later than plain greedy's. After `max_rollouts` rollouts (a count,
-not a time, so a plan does not depend on the machine's speed) the remaining stages are
-plain greedy.
+not a time, so a plan does not depend on the machine's speed; by default fewer for
+bigger DAGs, whose rollouts cost more) the remaining stages are plain greedy.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 
 from batchllm.costmodel.estimator import ExecutionPlan
+from batchllm.planner.baselines import max_heuristic, min_heuristic
 from batchllm.planner.greedy import greedy_schedule, greedy_stage
 from batchllm.planner.schedule import Schedule
 from batchllm.planner.timeline import Timeline
@@ -47,12 +48,12 @@ def neighbour_stages(timeline: Timeline) -> list[dict[str, ExecutionPlan]]:
     return list(unique.values())
 
 
-MAX_ROLLOUTS = 32
+ROLLOUT_BUDGET = 240  # rollouts x nodes: a rollout costs about (nodes x stages) stage growths
 
 
-def rollout_schedule(timeline: Timeline, *, max_rollouts: int = MAX_ROLLOUTS) -> Schedule:
+def rollout_schedule(timeline: Timeline, *, max_rollouts: int | None = None) -> Schedule:
     started = time.perf_counter()
-    left = max_rollouts
+    left = max_rollouts if max_rollouts is not None else ROLLOUT_BUDGET // max(len(timeline.problem.nodes), 1)
     while not timeline.done:
         stages = neighbour_stages(timeline)[: max(left, 1)]  # the greedy stage always
         left -= len(stages) if len(stages) > 1 else 0
@@ -67,3 +68,13 @@ def rollout_schedule(timeline: Timeline, *, max_rollouts: int = MAX_ROLLOUTS) ->
                 best = (end_s, after)
         timeline = best[1]
     return Schedule.of("greedy+rollout", timeline, time.perf_counter() - started)
+
+
+def best_schedule(timeline: Timeline) -> Schedule:
+    """What batchllm runs: greedy with rollouts, unless a simple heuristic's schedule
+    ends earlier on the same costs (it can, e.g. when one engine handed from node to
+    node of the same model saves every restart); the search time covers all three."""
+    started = time.perf_counter()
+    candidates = [rollout_schedule(timeline), max_heuristic(timeline), min_heuristic(timeline)]
+    best = min(candidates, key=lambda s: s.total_s)
+    return Schedule(best.method, best.stages, best.total_s, time.perf_counter() - started, best.optimal)

@@ -88,6 +88,15 @@ class Engine:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """Running replicas a node keeps or takes over in a new stage."""
+
+    replicas: tuple[tuple[int, ...], ...]  # device ids per claimed replica
+    load_left_s: float  # the latest of their unfinished starts
+    complete: bool  # every replica of the plan is claimed: no engine start
+
+
+@dataclass(frozen=True)
 class StageRecord:
     index: int
     start_s: float
@@ -111,6 +120,28 @@ class Timeline:
     engines: dict[str, Engine] = field(default_factory=dict)  # by node, from the last stage
     stages: tuple[StageRecord, ...] = ()
     _remaining: dict = field(default_factory=dict, compare=False, repr=False)  # (node, plan) -> seconds, this timeline's states
+    _alone_finish: dict = field(default_factory=dict, compare=False, repr=False)  # (node, plan) -> seconds, the node alone in a stage
+    _replicas: dict = field(default_factory=dict, compare=False, repr=False)  # (model, shape) -> running replicas
+
+    def alone_finish_s(self, name: str, plan: ExecutionPlan) -> float:
+        """Finish of the node on `plan` in a stage where nothing else bears on it."""
+        key = (name, plan)
+        if key not in self._alone_finish:
+            self._alone_finish[key] = self.start_cost_s(name, plan, self._alone_claim(name, plan)) + self.remaining_s(name, plan)
+        return self._alone_finish[key]
+
+    def _alone_claim(self, name: str, plan: ExecutionPlan) -> "Claim | None":
+        """`claims({name: plan})[name]`, from an index of replicas by (model, shape)."""
+        if not self._replicas and self.engines:
+            for owner, engine in self.engines.items():
+                size = engine.plan.shape.devices
+                for i in range(engine.plan.dp):
+                    self._replicas.setdefault((engine.model, engine.plan.shape), []).append((owner, engine, engine.devices[i * size:(i + 1) * size]))
+        matches = self._replicas.get((self.problem.nodes[name].model, plan.shape), [])
+        got = ([m for m in matches if m[0] == name] + [m for m in matches if m[0] != name])[: plan.dp]
+        if not got:
+            return None
+        return Claim(tuple(ids for _, _, ids in got), max(e.load_left_s for _, e, _ in got), len(got) == plan.dp)
 
     def remaining_s(self, name: str, plan: ExecutionPlan) -> float:
         """Time the node still needs on `plan`, start cost aside."""
@@ -133,27 +164,38 @@ class Timeline:
         return [n for n in self.states if all(p not in self.states or p in in_stage for p in self.problem.nodes[n].producers)]
 
     # -- costs of a candidate stage ----------------------------------------------------
-    def claims(self, plans: dict[str, ExecutionPlan]) -> dict[str, Engine]:
-        """The running engine each node of a candidate stage keeps: its own if the plan is
-        unchanged, else an idle one of the same model and plan whose owner has finished."""
-        claimed = {n: e for n, e in self.engines.items() if n in plans and e.plan == plans[n]}
-        taken = set(claimed)
-        for name, plan in plans.items():
-            if name in claimed:
-                continue
-            model = self.problem.nodes[name].model
-            owner = next((o for o, e in self.engines.items()
-                          if o not in taken and o not in self.states and e.model == model and e.plan == plan), None)
-            if owner is not None:
-                claimed[name] = self.engines[owner]
-                taken.add(owner)
-        return claimed
+    def claims(self, plans: dict[str, ExecutionPlan]) -> dict[str, Claim]:
+        """The running replicas each node of a candidate stage keeps or takes over.
 
-    def start_cost_s(self, name: str, plan: ExecutionPlan, claimed: Engine | None) -> float:
-        """Engine start for `name` on `plan`; a node that leaves another plan also loses
-        the requests it had in flight (half a drain of its old plan)."""
-        if claimed is not None:
-            return claimed.load_left_s
+        Replicas are engines of one shape; a node first keeps its own replicas of the
+        plan's shape (as many as the plan has), then takes idle ones of its model and
+        shape: left by a node that finished, paused, or shrank. A node with all its
+        replicas claimed starts no engine."""
+        pool = [(owner, engine, engine.devices[i * engine.plan.shape.devices:(i + 1) * engine.plan.shape.devices])
+                for owner, engine in self.engines.items() for i in range(engine.plan.dp)]
+        taken: set[int] = set()
+        found: dict[str, list[tuple[Engine, tuple[int, ...]]]] = {n: [] for n in plans}
+        for own_first in (True, False):
+            for name, plan in plans.items():
+                model = self.problem.nodes[name].model
+                for index, (owner, engine, ids) in enumerate(pool):
+                    if len(found[name]) >= plan.dp:
+                        break
+                    if index in taken or engine.plan.shape != plan.shape or engine.model != model:
+                        continue
+                    if own_first != (owner == name):  # owners claim before anyone takes over
+                        continue
+                    taken.add(index)
+                    found[name].append((engine, ids))
+        return {n: Claim(tuple(ids for _, ids in got), max(e.load_left_s for e, _ in got), len(got) == plans[n].dp)
+                for n, got in found.items() if got}
+
+    def start_cost_s(self, name: str, plan: ExecutionPlan, claim: "Claim | None") -> float:
+        """Engine start for `name` on `plan`: none when every replica is claimed (what is
+        left of their own start). A node that leaves its engine also loses the requests
+        it had in flight (half a drain of its old plan)."""
+        if claim is not None and claim.complete:
+            return claim.load_left_s
         node = self.problem.nodes[name]
         own = self.engines.get(name)
         lost_in_flight_s = node.speeds[own.plan].drain_s / 2 if own is not None and own.plan in node.speeds else 0.0
@@ -190,7 +232,7 @@ class Timeline:
     # -- playing a stage --------------------------------------------------------------
     def placement_for(self, plans: dict[str, ExecutionPlan]) -> Placement | None:
         blocks = {n: (p.dp, p.shape.devices) for n, p in plans.items()}
-        kept = {n: e.devices for n, e in self.claims(plans).items()}
+        kept = {n: tuple(d for ids in c.replicas for d in ids) for n, c in self.claims(plans).items()}
         return place(blocks, kept, self.problem.cluster.devices)
 
     def advance(self, plans: dict[str, ExecutionPlan]) -> "Timeline":
@@ -202,7 +244,7 @@ class Timeline:
         placement = self.placement_for(plans)
         timeline = self
         if placement is None:  # kept engines block aligned placement: everyone moves and reloads
-            timeline = replace(self, engines={})
+            timeline = replace(self, engines={}, _alone_finish={}, _replicas={})
             placement = timeline.placement_for(plans)
         finish, costs = timeline.finish_times(plans)
         duration = min(finish.values())
@@ -221,7 +263,11 @@ class Timeline:
                     share = made.done_requests(producer_node) / max(producer_node.requests, 1)
                     state = state.capped(node, share * node.requests)
             states[name] = state
-        finished = tuple(n for n in plans if finish[n] <= duration + EPSILON_S * max(1.0, duration) or states[n].remaining_s(self.problem.nodes[n], self.problem.nodes[n].speeds[plans[n]]) <= EPSILON_S)
+        finished = tuple(n for n in plans if finish[n] <= duration + EPSILON_S * max(1.0, duration))
+        for name in plans:
+            state = states[name]
+            if name not in finished and state.round_index >= len(self.problem.nodes[name].rounds):
+                states[name] = replace(state, drain_left=1.0)  # a pipelined consumer drains after its producer's last output
         for name in finished:
             states.pop(name)
         engines = {n: Engine(self.problem.nodes[n].model, p, placement[n], max(0.0, costs[n] - duration)) for n, p in plans.items()}

@@ -27,12 +27,14 @@ def _is_text_list(kind: pa.DataType) -> bool:
     return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and _is_text(kind.value_type)
 
 
-def check_dag(dag: DagSpec, home) -> dict[str, InputTable]:
-    """Validate everything that needs data or models; returns the loaded inputs."""
+def check_dag(dag: DagSpec, home, *, resolve_models: bool = True) -> dict[str, InputTable]:
+    """Validate everything that needs data or models; returns the loaded inputs.
+    Planning for other hardware names models by profile only: `resolve_models=False`."""
     tables = load_inputs(dag.inputs)
     for node in dag.nodes.values():
         _check_node(dag, node, tables[node.input_name])
-        resolve_model(node.model, dag_dir=dag.path.parent, home=home, where=f"{dag.path}, line {node.line}, nodes.{node.name}.model")
+        if resolve_models:
+            resolve_model(node.model, dag_dir=dag.path.parent, home=home, where=f"{dag.path}, line {node.line}, nodes.{node.name}.model")
     for output in dag.outputs.values():
         schema = tables[output.input_name].table.schema
         for column, ref in output.columns.items():

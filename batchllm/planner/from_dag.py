@@ -1,0 +1,117 @@
+"""A DAG and its data -> the planner's problem, before anything runs.
+
+What is known before running is estimated, and each estimate is stated in the
+problem's notes:
+- requests per node: its input's rows, no more than its upstream nodes produce, times
+  `n`; a `where:` node is assumed to take an equal share with its sibling `where:` nodes
+  (nodes reading the same upstream nodes), since the router has not answered yet;
+- rounds of an iterating node: the list lengths of its `iterate.over` column;
+- prompt tokens per row: the template rendered on the row with upstream outputs left
+  empty, at 4 characters a token, plus each upstream node's expected output length
+  (its profile's mean, capped by its max_tokens), plus for iteration the item and the
+  previous step's output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from batchllm.costmodel.estimator import Workload
+from batchllm.costmodel.profile import Profile
+from batchllm.errors import UserError
+from batchllm.planner.cluster import Cluster, candidate_plans, cluster_profile
+from batchllm.planner.problem import NodeWorkload
+from batchllm.spec.model import DagSpec, NodeSpec
+from batchllm.spec.templates import compile_template
+
+CHARS_PER_TOKEN = 4
+CHAT_OVERHEAD_TOKENS = 12  # role markers of a chat template
+SAMPLE_ROWS = 1000
+
+
+@dataclass(frozen=True)
+class DagWorkloads:
+    nodes: list[NodeWorkload]
+    notes: tuple[str, ...]
+
+
+def profile_names(model: str) -> list[str]:
+    """Profile folder names a DAG's model may be filed under: `owner/name` -> owner_name, name."""
+    base = model.rstrip("/").split("/")[-1]
+    return list(dict.fromkeys([model.replace("/", "_"), base, base.lower()]))
+
+
+def _profile_for(model: str, cluster: Cluster, profiles_root: Path, where: str) -> tuple[Profile, str | None]:
+    for name in profile_names(model):
+        try:
+            return cluster_profile(cluster, name, profiles_root)
+        except UserError:
+            continue
+    available = sorted({p.parent.name for p in profiles_root.glob(f"**/{cluster.hardware}/*/profile.json")})
+    raise UserError(f"no profile for model {model!r} on {cluster.hardware}", where=where,
+                    hint=f"profiled models there: {', '.join(available) or 'none'}; run `batchllm profile --model {model}` on that hardware")
+
+
+def dag_workloads(dag: DagSpec, tables: dict, cluster: Cluster, profiles_root: Path) -> DagWorkloads:
+    notes: list[str] = []
+    profiles: dict[str, Profile] = {}
+    counts: dict[str, float] = {}
+    mean_output: dict[str, float] = {}
+    nodes: list[NodeWorkload] = []
+    for name in dag.topological_order():
+        node = dag.nodes[name]
+        where = f"{dag.path}, line {node.line}, nodes.{name}"
+        profile, note = _profile_for(node.model, cluster, profiles_root, f"{where}.model")
+        if note and note not in notes:
+            notes.append(note)
+        if not candidate_plans(profile, cluster):
+            raise UserError(f"model {node.model!r} fits on no plan of {cluster}: its smallest replica needs "
+                            f"{min(int(k.split('-')[0][1:]) for k in profile.shapes)} devices", where=f"{where}.model",
+                            hint="plan for more devices, or pick a smaller model")
+        profiles[name] = profile
+        table = tables[node.input_name].table
+        share = _where_share(dag, node)
+        if share < 1:
+            notes.append(f"{name}: `where` assumed to keep {share:.0%} of rows (shared with its sibling routes)")
+        rows = min([table.num_rows] + [counts[u] / dag.nodes[u].sampling.n for u in node.upstream]) * share
+        mean_output[name] = min(profile.lengths.mean(), node.sampling.max_tokens)
+        sample = table.slice(0, min(table.num_rows, SAMPLE_ROWS)).to_pylist()
+        prompts = _prompt_tokens(node, sample, sum(mean_output[u] for u in node.upstream), mean_output[name])
+        if node.iterate:
+            lengths = np.array([len(r[node.iterate.over] or []) for r in table.select([node.iterate.over]).to_pylist()])
+            rounds = tuple(int(round((lengths > k).sum() * share * node.sampling.n)) for k in range(int(lengths.max(initial=0))))
+            counts[name] = rows * node.sampling.n
+        else:
+            rounds = (int(round(rows * node.sampling.n)),)
+            counts[name] = rows * node.sampling.n
+        if sum(rounds) == 0:
+            rounds = (0,)
+        workload = Workload.of(np.repeat(prompts, node.sampling.n), node.sampling.max_tokens)
+        nodes.append(NodeWorkload(name, profile, workload, rounds, tuple(u for u in node.upstream if u != name)))
+    return DagWorkloads(nodes, tuple(notes))
+
+
+def _where_share(dag: DagSpec, node: NodeSpec) -> float:
+    if not node.where:
+        return 1.0
+    siblings = [n for n in dag.nodes.values() if n.where and set(n.upstream) == set(node.upstream)]
+    return 1.0 / len(siblings)
+
+
+def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own_output_tokens: float) -> np.ndarray:
+    templates = [compile_template(s, where=f"nodes.{node.name}", first_line=None) for s in (node.prompt, node.system) if s]
+    tokens = []
+    for row in rows:
+        context = dict(row)
+        context.update({u: "" for u in node.upstream})
+        extra = upstream_tokens
+        if node.iterate:
+            items = row.get(node.iterate.over) or [""]
+            context.update({node.iterate.item_name: "", "step": 1, "previous": ""})
+            extra += sum(len(i) for i in items) / len(items) / CHARS_PER_TOKEN + own_output_tokens * (len(items) - 1) / len(items)
+        chars = sum(len(t.render(context)) for t in templates)
+        tokens.append(chars / CHARS_PER_TOKEN + extra + (CHAT_OVERHEAD_TOKENS if node.chat else 0))
+    return np.maximum(np.round(tokens), 1).astype(np.int64)

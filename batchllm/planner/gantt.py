@@ -1,0 +1,152 @@
+"""The plan as a Gantt chart: one row per device, time across, one colour per node
+(its model named in the legend), the engine start of each bar drawn hatched.
+PNG through Pillow; HTML as one self-contained file with an inline SVG."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image, ImageDraw, ImageFont
+
+from batchllm.planner.plan_file import PlanReport
+
+PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac",
+           "#1f77b4", "#2ca02c"]
+WIDTH, ROW_H, LEFT, TOP, LEGEND_ROW = 1400, 46, 120, 70, 30
+
+
+@dataclass(frozen=True)
+class Bar:
+    device: int
+    node: str
+    start_s: float
+    end_s: float
+    loading_until_s: float  # engine start ends here (== start_s when none)
+
+
+def bars(report: PlanReport) -> list[Bar]:
+    """Per device, a node's consecutive stages with no new engine start merge into one bar."""
+    merged: list[Bar] = []
+    for stage in report.chosen.stages:
+        for name, ids in stage.placement.items():
+            loading = stage.start_s + min(stage.start_costs_s[name], stage.duration_s)
+            for device in ids:
+                previous = next((b for b in reversed(merged) if b.device == device), None)
+                if (previous is not None and previous.node == name and abs(previous.end_s - stage.start_s) < 1e-6
+                        and stage.start_costs_s[name] == 0):
+                    merged[merged.index(previous)] = Bar(device, name, previous.start_s, stage.end_s, previous.loading_until_s)
+                else:
+                    merged.append(Bar(device, name, stage.start_s, stage.end_s, loading))
+    return sorted(merged, key=lambda b: (b.device, b.start_s))
+
+
+def _colours(report: PlanReport) -> dict[str, str]:
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(report.problem.nodes)}
+
+
+def _font(size: int) -> ImageFont.ImageFont:
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow < 10.1: one bitmap size
+        return ImageFont.load_default()
+
+
+def write_png(report: PlanReport, path: Path) -> Path:
+    devices, total = report.cluster.devices, max(report.chosen.total_s, 1e-9)
+    names = list(report.problem.nodes)
+    legend_rows = (len(names) + 3) // 4
+    height = TOP + devices * ROW_H + 72 + legend_rows * LEGEND_ROW
+    image = Image.new("RGB", (WIDTH, height), "white")
+    draw = ImageDraw.Draw(image)
+    font, small = _font(18), _font(15)
+    colours = _colours(report)
+    scale = (WIDTH - LEFT - 30) / total
+    draw.text((LEFT, 18), f"{report.dag_name} on {report.cluster}: {total:.1f} s estimated, {len(report.chosen.stages)} stages",
+              fill="black", font=font)
+    for device in range(devices):
+        y = TOP + device * ROW_H
+        draw.text((10, y + 12), f"device {device}", fill="black", font=small)
+        draw.line([(LEFT, y + ROW_H), (WIDTH - 30, y + ROW_H)], fill="#dddddd")
+    for bar in bars(report):
+        y = TOP + bar.device * ROW_H
+        x0, x1, xl = LEFT + bar.start_s * scale, LEFT + bar.end_s * scale, LEFT + bar.loading_until_s * scale
+        draw.rectangle([x0, y + 5, max(x1, x0 + 1), y + ROW_H - 5], fill=colours[bar.node], outline="white")
+        for x in range(int(x0), int(xl), 6):  # hatch the engine start
+            draw.line([(x, y + ROW_H - 6), (min(x + 10, xl), y + 6)], fill="white")
+        label = bar.node
+        if draw.textlength(label, font=small) < x1 - x0 - 8:
+            draw.text((max(x0, xl) + 4 if xl - x0 < (x1 - x0) / 2 else x0 + 4, y + 13), label, fill="white", font=small)
+    axis_y = TOP + devices * ROW_H + 8
+    step = _tick_step(total)
+    tick = 0.0
+    while tick <= total + 1e-9:
+        x = LEFT + tick * scale
+        draw.line([(x, axis_y), (x, axis_y + 6)], fill="black")
+        draw.text((x - 10, axis_y + 8), f"{tick:g}", fill="black", font=small)
+        tick += step
+    draw.text((LEFT, axis_y + 26), "time (seconds)", fill="black", font=small)
+    legend_y = axis_y + 52
+    for i, name in enumerate(names):
+        x, y = LEFT + (i % 4) * 300, legend_y + (i // 4) * LEGEND_ROW
+        draw.rectangle([x, y + 3, x + 18, y + 19], fill=colours[name])
+        draw.text((x + 26, y + 2), f"{name} ({report.problem.nodes[name].model})", fill="black", font=small)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path)
+    return path
+
+
+def _tick_step(total: float) -> float:
+    for step in (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200):
+        if total / step <= 12:
+            return float(step)
+    return 3600.0 * 4
+
+
+def write_html(report: PlanReport, path: Path) -> Path:
+    devices, total = report.cluster.devices, max(report.chosen.total_s, 1e-9)
+    colours = _colours(report)
+    width, left = 1200, 100
+    scale = (width - left - 20) / total
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{TOP + devices * ROW_H + 40}" font-family="sans-serif" font-size="13">',
+             '<defs><pattern id="load" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
+             '<rect width="3" height="6" fill="white" fill-opacity="0.5"/></pattern></defs>']
+    for device in range(devices):
+        parts.append(f'<text x="8" y="{TOP + device * ROW_H + 27}">device {device}</text>')
+    for bar in bars(report):
+        y = TOP + bar.device * ROW_H + 5
+        x0, w = left + bar.start_s * scale, max((bar.end_s - bar.start_s) * scale, 1)
+        title = html.escape(f"{bar.node} ({report.problem.nodes[bar.node].model}): {bar.start_s:.1f}-{bar.end_s:.1f} s, "
+                            f"engine start until {bar.loading_until_s:.1f} s")
+        parts.append(f'<rect x="{x0:.1f}" y="{y}" width="{w:.1f}" height="{ROW_H - 10}" fill="{colours[bar.node]}" stroke="white"><title>{title}</title></rect>')
+        if bar.loading_until_s > bar.start_s:
+            parts.append(f'<rect x="{x0:.1f}" y="{y}" width="{(bar.loading_until_s - bar.start_s) * scale:.1f}" height="{ROW_H - 10}" fill="url(#load)"/>')
+        if w > 8 * len(bar.node):
+            parts.append(f'<text x="{x0 + 4:.1f}" y="{y + 22}" fill="white">{html.escape(bar.node)}</text>')
+    axis_y = TOP + devices * ROW_H + 15
+    step, tick = _tick_step(total), 0.0
+    while tick <= total + 1e-9:
+        parts.append(f'<text x="{left + tick * scale - 8:.1f}" y="{axis_y + 10}">{tick:g}</text>')
+        tick += step
+    parts.append("</svg>")
+    legend = "".join(f'<li><span style="background:{colours[n]}"></span>{html.escape(n)} ({html.escape(node.model)}): '
+                     f'{node.requests} requests</li>' for n, node in report.problem.nodes.items())
+    rows = "".join(f"<tr><td>{s.index + 1}</td><td>{s.start_s:.1f}</td><td>{s.end_s:.1f}</td><td>"
+                   + html.escape(", ".join(f"{n} {p}" for n, p in s.plans.items())) + "</td></tr>" for s in report.chosen.stages)
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>batchllm plan: {html.escape(report.dag_name)}</title>
+<style>body{{font-family:sans-serif;margin:24px}} ul{{list-style:none;padding:0}} li{{display:inline-block;margin-right:18px}}
+li span{{display:inline-block;width:14px;height:14px;margin-right:6px;vertical-align:middle}} td,th{{padding:2px 10px;text-align:left}}</style>
+</head><body>
+<h2>{html.escape(report.dag_name)} on {html.escape(str(report.cluster))}</h2>
+<p>Estimated total {total:.1f} s over {len(report.chosen.stages)} stages (lower bound {report.lower_bound_s:.1f} s).
+Hatched: engine start. Seconds on the axis.</p>
+{''.join(parts)}
+<ul>{legend}</ul>
+<table><tr><th>stage</th><th>start s</th><th>end s</th><th>node and plan</th></tr>{rows}</table>
+</body></html>
+"""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page)
+    return path

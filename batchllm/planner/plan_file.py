@@ -1,0 +1,62 @@
+"""`batchllm plan`'s library entry: a DAG file and a device spec -> schedules.
+
+The chosen schedule is the best of greedy with rollouts and the Max and Min heuristics
+(see `rollout.best_schedule`); `compare` adds each of them, plain greedy (SamuLLM's
+Algorithm 1), greedy without preemption, the Max and Min heuristics, the exact search
+when the DAG is small enough, and the lower bound, all on the same costs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from batchllm.models.registry import batchllm_home
+from batchllm.planner.baselines import lower_bound_s, max_heuristic, min_heuristic
+from batchllm.planner.cluster import Cluster, parse_cluster
+from batchllm.planner.exact import exact_schedule
+from batchllm.planner.from_dag import dag_workloads
+from batchllm.planner.greedy import greedy_schedule
+from batchllm.planner.problem import PlanProblem, build_problem
+from batchllm.planner.rollout import best_schedule, rollout_schedule
+from batchllm.planner.schedule import Schedule
+from batchllm.planner.timeline import Timeline
+from batchllm.spec.checks import check_dag
+from batchllm.spec.loader import load_dag
+
+PROFILES_ROOT = Path(__file__).resolve().parent.parent.parent / "profiles"
+EXACT_MAX_NODES = 5  # the exact search enumerates every stage sequence: small DAGs only
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    dag_name: str
+    cluster: Cluster
+    problem: PlanProblem
+    chosen: Schedule
+    fit_s: float  # fitting node speeds (simulations), before any search
+    lower_bound_s: float
+    compared: tuple[Schedule, ...] = ()
+
+    @property
+    def search_s(self) -> float:
+        return self.fit_s + self.chosen.search_s
+
+
+def plan_dag_file(path: Path, devices: str, *, profiles_root: Path = PROFILES_ROOT, compare: bool = False) -> PlanReport:
+    dag = load_dag(path)
+    tables = check_dag(dag, batchllm_home(), resolve_models=False)
+    cluster = parse_cluster(devices, profiles_root)
+    started = time.perf_counter()
+    workloads = dag_workloads(dag, tables, cluster, profiles_root)
+    problem = build_problem(cluster, workloads.nodes, workloads.notes)
+    fit_s = time.perf_counter() - started
+    start = Timeline.start(problem)
+    chosen = best_schedule(start)
+    compared: tuple[Schedule, ...] = ()
+    if compare:
+        compared = (rollout_schedule(start), greedy_schedule(start), greedy_schedule(start, preemption=False), max_heuristic(start), min_heuristic(start))
+        if len(problem.nodes) <= EXACT_MAX_NODES:
+            compared += (exact_schedule(start, max_stages_tried=20_000),)
+    return PlanReport(dag.name, cluster, problem, chosen, fit_s, lower_bound_s(start), compared)

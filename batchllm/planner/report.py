@@ -1,0 +1,72 @@
+"""A plan for people (a table) and for programs (JSON)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from batchllm.planner.plan_file import PlanReport
+from batchllm.planner.schedule import Schedule
+
+
+def _devices_text(ids: tuple[int, ...]) -> str:
+    if len(ids) > 1 and list(ids) == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}-{ids[-1]}"
+    return ",".join(map(str, ids))
+
+
+def stage_rows(schedule: Schedule, report: PlanReport) -> list[dict]:
+    rows = []
+    for stage in schedule.stages:
+        for name, plan in stage.plans.items():
+            rows.append({
+                "stage": stage.index + 1, "node": name, "model": report.problem.nodes[name].model, "plan": str(plan),
+                "devices": list(stage.placement[name]), "start_s": round(stage.start_s, 3), "end_s": round(stage.end_s, 3),
+                "engine_start_s": round(stage.start_costs_s[name], 3), "requests_left": round(stage.requests_left[name], 1),
+                "finished": name in stage.finished,
+            })
+    return rows
+
+
+def print_report(report: PlanReport, console: Console) -> None:
+    schedule = report.chosen
+    table = Table(title=f"{report.dag_name} on {report.cluster}: {len(schedule.stages)} stage{'s' if len(schedule.stages) != 1 else ''}", title_justify="left")
+    for column, justify in (("stage", "right"), ("node", "left"), ("model", "left"), ("plan", "left"), ("devices", "left"),
+                            ("start s", "right"), ("end s", "right"), ("load s", "right"), ("left", "right")):
+        table.add_column(column, justify=justify)
+    for row in stage_rows(schedule, report):
+        left = "done" if row["finished"] else f"{row['requests_left']:.0f}"
+        table.add_row(str(row["stage"]), row["node"], row["model"], row["plan"], _devices_text(tuple(row["devices"])),
+                      f"{row['start_s']:.1f}", f"{row['end_s']:.1f}", f"{row['engine_start_s']:.1f}", left)
+    console.print(table)
+    console.print("load s: engine start paid in the stage; left: requests still to do after it")
+    console.print(f"estimated total {schedule.total_s:.1f} s (lower bound {report.lower_bound_s:.1f} s); "
+                  f"search {report.search_s:.2f} s ({report.fit_s:.2f} s fitting node speeds)")
+    for note in report.problem.notes:
+        console.print(f"note: {note}")
+    if report.compared:
+        compare = Table(title="methods on the same cost model", title_justify="left")
+        for column, justify in (("method", "left"), ("estimated s", "right"), ("vs chosen", "right"), ("search s", "right")):
+            compare.add_column(column, justify=justify)
+        for other in (schedule, *report.compared):
+            label = f"chosen ({other.method})" if other is schedule else other.method
+            suffix = " (budget hit)" if other.optimal is False else ""
+            compare.add_row(label + suffix, f"{other.total_s:.1f}", f"{other.total_s / schedule.total_s:.2f}x", f"{other.search_s:.3f}")
+        compare.add_row("lower bound", f"{report.lower_bound_s:.1f}", f"{report.lower_bound_s / schedule.total_s:.2f}x", "")
+        console.print(compare)
+
+
+def report_json(report: PlanReport) -> dict:
+    def summary(schedule: Schedule) -> dict:
+        return {"method": schedule.method, "total_s": round(schedule.total_s, 3), "search_s": round(schedule.search_s, 4),
+                **({"optimal": schedule.optimal} if schedule.optimal is not None else {})}
+
+    return {
+        "dag": report.dag_name, "devices": str(report.cluster), "hardware": report.cluster.hardware,
+        "device_count": report.cluster.devices, **summary(report.chosen), "fit_s": round(report.fit_s, 4),
+        "lower_bound_s": round(report.lower_bound_s, 3), "notes": list(report.problem.notes),
+        "nodes": {n: {"model": node.model, "requests": node.requests, "rounds": len(node.rounds), "producers": list(node.producers)}
+                  for n, node in report.problem.nodes.items()},
+        "stages": stage_rows(report.chosen, report),
+        "compared": [summary(s) for s in report.compared],
+    }

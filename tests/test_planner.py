@@ -1,0 +1,233 @@
+"""The planner on hand-made speeds (numbers checked by hand), on analytic profiles, and
+through `batchllm plan`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from batchllm.cli import app
+from batchllm.costmodel.estimator import ExecutionPlan, Workload, estimate
+from batchllm.costmodel.profile import Profile, ReplicaShape
+from batchllm.errors import UserError
+from batchllm.planner.baselines import lower_bound_s, max_heuristic, min_heuristic
+from batchllm.planner.cluster import Cluster, candidate_plans, parse_cluster, place
+from batchllm.planner.exact import exact_schedule
+from batchllm.planner.greedy import greedy_schedule
+from batchllm.planner.problem import PlanNode, PlanProblem
+from batchllm.planner.rollout import best_schedule, rollout_schedule
+from batchllm.planner.speed import PlanSpeed, fit_shape_speed
+from batchllm.planner.timeline import Timeline
+
+REPO = Path(__file__).resolve().parent.parent
+PROFILES = REPO / "profiles"
+W1, W2 = ReplicaShape(1, 1), ReplicaShape(2, 2)
+DP1, DP2 = ExecutionPlan(1, W1), ExecutionPlan(2, W1)
+
+
+def speeds(per_request_s: float, *, latency_s: float = 0.5, drain_s: float = 1.0, start_s: float = 2.0,
+           plans=(DP1, DP2)) -> dict[ExecutionPlan, PlanSpeed]:
+    """Perfect data parallelism: dp replicas serve requests dp times as fast."""
+    return {p: PlanSpeed(p, per_request_s / p.dp, drain_s, latency_s, start_s) for p in plans}
+
+
+def problem(devices: int, *nodes: PlanNode) -> PlanProblem:
+    return PlanProblem(Cluster("gpu", "test", devices), {n.name: n for n in nodes})
+
+
+def node(name: str, requests, per_request_s: float = 0.1, *, model: str | None = None, producers=(), **speed) -> PlanNode:
+    rounds = tuple(requests) if isinstance(requests, (tuple, list)) else (requests,)
+    return PlanNode(name, model or name, rounds, tuple(producers), speeds(per_request_s, **speed))
+
+
+def test_a_stage_ends_when_its_first_node_finishes_and_the_rest_keeps_its_progress():
+    start = Timeline.start(problem(2, node("a", 100), node("b", 300)))
+    after = start.advance({"a": DP1, "b": DP1})
+    stage = after.stages[0]
+    # a: 2 s start + 100 x 0.1 s + 1 s drain = 13 s; b would need 2 + 30 + 1 = 33 s
+    assert stage.duration_s == pytest.approx(13.0)
+    assert stage.finished == ("a",)
+    assert stage.requests_left["b"] == pytest.approx(300 - 11 / 0.1)
+    assert list(after.states) == ["b"]
+
+
+def test_keeping_a_plan_costs_no_start_and_changing_it_costs_a_start_and_in_flight_work():
+    after = Timeline.start(problem(2, node("a", 100), node("b", 300))).advance({"a": DP1, "b": DP1})
+    kept = after.advance({"b": DP1})
+    assert kept.stages[-1].start_costs_s["b"] == 0.0
+    assert kept.now_s == pytest.approx(13 + 190 * 0.1 + 1)
+    grown = after.advance({"b": DP2})
+    assert grown.stages[-1].start_costs_s["b"] == pytest.approx(2.0 + 1.0 / 2)  # start + half a drain lost
+    assert grown.now_s == pytest.approx(13 + 2.5 + 190 * 0.05 + 1)
+
+
+def test_an_idle_engine_is_taken_over_by_the_next_node_of_its_model_and_kept_on_its_devices():
+    start = Timeline.start(problem(2, node("first", 10, model="m"), node("second", 10, model="m"), node("other", 10)))
+    after = start.advance({"first": DP1})
+    same_model = after.advance({"second": DP1})
+    assert same_model.stages[-1].start_costs_s["second"] == 0.0
+    assert same_model.stages[-1].placement["second"] == after.stages[-1].placement["first"]
+    assert after.advance({"other": DP1}).stages[-1].start_costs_s["other"] == 2.0
+
+
+def test_a_pipelined_consumer_serves_only_what_its_producer_made_and_ends_after_it():
+    start = Timeline.start(problem(2, node("producer", 100, 0.1), node("consumer", 100, 0.01, producers=["producer"])))
+    finish, _ = start.finish_times({"producer": DP1, "consumer": DP1})
+    assert finish["producer"] == pytest.approx(13.0)
+    assert finish["consumer"] == pytest.approx(13.0 + 0.5 + 1.0)  # one request latency and a drain after it
+    after = start.advance({"producer": DP1, "consumer": DP1})
+    assert after.stages[-1].finished == ("producer",)
+    # at 13 - 0.5 s the producer had made (10.5 s of work) / 0.1 s = 105 -> all 100 requests
+    assert "consumer" in after.states
+    assert after.advance({"consumer": DP1}).stages[-1].duration_s == pytest.approx(1.0)  # only its drain is left
+
+
+def test_a_consumer_is_not_ready_before_its_producer_runs_or_ends():
+    start = Timeline.start(problem(2, node("producer", 10), node("consumer", 10, producers=["producer"])))
+    assert start.ready() == ["producer"]
+    assert start.ready({"producer"}) == ["producer", "consumer"]
+
+
+def test_placement_aligns_replicas_to_their_size_and_keeps_running_ones_in_place():
+    assert place({"a": (1, 2), "b": (2, 1), "c": (1, 4)}, {}, 8) == {"c": (0, 1, 2, 3), "a": (4, 5), "b": (6, 7)}
+    assert place({"a": (1, 2), "b": (1, 1)}, {"b": (1,)}, 8) == {"b": (1,), "a": (2, 3)}
+    assert place({"x": (1, 1), "y": (1, 4), "z": (1, 4)}, {"x": (2,)}, 8) is None  # x splits the first 4-block
+
+
+def test_greedy_runs_two_models_side_by_side_where_max_runs_them_one_after_the_other():
+    # two models, 100 requests each, 0.1 s per request per replica, 1 s start, no drain
+    start = Timeline.start(problem(2, node("a", 100, drain_s=0.0, start_s=1.0), node("b", 100, drain_s=0.0, start_s=1.0)))
+    greedy = greedy_schedule(start)
+    assert greedy.total_s == pytest.approx(1 + 10)
+    assert greedy.stages[0].plans == {"a": DP1, "b": DP1}
+    assert max_heuristic(start).total_s == pytest.approx(2 * (1 + 5))  # each on dp2, a fresh start each
+
+
+def test_min_heuristic_leaves_freed_devices_idle_and_greedy_uses_them():
+    start = Timeline.start(problem(2, node("short", 10, drain_s=0.0, start_s=1.0), node("long", 200, drain_s=0.0, start_s=1.0)))
+    minimal = min_heuristic(start)
+    assert [s.plans for s in minimal.stages] == [{"short": DP1, "long": DP1}, {"long": DP1}]
+    assert minimal.total_s == pytest.approx(1 + 20)
+    assert best_schedule(start).total_s < minimal.total_s
+
+
+def _random_problem(seed: int) -> PlanProblem:
+    rng = np.random.default_rng(seed)
+    plans = (DP1, DP2, ExecutionPlan(4, W1), ExecutionPlan(1, W2), ExecutionPlan(2, W2))
+    nodes = []
+    for index in range(3):
+        per_request = float(rng.uniform(0.02, 0.2))
+        table = {p: PlanSpeed(p, per_request / p.dp / (1.6 if p.shape == W2 else 1.0), float(rng.uniform(0, 3)),
+                              float(rng.uniform(0.1, 1)), float(rng.uniform(1, 10))) for p in plans}
+        producers = ("n0",) if index == 2 and seed % 2 else ()
+        nodes.append(PlanNode(f"n{index}", f"m{index % 2}", (int(rng.integers(20, 400)),), producers, table))
+    return problem(4, *nodes)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_bound_exact_rollout_and_greedy_are_ordered(seed):
+    start = Timeline.start(_random_problem(seed))
+    exact = exact_schedule(start)
+    assert exact.optimal
+    bound = lower_bound_s(start)
+    greedy, rollout, chosen = greedy_schedule(start), rollout_schedule(start), best_schedule(start)
+    assert bound <= exact.total_s + 1e-9
+    assert exact.total_s <= rollout.total_s + 1e-9 <= greedy.total_s + 2e-9
+    assert chosen.total_s <= min(max_heuristic(start).total_s, min_heuristic(start).total_s, rollout.total_s) + 1e-9
+    for schedule in (exact, greedy, rollout):
+        finished = [n for stage in schedule.stages for n in stage.finished]
+        assert sorted(finished) == ["n0", "n1", "n2"]  # every node finishes exactly once
+
+
+def test_without_preemption_a_running_node_keeps_its_plan_and_devices():
+    start = Timeline.start(_random_problem(3))
+    schedule = greedy_schedule(start, preemption=False)
+    for before, after in zip(schedule.stages, schedule.stages[1:]):
+        for name, plan in before.plans.items():
+            if name not in before.finished:
+                assert after.plans[name] == plan and after.placement[name] == before.placement[name]
+
+
+def test_device_specs_name_hardware_and_bad_ones_say_what_is_known():
+    a100 = parse_cluster("8xA100-80G", PROFILES)
+    assert (a100.kind, a100.devices, a100.nvlink_group) == ("gpu", 8, 2)
+    assert parse_cluster("cpu:2", PROFILES).devices == 2
+    with pytest.raises(UserError) as unknown:
+        parse_cluster("8xB300", PROFILES)
+    assert unknown.value.paragraph() == ("--devices: unknown GPU 'B300' in device spec '8xB300'. Fix: known GPUs: A100-80G, "
+                                         "H100-80G; or profile yours with `batchllm profile`.")
+    with pytest.raises(UserError, match="bad device spec 'eight'"):
+        parse_cluster("eight", PROFILES)
+
+
+def test_plans_respect_memory_and_heads():
+    llama70 = Profile.load(PROFILES / "analytic" / "A100-80G" / "llama-2-70b")
+    plans = candidate_plans(llama70, parse_cluster("8xA100-80G", PROFILES))
+    assert min(p.devices for p in plans) == 2 and {p.shape.tp for p in plans} == {2, 4, 8}
+    assert candidate_plans(llama70, parse_cluster("1xA100-80G", PROFILES)) == []
+    smollm = Profile.load(PROFILES / "analytic" / "A100-80G" / "smollm2-135m")  # 9 heads: tp1 only
+    assert {p.shape.tp for p in candidate_plans(smollm, parse_cluster("8xA100-80G", PROFILES))} == {1}
+
+
+def test_the_fitted_speed_line_extrapolates_the_simulation():
+    profile = Profile.load(PROFILES / "analytic" / "A100-80G" / "llama-2-13b")
+    rng = np.random.default_rng(0)
+    workload = Workload.of(rng.integers(5, 128, 4000), 256)
+    speed = fit_shape_speed(profile, W1, workload)  # fit on 1,024 and 512 of them
+    simulated = estimate(profile, ExecutionPlan(1, W1), workload, include_load=False).run_s
+    assert speed.per_request_s * 4000 + speed.drain_s == pytest.approx(simulated, rel=0.05)
+
+
+runner = CliRunner()
+
+
+def test_plan_prints_json_and_writes_a_legible_gantt_chart(tmp_path):
+    chart = tmp_path / "chart.png"
+    result = runner.invoke(app, ["plan", str(REPO / "dags" / "chain_summary.yaml"), "--devices", "cpu:2", "--json", "--chart", str(chart)])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.output)
+    assert body["device_count"] == 2 and body["total_s"] > body["lower_bound_s"] * 0.999
+    chunks = [len(c) for c in pq.read_table(REPO / "examples" / "documents.parquet").column("chunks").to_pylist()]
+    assert body["nodes"]["summarize"]["rounds"] == max(chunks)  # one round per chunk of the longest document
+    assert body["nodes"]["summarize"]["requests"] == sum(chunks)
+    assert body["nodes"]["evaluate"]["producers"] == ["summarize"]
+    finished = [row["node"] for row in body["stages"] if row["finished"]]
+    assert sorted(finished) == ["evaluate", "summarize"]
+    image = Image.open(chart)
+    assert image.size[0] >= 1200 and image.size[1] >= 200
+    assert "<svg" in (tmp_path / "chart.html").read_text()
+
+
+def test_plan_compare_lists_every_method(tmp_path):
+    result = runner.invoke(app, ["plan", str(REPO / "dags" / "router.yaml"), "--devices", "8xA100-80G", "--compare",
+                                 "--chart", str(tmp_path / "c.png")])
+    assert result.exit_code == 0, result.output
+    for method in ("chosen (", "greedy+rollout", "greedy-no-preemption", "max-heuristic", "min-heuristic", "exact", "lower bound"):
+        assert method in result.output
+    assert "`where` assumed to keep 50% of rows" in result.output
+
+
+def test_plan_refuses_bad_devices_and_models_that_fit_nowhere(workspace, tmp_path):
+    bad = runner.invoke(app, ["plan", str(REPO / "dags" / "router.yaml"), "--devices", "8xB300", "--chart", str(tmp_path / "c.png")])
+    assert bad.exit_code == 2
+    assert "unknown GPU 'B300'" in bad.output
+    dag = workspace.dag("""
+        inputs:
+          questions: {path: questions.parquet, id_column: id}
+        nodes:
+          big:
+            model: llama-2-70b
+            prompt: "{{ question }}"
+        outputs:
+          answers: {columns: {answer: big}}
+    """)
+    too_small = runner.invoke(app, ["plan", str(dag), "--devices", "1xA100-80G", "--chart", str(tmp_path / "c.png")])
+    assert too_small.exit_code == 2
+    assert "nodes.big.model: model 'llama-2-70b' fits on no plan of 1xA100-80G" in too_small.output
+    assert not (tmp_path / "c.png").exists()
