@@ -37,6 +37,8 @@ def run(
     out: Path = typer.Option(None, "--out", "-o", help="Output folder. Default: runs/<DAG file name>."),
     devices: str = typer.Option("auto", help="Devices to use: auto, cpu:N, gpu:N, or ids such as cpu:0,1."),
     fresh: bool = typer.Option(False, "--fresh", help="Discard results of an earlier run in --out instead of resuming."),
+    prefix_order: bool = typer.Option(True, "--prefix-order/--no-prefix-order",
+                                      help="Send each node's requests so shared prompt prefixes run together (prefix cache hits)."),
 ) -> None:
     """Run every node of DAG and write Parquet results.
 
@@ -51,7 +53,7 @@ def run(
     console = Console(stderr=True)
     out = out or Path("runs") / dag.stem
     try:
-        result, progress = run_dag_file(dag, out, parse_devices(devices), fresh=fresh, console=console)
+        result, progress = run_dag_file(dag, out, parse_devices(devices), fresh=fresh, console=console, prefix_order=prefix_order)
     except UserError as error:
         _fail(error)
     except RunIncomplete as incomplete:

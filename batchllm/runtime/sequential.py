@@ -3,7 +3,7 @@
 Consecutive nodes that use the same model (and engine settings) share one running
 engine, so a DAG that calls one model in several roles pays its load time once.
 Nothing is started for a node whose results are all committed already, so a re-run
-of a finished DAG loads no model.
+of a finished DAG loads no model. Ready requests go out in prefix order by default.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from batchllm.models.registry import resolve_model
 from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.node_work import NodeWork
 from batchllm.runtime.progress import NodeStats, RunProgress
+from batchllm.runtime.request_ordering import RequestOrdering, prefix_ordering
 from batchllm.runtime.run_dir import RunDir
 from batchllm.spec.model import DagSpec
 
@@ -65,10 +66,10 @@ class EnginePool:
 
 class SequentialRunner:
     def __init__(self, dag: DagSpec, tables: dict[str, InputTable], run_dir: RunDir, devices: DeviceSet,
-                 engine_factory: EngineFactory, progress: RunProgress, home: Path):
+                 engine_factory: EngineFactory, progress: RunProgress, home: Path, ordering: RequestOrdering = prefix_ordering):
         self.dag, self.tables, self.run_dir, self.devices = dag, tables, run_dir, devices
         self.pool = EnginePool(engine_factory)
-        self.progress, self.home = progress, home
+        self.progress, self.home, self.ordering = progress, home, ordering
 
     def run(self) -> RunResult:
         prints = node_fingerprints(self.dag)
@@ -139,7 +140,8 @@ class SequentialRunner:
         self.progress.finish_node(node.name)
 
     def _feed(self, work: NodeWork, engine: Engine, journal: ResultJournal) -> None:
-        engine.submit(work.ready_requests())
+        submit = lambda: engine.submit(self.ordering(work.ready_requests(), engine.config.model, engine.ready.block_size_tokens))  # noqa: E731
+        submit()
         while not work.is_finished():
             for result in engine.poll(timeout_s=0.5):
                 record = work.record_for(result.request_id, result.texts, result.num_prompt_tokens,
@@ -147,7 +149,7 @@ class SequentialRunner:
                 journal.append(record)
                 self.progress.advance(work.node.name, result.num_prompt_tokens, result.num_output_tokens)
             self.progress.count_steps(work.node.name, engine.drain_steps())
-            engine.submit(work.ready_requests())
+            submit()
 
     def _write_outputs(self, finals: dict[str, dict[str, ResultRecord]]) -> dict[str, Path]:
         written = {}

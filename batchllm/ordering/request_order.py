@@ -1,0 +1,78 @@
+"""The order a model's requests go to its replicas, so shared prefixes hit the cache.
+
+1. Group: prompts sharing at least one cache block stay together, in depth-first order
+   of the prefix tree (a prefix before what extends it, siblings adjacent). Groups share
+   less than a block with each other, so how groups are ordered costs no cache hits.
+2. Split for replicas: the heaviest group is cut at its shallowest branching while it
+   is heavier than a replica's fair share (what is lost is the shared prefix above the
+   cut, computed once more), then groups go to the least-loaded replica, heaviest first.
+3. Length buckets: within a replica, groups run in buckets of similar prompt length
+   (powers of two of their mean), longest bucket first, so a batch does not mix very
+   long and very short prompts and long work does not make the tail.
+
+Work of a request = prompt tokens the ideal cache does not hold + `extra_work` (e.g. its
+expected output tokens, weighted).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from batchllm.ordering.prefix_tree import PrefixTree
+
+SPLIT_SLACK = 1.05  # a group may exceed a replica's fair share by this much before it is cut
+
+
+@dataclass(frozen=True)
+class RequestOrder:
+    replicas: list[list[int]]  # per replica, request indices in submission order
+    ideal_cached_tokens: int  # an unbounded cache, one replica, this order
+    cached_tokens_after_split: int  # the same, with each replica's cache on its own
+
+
+def order_requests(prompts: Sequence[Sequence[int]], *, block_size: int, replicas: int = 1,
+                   extra_work: Sequence[float] | None = None) -> RequestOrder:
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
+    tree = PrefixTree(prompts, block_size)
+    if len(tree) == 0:
+        return RequestOrder([[] for _ in range(replicas)], 0, 0)
+    lengths = tree.lengths[tree.order]
+    cached = tree.cached_tokens()
+    extra = np.zeros(len(tree)) if extra_work is None else np.asarray(extra_work, float)[tree.order]
+    work = (lengths - cached) + extra  # per DFS position
+    groups = tree.subtrees()
+    ideal = int(cached.sum())
+    lost = 0  # cache hits given up by cuts
+    if replicas > 1:
+        heap = [(-work[a:b].sum(), a, b) for a, b in groups]
+        heapq.heapify(heap)
+        while heap and -heap[0][0] > work.sum() / replicas * SPLIT_SLACK and heap[0][2] - heap[0][1] > 1:
+            _, a, b = heapq.heappop(heap)
+            cut = tree.shallowest_split(a, b, work)
+            lost += int(cached[cut])
+            work[cut] += cached[cut]  # its shared prefix is computed again on the other side
+            cached[cut] = 0
+            heapq.heappush(heap, (-work[a:cut].sum(), a, cut))
+            heapq.heappush(heap, (-work[cut:b].sum(), cut, b))
+        groups = sorted((a, b) for _, a, b in heap)
+    loads = [(0.0, r) for r in range(replicas)]
+    assigned: list[list[tuple[int, int]]] = [[] for _ in range(replicas)]
+    for a, b in sorted(groups, key=lambda g: -work[g[0]:g[1]].sum()):
+        load, replica = heapq.heappop(loads)
+        assigned[replica].append((a, b))
+        heapq.heappush(loads, (load + work[a:b].sum(), replica))
+    ordered = []
+    for runs in assigned:
+        runs.sort(key=lambda g: (-_bucket(lengths[g[0]:g[1]]), g[0]))
+        ordered.append([int(i) for a, b in runs for i in tree.order[a:b]])
+    return RequestOrder(ordered, ideal, ideal - lost)
+
+
+def _bucket(lengths: np.ndarray) -> int:
+    return int(math.log2(max(float(lengths.mean()), 1.0)))

@@ -1,0 +1,97 @@
+"""The prefix tree and the request order, on small hand-checked cases (block size 2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from batchllm.ordering.prefix_tree import PrefixTree
+from batchllm.ordering.request_order import order_requests
+
+# Two "documents" (1 2 3 4 and 7 7 7 7) with questions after them, and a loner.
+PROMPTS = [
+    [7, 7, 7, 7, 5],  # 0: doc B + question
+    [1, 2, 3, 4, 9, 9],  # 1: doc A + long question
+    [1, 2, 3, 4, 8],  # 2: doc A + question
+    [6, 6, 6],  # 3: shares nothing
+    [7, 7, 7, 7, 6],  # 4: doc B + another question
+    [1, 2, 3],  # 5: a prefix of doc A
+]
+
+
+def test_the_depth_first_order_puts_a_prefix_before_what_extends_it_and_siblings_together():
+    tree = PrefixTree(PROMPTS, block_size=2)
+    assert tree.order.tolist() == [5, 2, 1, 3, 0, 4]
+    # whole shared blocks with the predecessor: 5->2 share [1 2] (3 is not a whole block),
+    # 2->1 share [1 2 3 4], 1->3 nothing, 3->0 nothing, 0->4 share [7 7 7 7]
+    assert tree.lcp.tolist() == [0, 2, 4, 0, 0, 4]
+
+
+def test_ideal_cached_tokens_count_whole_blocks_and_never_a_prompts_last_token():
+    tree = PrefixTree(PROMPTS, block_size=2)
+    assert tree.cached_tokens().tolist() == [0, 2, 4, 0, 0, 4]
+    assert tree.ideal_cached_tokens() == 10
+    # [1 2 3 4] after itself: the last token is always computed, so one whole block only
+    assert PrefixTree([[1, 2, 3, 4], [1, 2, 3, 4]], block_size=2).ideal_cached_tokens() == 2
+
+
+def test_subtrees_are_the_runs_sharing_at_least_one_block():
+    tree = PrefixTree(PROMPTS, block_size=2)
+    assert tree.subtrees() == [(0, 3), (3, 4), (4, 6)]
+    assert PrefixTree([], block_size=2).subtrees() == []
+
+
+def test_the_shallowest_split_cuts_at_the_first_branching_nearest_the_middle():
+    tree = PrefixTree([[1, 1, 2, 2, 3], [1, 1, 2, 2, 4], [1, 1, 5, 5, 6], [1, 1, 5, 5, 7]], block_size=2)
+    assert tree.lcp.tolist() == [0, 4, 2, 4]
+    assert tree.shallowest_split(0, 4, np.ones(4)) == 2  # between the [2 2] and [5 5] branches
+    with pytest.raises(ValueError):
+        tree.shallowest_split(1, 2, np.ones(4))
+
+
+def test_one_replica_gets_groups_whole_in_depth_first_order_longest_bucket_first():
+    order = order_requests(PROMPTS, block_size=2)
+    (only,) = order.replicas
+    assert sorted(only) == list(range(len(PROMPTS)))
+    assert order.ideal_cached_tokens == order.cached_tokens_after_split == 10
+    # groups: doc A [5, 2, 1] (mean 4.7 tokens), loner [3] (3), doc B [0, 4] (5): buckets 2, 1, 2
+    assert only == [5, 2, 1, 0, 4, 3]
+
+
+def test_replicas_get_whole_groups_balanced_by_work():
+    order = order_requests(PROMPTS, block_size=2, replicas=2)
+    assert sorted(order.replicas[0] + order.replicas[1]) == list(range(len(PROMPTS)))
+    assert order.cached_tokens_after_split == order.ideal_cached_tokens  # no group had to be cut
+    for group in ([5, 2, 1], [0, 4]):
+        assert any(set(group) <= set(r) for r in order.replicas)
+
+
+def test_a_group_heavier_than_a_replicas_share_is_cut_at_its_shallowest_branch():
+    shared, rng = [1] * 8, np.random.default_rng(0)
+    branches = [shared + [b] * 8 + rng.integers(10, 99, 3).tolist() for b in (2, 3) for _ in range(4)]
+    order = order_requests(branches, block_size=4, replicas=2)
+    halves = [sorted(r) for r in order.replicas]
+    assert halves == [[0, 1, 2, 3], [4, 5, 6, 7]] or halves == [[4, 5, 6, 7], [0, 1, 2, 3]]
+    # the cut costs the second branch its shared first 8 tokens once
+    assert order.ideal_cached_tokens - order.cached_tokens_after_split == 8
+
+
+def test_no_replicas_is_an_error():
+    with pytest.raises(ValueError, match="replicas must be >= 1, got 0"):
+        order_requests(PROMPTS, block_size=2, replicas=0)
+
+
+def test_the_runtime_sends_ready_requests_in_prefix_order(monkeypatch):
+    from batchllm.engines.protocol import EngineRequest
+    from batchllm.runtime import request_ordering
+
+    class CharacterTokenizer:  # one token per character
+        def token_ids(self, request):
+            return [ord(c) for c in (request.system or "") + request.prompt]
+
+    monkeypatch.setattr(request_ordering, "_tokenizer", lambda model_dir: CharacterTokenizer())
+    texts = ["zz question 1", "shared document, question a", "zz question 2", "shared document, question b"]
+    requests = [EngineRequest(request_id=str(i), prompt=t, system=None, chat=False, max_tokens=4, temperature=0.0,
+                              top_p=1.0, seed=None, n=1) for i, t in enumerate(texts)]
+    ordered = request_ordering.prefix_ordering(requests, "model-dir", block_size=4)
+    assert [r.request_id for r in ordered] == ["1", "3", "0", "2"]
