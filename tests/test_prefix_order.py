@@ -81,7 +81,7 @@ def test_no_replicas_is_an_error():
         order_requests(PROMPTS, block_size=2, replicas=0)
 
 
-def test_the_runtime_sends_ready_requests_in_prefix_order(monkeypatch):
+def test_the_runtime_sends_ready_requests_in_prefix_order():
     from batchllm.engines.protocol import EngineRequest
     from batchllm.runtime import request_ordering
 
@@ -89,9 +89,11 @@ def test_the_runtime_sends_ready_requests_in_prefix_order(monkeypatch):
         def token_ids(self, request):
             return [ord(c) for c in (request.system or "") + request.prompt]
 
-    monkeypatch.setattr(request_ordering, "_tokenizer", lambda model_dir: CharacterTokenizer())
+    ordering = request_ordering.PrefixOrdering(lambda model_dir: CharacterTokenizer())
     texts = ["zz question 1", "shared document, question a", "zz question 2", "shared document, question b"]
     requests = [EngineRequest(request_id=str(i), prompt=t, system=None, chat=False, max_tokens=4, temperature=0.0,
                               top_p=1.0, seed=None, n=1) for i, t in enumerate(texts)]
-    ordered = request_ordering.prefix_ordering(requests, "model-dir", block_size=4)
+    ordered = ordering("node", requests, "model-dir", 4)
     assert [r.request_id for r in ordered] == ["1", "3", "0", "2"]
+    # "shared document, question " is 26 characters: 6 whole blocks of 4; "zz question " 12: 3 blocks
+    assert ordering.ideal_cached_tokens("node", 4) == 24 + 12

@@ -10,7 +10,7 @@ from batchllm.engines.devices import DeviceSet
 from batchllm.engines.process_engine import EngineFactory, start_vllm_engine
 from batchllm.models.registry import batchllm_home
 from batchllm.runtime.progress import RunProgress
-from batchllm.runtime.request_ordering import given_order, prefix_ordering
+from batchllm.runtime.request_ordering import PrefixOrdering
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.sequential import RunResult, SequentialRunner
 from batchllm.spec.checks import check_dag
@@ -29,7 +29,7 @@ def run_dag_file(dag_path: Path, out: Path, devices: DeviceSet, *, fresh: bool =
     try:
         with RunProgress(console) as progress:
             runner = SequentialRunner(dag, tables, run_dir, devices, engine_factory or start_vllm_engine, progress, home,
-                                      prefix_ordering if prefix_order else given_order)
+                                      PrefixOrdering() if prefix_order else None)
             result = runner.run()
         return result, progress
     finally:

@@ -25,6 +25,7 @@ class NodeStats:
     engine_steps: int = 0
     prefix_queries: int = 0  # prompt tokens looked up in the engine's prefix cache
     prefix_hits: int = 0  # of those, served from it
+    ideal_cached_tokens: int | None = None  # what a perfect order would serve from an unbounded cache
     finished_at: float | None = None
 
     @property
@@ -80,9 +81,14 @@ class RunProgress:
 
     def summary_table(self) -> Table:
         table = Table(title="batchllm run summary")
-        for column in ("node", "model", "requests", "prompt tok", "output tok", "load s", "engine s", "time s", "output tok/s"):
+        columns = ("node", "model", "requests", "prompt tok", "cached tok", "ideal cached", "hit rate", "output tok", "load s",
+                   "engine s", "time s", "output tok/s")
+        for column in columns:
             table.add_column(column, justify="left" if column in ("node", "model") else "right")
         for s in self.stats.values():
+            ideal = "-" if s.ideal_cached_tokens is None else f"{s.ideal_cached_tokens:,}"
+            hit_rate = f"{s.prefix_hits / s.prompt_tokens:.0%}" if s.prompt_tokens else "-"
             table.add_row(s.node, s.model, f"{s.units_done_before + s.units_done_now}/{s.units_total}", f"{s.prompt_tokens:,}",
-                          f"{s.output_tokens:,}", f"{s.engine_load_s:.1f}", f"{s.busy_s:.1f}", f"{s.elapsed_s:.1f}", f"{s.output_tokens_per_s:,.1f}")
+                          f"{s.prefix_hits:,}", ideal, hit_rate, f"{s.output_tokens:,}", f"{s.engine_load_s:.1f}",
+                          f"{s.busy_s:.1f}", f"{s.elapsed_s:.1f}", f"{s.output_tokens_per_s:,.1f}")
         return table

@@ -1,5 +1,6 @@
 """Each batch of ready requests goes to its engine in prefix order (see
-`batchllm.ordering.request_order`), so prompts sharing a prefix run while it is cached.
+`batchllm.ordering.request_order`), so prompts sharing a prefix run while it is cached;
+and, per node, the cached tokens a perfect order would get, for the run summary.
 
 Token ids come from the model's own tokenizer, applied as the worker applies it; one
 tokenizer per model directory per process.
@@ -12,10 +13,8 @@ from collections.abc import Callable
 
 from batchllm.engines.protocol import EngineRequest
 from batchllm.models.tokens import PromptTokenizer
+from batchllm.ordering.prefix_tree import PrefixTree
 from batchllm.ordering.request_order import order_requests
-
-# (requests, model directory, engine block size) -> the same requests, reordered
-RequestOrdering = Callable[[list[EngineRequest], str, int], list[EngineRequest]]
 
 
 @functools.lru_cache(maxsize=8)
@@ -23,13 +22,20 @@ def _tokenizer(model_dir: str) -> PromptTokenizer:
     return PromptTokenizer(model_dir)
 
 
-def prefix_ordering(requests: list[EngineRequest], model_dir: str, block_size: int) -> list[EngineRequest]:
-    if len(requests) < 2:
-        return requests
-    tokenizer = _tokenizer(model_dir)
-    order = order_requests([tokenizer.token_ids(r) for r in requests], block_size=block_size)
-    return [requests[i] for i in order.replicas[0]]
+class PrefixOrdering:
+    def __init__(self, tokenizer_for: Callable[[str], PromptTokenizer] | None = None):
+        self._tokenizer_for = tokenizer_for or _tokenizer
+        self._prompts: dict[str, list[list[int]]] = {}  # node -> token ids of every request sent
 
+    def __call__(self, node: str, requests: list[EngineRequest], model_dir: str, block_size: int) -> list[EngineRequest]:
+        if not requests:
+            return requests
+        tokenizer = self._tokenizer_for(model_dir)
+        prompts = [tokenizer.token_ids(r) for r in requests]
+        self._prompts.setdefault(node, []).extend(prompts)
+        order = order_requests(prompts, block_size=block_size)
+        return [requests[i] for i in order.replicas[0]]
 
-def given_order(requests: list[EngineRequest], model_dir: str, block_size: int) -> list[EngineRequest]:
-    return requests
+    def ideal_cached_tokens(self, node: str, block_size: int) -> int:
+        """Prompt tokens an unbounded prefix cache serves for this node's requests in the best order."""
+        return PrefixTree(self._prompts.get(node, []), block_size).ideal_cached_tokens()

@@ -22,7 +22,7 @@ from batchllm.models.registry import resolve_model
 from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.node_work import NodeWork
 from batchllm.runtime.progress import NodeStats, RunProgress
-from batchllm.runtime.request_ordering import RequestOrdering, prefix_ordering
+from batchllm.runtime.request_ordering import PrefixOrdering
 from batchllm.runtime.run_dir import RunDir
 from batchllm.spec.model import DagSpec
 
@@ -66,10 +66,11 @@ class EnginePool:
 
 class SequentialRunner:
     def __init__(self, dag: DagSpec, tables: dict[str, InputTable], run_dir: RunDir, devices: DeviceSet,
-                 engine_factory: EngineFactory, progress: RunProgress, home: Path, ordering: RequestOrdering = prefix_ordering):
+                 engine_factory: EngineFactory, progress: RunProgress, home: Path, ordering: PrefixOrdering | None = None):
         self.dag, self.tables, self.run_dir, self.devices = dag, tables, run_dir, devices
         self.pool = EnginePool(engine_factory)
-        self.progress, self.home, self.ordering = progress, home, ordering
+        self.progress, self.home = progress, home
+        self.ordering = ordering  # None: requests go in input order
 
     def run(self) -> RunResult:
         prints = node_fingerprints(self.dag)
@@ -129,6 +130,8 @@ class SequentialRunner:
                 if self.pool.started > starts:
                     stats.engine_load_s += engine.ready.load_time_s
                 self._feed(work, engine, journal)
+                if self.ordering is not None:
+                    stats.ideal_cached_tokens = self.ordering.ideal_cached_tokens(node.name, engine.ready.block_size_tokens)
             except EngineFailed:
                 self.pool.stop()  # a dead engine: stop() only reaps it
                 work.requeue_in_flight()
@@ -140,7 +143,12 @@ class SequentialRunner:
         self.progress.finish_node(node.name)
 
     def _feed(self, work: NodeWork, engine: Engine, journal: ResultJournal) -> None:
-        submit = lambda: engine.submit(self.ordering(work.ready_requests(), engine.config.model, engine.ready.block_size_tokens))  # noqa: E731
+        def submit() -> None:
+            requests = work.ready_requests()
+            if self.ordering is not None:
+                requests = self.ordering(work.node.name, requests, engine.config.model, engine.ready.block_size_tokens)
+            engine.submit(requests)
+
         submit()
         while not work.is_finished():
             for result in engine.poll(timeout_s=0.5):
