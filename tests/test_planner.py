@@ -231,3 +231,28 @@ def test_plan_refuses_bad_devices_and_models_that_fit_nowhere(workspace, tmp_pat
     assert too_small.exit_code == 2
     assert "nodes.big.model: model 'llama-2-70b' fits on no plan of 1xA100-80G" in too_small.output
     assert not (tmp_path / "c.png").exists()
+
+
+def test_a_shared_system_prompt_is_planned_as_prefix_cache_hits(workspace):
+    from batchllm.models.registry import batchllm_home
+    from batchllm.planner.from_dag import dag_workloads
+    from batchllm.spec.checks import check_dag
+    from batchllm.spec.loader import load_dag
+
+    dag = load_dag(workspace.dag(f"""
+        inputs:
+          questions: {{path: questions.parquet, id_column: id}}
+        nodes:
+          answer:
+            model: smollm2-135m
+            system: "{'You answer questions about the shared handbook. ' * 40}"
+            prompt: "{{{{ question }}}}"
+        outputs:
+          answers: {{columns: {{answer: answer}}}}
+    """))
+    tables = check_dag(dag, batchllm_home(), resolve_models=False)
+    (answer,) = dag_workloads(dag, tables, parse_cluster("8xA100-80G", PROFILES), PROFILES).nodes
+    cached, prompt = answer.workload.cached_tokens, answer.workload.prompt_tokens
+    # 1,960 characters of shared system prompt = 490 estimated tokens: 30 whole 16-token blocks
+    assert sorted(cached.tolist()) == [0] + [480] * (len(cached) - 1)
+    assert (cached < prompt).all()

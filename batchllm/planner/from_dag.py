@@ -9,7 +9,10 @@ problem's notes:
 - prompt tokens per row: the template rendered on the row with upstream outputs left
   empty, at 4 characters a token, plus each upstream node's expected output length
   (its profile's mean, capped by its max_tokens), plus for iteration the item and the
-  previous step's output.
+  previous step's output;
+- prefix-cache hits per row: the whole cache blocks of its rendered text it shares with
+  other rows (the runtime sends requests in prefix order), so the simulated prefill
+  skips them.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import numpy as np
 from batchllm.costmodel.estimator import Workload
 from batchllm.costmodel.profile import Profile
 from batchllm.errors import UserError
+from batchllm.ordering.prefix_tree import PrefixTree
 from batchllm.planner.cluster import Cluster, candidate_plans, cluster_profile
 from batchllm.planner.problem import NodeWorkload
 from batchllm.spec.model import DagSpec, NodeSpec
@@ -79,7 +83,8 @@ def dag_workloads(dag: DagSpec, tables: dict, cluster: Cluster, profiles_root: P
         rows = min([table.num_rows] + [counts[u] / dag.nodes[u].sampling.n for u in node.upstream]) * share
         mean_output[name] = min(profile.lengths.mean(), node.sampling.max_tokens)
         sample = table.slice(0, min(table.num_rows, SAMPLE_ROWS)).to_pylist()
-        prompts = _prompt_tokens(node, sample, sum(mean_output[u] for u in node.upstream), mean_output[name])
+        prompts, cached = _prompt_tokens(node, sample, sum(mean_output[u] for u in node.upstream), mean_output[name],
+                                         int(profile.engine.get("block_size_tokens", 16)))
         if node.iterate:
             lengths = np.array([len(r[node.iterate.over] or []) for r in table.select([node.iterate.over]).to_pylist()])
             rounds = tuple(int(round((lengths > k).sum() * share * node.sampling.n)) for k in range(int(lengths.max(initial=0))))
@@ -89,7 +94,8 @@ def dag_workloads(dag: DagSpec, tables: dict, cluster: Cluster, profiles_root: P
             counts[name] = rows * node.sampling.n
         if sum(rounds) == 0:
             rounds = (0,)
-        workload = Workload.of(np.repeat(prompts, node.sampling.n), node.sampling.max_tokens)
+        workload = Workload.of(np.repeat(prompts, node.sampling.n), node.sampling.max_tokens,
+                               cached_tokens=np.repeat(cached, node.sampling.n))
         nodes.append(NodeWorkload(name, profile, workload, rounds, tuple(u for u in node.upstream if u != name)))
     return DagWorkloads(nodes, tuple(notes))
 
@@ -101,9 +107,13 @@ def _where_share(dag: DagSpec, node: NodeSpec) -> float:
     return 1.0 / len(siblings)
 
 
-def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own_output_tokens: float) -> np.ndarray:
-    templates = [compile_template(s, where=f"nodes.{node.name}", first_line=None) for s in (node.prompt, node.system) if s]
-    tokens = []
+def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own_output_tokens: float,
+                   block_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """Estimated prompt tokens per row, and the tokens of it the prefix cache serves when
+    the requests go in prefix order (whole blocks of the rendered text shared with others;
+    upstream outputs, unknown yet, count as not shared)."""
+    templates = [compile_template(s, where=f"nodes.{node.name}", first_line=None) for s in (node.system, node.prompt) if s]
+    tokens, texts = [], []
     for row in rows:
         context = dict(row)
         context.update({u: "" for u in node.upstream})
@@ -112,6 +122,11 @@ def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own
             items = row.get(node.iterate.over) or [""]
             context.update({node.iterate.item_name: "", "step": 1, "previous": ""})
             extra += sum(len(i) for i in items) / len(items) / CHARS_PER_TOKEN + own_output_tokens * (len(items) - 1) / len(items)
-        chars = sum(len(t.render(context)) for t in templates)
-        tokens.append(chars / CHARS_PER_TOKEN + extra + (CHAT_OVERHEAD_TOKENS if node.chat else 0))
-    return np.maximum(np.round(tokens), 1).astype(np.int64)
+        text = "".join(t.render(context) for t in templates)
+        texts.append(text)
+        tokens.append(len(text) / CHARS_PER_TOKEN + extra + (CHAT_OVERHEAD_TOKENS if node.chat else 0))
+    tokens = np.maximum(np.round(tokens), 1).astype(np.int64)
+    tree = PrefixTree([[ord(c) for c in t] for t in texts], block_tokens * CHARS_PER_TOKEN)
+    cached = np.zeros(len(texts), dtype=np.int64)
+    cached[tree.order] = tree.cached_tokens() // CHARS_PER_TOKEN
+    return tokens, np.minimum(cached, tokens - 1)
