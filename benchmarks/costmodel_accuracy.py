@@ -66,6 +66,7 @@ def main() -> None:
                 config = EngineConfig(model=model_dir, replica=Replica("cpu", tuple(range(cores))),
                                       max_model_len=int(profile.engine["max_model_len"]),
                                       kv_cache_memory_bytes=profile.engine.get("kv_cache_memory_bytes"), enforce_eager=True,
+                                      dtype=profile.engine.get("dtype") if profile.engine.get("dtype") != "bfloat16" else None,
                                       log_path=str(REPO / "benchmarks" / "results" / f"engine-{cores}.log"))
                 (REPO / "benchmarks" / "results").mkdir(exist_ok=True)
                 engines[cores] = start_vllm_engine(config)

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from batchllm.engines.devices import Replica  # noqa: E402
+from batchllm.engines.devices import Replica, engine_dtype  # noqa: E402
 from batchllm.engines.process_engine import start_vllm_engine  # noqa: E402
 from batchllm.engines.protocol import EngineConfig, EngineRequest  # noqa: E402
 from batchllm.models.registry import batchllm_home, resolve_model  # noqa: E402
@@ -39,7 +39,10 @@ from batchllm.ordering.prefix_tree import PrefixTree  # noqa: E402
 from batchllm.ordering.request_order import order_requests  # noqa: E402
 
 PROMPTS = Path(__file__).resolve().parent.parent / "profiles" / "prompts"
-KV_BYTES_PER_TOKEN = (1 << 30) / 46_592  # measured: 1 GiB holds 46,592 tokens of the embedded model
+DTYPE = engine_dtype("cpu")
+# Embedded model: 2 (K and V) x 30 layers x 3 KV heads x 64 dims, 2 bytes each in bfloat16
+# (1 GiB measured to hold 46,592 tokens), 4 in float32.
+KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * (4 if DTYPE == "float32" else 2)
 MAX_MODEL_LEN = 2048
 MAX_TOKENS = 4
 
@@ -96,7 +99,7 @@ def orders(items: list[tuple[str, list[int]]], replicas: int, block_size: int) -
 def run_once(model_dir: str, items, assignment: list[list[int]], kv_tokens: int) -> tuple[float, int]:
     """Wall time (first submit to last result) and engine-counted cached tokens."""
     configs = [EngineConfig(model=model_dir, replica=Replica("cpu", (core,)), max_model_len=MAX_MODEL_LEN,
-                            kv_cache_memory_bytes=int(kv_tokens * KV_BYTES_PER_TOKEN), enforce_eager=True)
+                            kv_cache_memory_bytes=int(kv_tokens * KV_BYTES_PER_TOKEN), enforce_eager=True, dtype=DTYPE)
                for core in range(len(assignment))]
     with ThreadPoolExecutor(len(configs)) as pool:
         engines = list(pool.map(start_vllm_engine, configs))

@@ -39,11 +39,12 @@ class EngineConfig:
     max_num_seqs: int | None = None
     kv_cache_memory_bytes: int | None = None
     enforce_eager: bool = True
+    dtype: str | None = None  # None: the model's own (bfloat16 for the embedded model)
     log_path: str | None = None  # where the engine's own logs go
 
     def sharing_key(self) -> tuple:
         """Two configs with the same key can be served by one running engine."""
-        return (self.model, self.replica, self.max_model_len, self.max_num_seqs, self.kv_cache_memory_bytes, self.enforce_eager)
+        return (self.model, self.replica, self.max_model_len, self.max_num_seqs, self.kv_cache_memory_bytes, self.enforce_eager, self.dtype)
 
 
 @dataclass(frozen=True)

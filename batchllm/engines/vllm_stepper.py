@@ -94,7 +94,7 @@ class VllmStepper:
 
         options = dict(model=config.model, seed=0, disable_log_stats=False, enforce_eager=config.enforce_eager,
                        tensor_parallel_size=config.replica.tp, enable_logging_iteration_details=True)
-        for key in ("max_model_len", "max_num_seqs", "kv_cache_memory_bytes"):
+        for key in ("max_model_len", "max_num_seqs", "kv_cache_memory_bytes", "dtype"):
             if getattr(config, key) is not None:
                 options[key] = getattr(config, key)
         self._tally = [_IterationTally()]

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from batchllm.costmodel.latency import FEATURES, StepFeatures, StepLatencyModel
 from batchllm.costmodel.lengths import LengthDistribution
 from batchllm.costmodel.profile import ModelFacts, Profile, ReplicaShape, ShapeProfile
-from batchllm.engines.devices import DeviceSet, Replica
+from batchllm.engines.devices import DeviceSet, Replica, engine_dtype
 from batchllm.engines.process_engine import EngineFactory
 from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord
 
@@ -126,14 +126,14 @@ def profile_model(model_name: str, model_dir: Path, devices: DeviceSet, hardware
         replica = Replica(devices.kind, devices.ids[: shape.devices], tp=shape.tp)
         config = EngineConfig(model=str(model_dir), replica=replica, max_model_len=settings.max_model_len,
                               kv_cache_memory_bytes=settings.kv_cache_memory_bytes if devices.kind == "cpu" else None,
-                              enforce_eager=devices.kind == "cpu", log_path=str(log_dir / f"profile-{shape.key}.log"))
+                              enforce_eager=devices.kind == "cpu", dtype=engine_dtype(devices.kind), log_path=str(log_dir / f"profile-{shape.key}.log"))
         report(f"[{shape.key}] starting engine on {replica.kind} {','.join(map(str, replica.device_ids))}")
         engine = factory(config)
         try:
             ready = engine.ready
             engine_settings = {"engine_version": ready.engine_version, "max_num_seqs": ready.max_num_seqs,
                                "max_num_batched_tokens": ready.max_num_batched_tokens, "block_size_tokens": ready.block_size_tokens,
-                               "max_model_len": ready.max_model_len, "dtype": "bfloat16", "enforce_eager": config.enforce_eager,
+                               "max_model_len": ready.max_model_len, "dtype": config.dtype or "bfloat16", "enforce_eager": config.enforce_eager,
                                "kv_cache_memory_bytes": config.kv_cache_memory_bytes}
             steps: list[StepRecord] = []
             first_steps: list[StepRecord] = []
