@@ -39,6 +39,9 @@ def run(
     fresh: bool = typer.Option(False, "--fresh", help="Discard results of an earlier run in --out instead of resuming."),
     prefix_order: bool = typer.Option(True, "--prefix-order/--no-prefix-order",
                                       help="Send each node's requests so shared prompt prefixes run together (prefix cache hits)."),
+    schedule: str = typer.Option("plan", help="plan: batchllm's stages of models side by side, re-planned at every stage end "
+                                 "(needs a profile per model, else sequential); max: each node alone on all devices; min: "
+                                 "every ready node on its smallest plan; sequential: node by node, one engine on all devices."),
 ) -> None:
     """Run every node of DAG and write Parquet results.
 
@@ -53,7 +56,8 @@ def run(
     console = Console(stderr=True)
     out = out or Path("runs") / dag.stem
     try:
-        result, progress = run_dag_file(dag, out, parse_devices(devices), fresh=fresh, console=console, prefix_order=prefix_order)
+        result, progress = run_dag_file(dag, out, parse_devices(devices), fresh=fresh, console=console, prefix_order=prefix_order,
+                                        schedule=schedule)
     except UserError as error:
         _fail(error)
     except RunIncomplete as incomplete:
@@ -66,6 +70,10 @@ def run(
         console.print(f"Nothing to do: every node's results in {out} are complete; no engine was started.")
     else:
         console.print(progress.summary_table())
+        if result.report is not None and result.report.stages:
+            r = result.report
+            console.print(f"{len(r.stages)} stages ({r.method}): {r.wall_s:.1f} s, estimated {r.estimated_s:.1f} s; "
+                          f"orchestration overhead {r.overhead_s:.1f} s ({r.overhead_s / r.wall_s:.1%}); details in {out / 'run.json'}")
     for name, path in result.outputs.items():
         typer.echo(f"{name}: {path}")
 

@@ -7,6 +7,7 @@ crash) sees the old file or the new one, never half of one.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -68,3 +69,13 @@ def output_table(spec: OutputSpec, data: InputTable, final_records: dict[str, di
         values = [getattr(by_row[r], ref.field) if r in by_row else None for r in row_ids]
         columns[name] = pa.array(values, kind)
     return pa.table(columns)
+
+
+def write_output_sets(outputs: dict[str, OutputSpec], tables: dict[str, InputTable],
+                      final_records: dict[str, dict[str, ResultRecord]], path_for: Callable[[str], Path]) -> dict[str, Path]:
+    """Every final data set of a DAG, each written atomically; name -> path."""
+    written = {}
+    for name, spec in outputs.items():
+        written[name] = path_for(name)
+        write_parquet_atomically(output_table(spec, tables[spec.input_name], final_records), written[name])
+    return written

@@ -58,6 +58,11 @@ def parse_cluster(text: str, profiles_root: Path) -> Cluster:
     return Cluster("gpu", hardware, count, int(known.get(hardware, {}).get("nvlink_group", 1)))
 
 
+def local_cluster(kind: str, count: int) -> Cluster:
+    """This machine's devices as a planning cluster (profiles filed under its hardware name)."""
+    return Cluster(kind, hardware_name(kind), count)
+
+
 def _catalog_hardware(profiles_root: Path) -> dict[str, dict]:
     path = profiles_root / "analytic" / "catalog.yaml"
     return yaml.safe_load(path.read_text())["hardware"] if path.is_file() else {}

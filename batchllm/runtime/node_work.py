@@ -1,7 +1,8 @@
 """What one node still has to do: pure bookkeeping, no engine code.
 
 A unit of work is (row_id, step). A row takes part when every upstream node it reads
-produced an output for it and its `where:` predicate holds. Plain nodes have one step
+produced an output for it and its `where:` predicate holds; upstream outputs may arrive
+while this node runs (`add_upstream`, model-level pipelining), rows join as they do. Plain nodes have one step
 per row; iterating nodes have one step per list element, and step k becomes ready only
 when step k-1 is committed (its output is step k's `previous`).
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import functools
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from batchllm.engines.protocol import EngineRequest
 from batchllm.io.inputs import ROW_ID, InputTable
@@ -31,19 +33,42 @@ def _template(source: str) -> PromptTemplate:
 class NodeWork:
     def __init__(self, node: NodeSpec, data: InputTable, upstream: dict[str, dict[str, str]],
                  done: dict[tuple[str, int], ResultRecord]):
-        """`upstream` maps each upstream node to its final text per row_id."""
+        """`upstream` maps each upstream node to its final text per row_id: all of it, or
+        what is final so far when the producers still run (then `add_upstream` the rest)."""
         self.node = node
         self._done = done
-        self._upstream = upstream
-        self._rows = {row[ROW_ID]: row for row in data.table.to_pylist() if all(row[ROW_ID] in upstream[u] for u in node.upstream)}
-        if node.where:
-            kept = data.table.filter(pa.array([row_id in self._rows for row_id in data.table.column(ROW_ID).to_pylist()]))
-            columns = {u: pa.array([upstream[u][r] for r in kept.column(ROW_ID).to_pylist()], pa.string()) for u in node.upstream}
-            selected = set(where_row_ids(kept, columns, node.where, where=f"nodes.{node.name}.where"))
-            self._rows = {r: row for r, row in self._rows.items() if r in selected}
-        self._steps = {r: (len(row[node.iterate.over] or []) if node.iterate else 1) for r, row in self._rows.items()}
+        self._data = data
+        self._upstream = {u: dict(upstream.get(u, {})) for u in node.upstream}
+        self._input_rows = {row[ROW_ID]: row for row in data.table.to_pylist()}
+        self._rows: dict[str, dict] = {}
+        self._steps: dict[str, int] = {}
+        self._admitted: set[str] = set()  # rows whose inputs were all there when looked at
         self._in_flight: dict[str, tuple[str, int]] = {}
         self._handed_out: set[tuple[str, int]] = set()
+        self._admit(list(self._input_rows))
+
+    def add_upstream(self, producer: str, texts: dict[str, str]) -> None:
+        """More final outputs of an upstream node (model-level pipelining)."""
+        self._upstream[producer].update(texts)
+        self._admit(list(texts))
+
+    def _admit(self, candidates: list[str]) -> None:
+        """Rows whose every upstream output is there take part if their `where:` holds."""
+        node = self.node
+        complete = [r for r in candidates if r in self._input_rows and r not in self._admitted
+                    and all(r in self._upstream[u] for u in node.upstream)]
+        if not complete:
+            return
+        self._admitted.update(complete)
+        if node.where:
+            table = self._data.table
+            kept = table.filter(pc.is_in(table.column(ROW_ID), value_set=pa.array(complete, table.schema.field(ROW_ID).type)))
+            columns = {u: pa.array([self._upstream[u][r] for r in kept.column(ROW_ID).to_pylist()], pa.string()) for u in node.upstream}
+            complete = list(where_row_ids(kept, columns, node.where, where=f"nodes.{node.name}.where"))
+        for row_id in complete:
+            row = self._input_rows[row_id]
+            self._rows[row_id] = row
+            self._steps[row_id] = len(row[node.iterate.over] or []) if node.iterate else 1
 
     @property
     def total_units(self) -> int:
@@ -95,11 +120,24 @@ class NodeWork:
         row_id, step = self._in_flight.pop(request_id)
         return ResultRecord(row_id, step, tuple(texts), num_prompt_tokens, num_output_tokens, finish_reason)
 
+    def is_last_step(self, record: ResultRecord) -> bool:
+        """The record is its row's final output (what downstream nodes read)."""
+        return record.step == self._steps.get(record.row_id, 0) - 1
+
     def requeue_in_flight(self) -> None:
         """After an engine is lost, its unfinished units may be handed out again."""
-        for key in self._in_flight.values():
-            self._handed_out.discard(key)
-        self._in_flight.clear()
+        self.requeue(list(self._in_flight))
+
+    def requeue(self, request_ids: list[str]) -> None:
+        """These requests were lost with their engine: their units may be handed out again."""
+        for request_id in request_ids:
+            key = self._in_flight.pop(request_id, None)
+            if key is not None:
+                self._handed_out.discard(key)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
 
     def final_records(self) -> dict[str, ResultRecord]:
         """Row -> record of its last step, for rows whose every step is committed."""

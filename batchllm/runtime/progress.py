@@ -61,6 +61,12 @@ class RunProgress:
         self.stats[stats.node] = stats
         self._tasks[stats.node] = self._bars.add_task(stats.node, total=stats.units_total, completed=stats.units_done_before, rate="")
 
+    def set_total(self, node: str, units_total: int) -> None:
+        """A pipelined node learns its total as its producers finish rows."""
+        if self.stats[node].units_total != units_total:
+            self.stats[node].units_total = units_total
+            self._bars.update(self._tasks[node], total=units_total)
+
     def advance(self, node: str, prompt_tokens: int, output_tokens: int) -> None:
         stats = self.stats[node]
         stats.units_done_now += 1

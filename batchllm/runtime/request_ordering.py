@@ -28,13 +28,19 @@ class PrefixOrdering:
         self._prompts: dict[str, list[list[int]]] = {}  # node -> token ids of every request sent
 
     def __call__(self, node: str, requests: list[EngineRequest], model_dir: str, block_size: int) -> list[EngineRequest]:
+        return self.split(node, requests, model_dir, block_size, replicas=1)[0]
+
+    def split(self, node: str, requests: list[EngineRequest], model_dir: str, block_size: int,
+              replicas: int) -> list[list[EngineRequest]]:
+        """One list per data-parallel replica, of similar work, each in prefix order."""
         if not requests:
-            return requests
+            return [[] for _ in range(replicas)]
         tokenizer = self._tokenizer_for(model_dir)
         prompts = [tokenizer.token_ids(r) for r in requests]
         self._prompts.setdefault(node, []).extend(prompts)
-        order = order_requests(prompts, block_size=block_size)
-        return [requests[i] for i in order.replicas[0]]
+        order = order_requests(prompts, block_size=block_size, replicas=replicas,
+                               extra_work=[r.max_tokens * r.n for r in requests])
+        return [[requests[i] for i in indices] for indices in order.replicas]
 
     def ideal_cached_tokens(self, node: str, block_size: int) -> int:
         """Prompt tokens an unbounded prefix cache serves for this node's requests in the best order."""

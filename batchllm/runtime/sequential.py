@@ -17,19 +17,17 @@ from batchllm.engines.protocol import EngineConfig
 from batchllm.errors import RunIncomplete
 from batchllm.io.inputs import InputTable
 from batchllm.io.journal import ResultJournal, ResultRecord
-from batchllm.io.outputs import node_table, output_table, write_parquet_atomically
-from batchllm.models.registry import resolve_model
+from batchllm.io.outputs import node_table, write_output_sets, write_parquet_atomically
+from batchllm.runtime.engine_configs import engine_config
 from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.node_work import NodeWork
 from batchllm.runtime.progress import NodeStats, RunProgress
 from batchllm.runtime.request_ordering import PrefixOrdering
+from batchllm.runtime.run_report import RunReport
 from batchllm.runtime.run_dir import RunDir
 from batchllm.spec.model import DagSpec
 
 MAX_ENGINE_RESTARTS = 2
-# On CPUs vLLM would otherwise size the KV cache as a share of all RAM; 1 GiB holds
-# about 44,000 tokens of the embedded model and leaves room for two replicas.
-CPU_KV_CACHE_DEFAULT_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -37,6 +35,7 @@ class RunResult:
     engines_started: int
     nodes_failed: dict[str, str]  # node -> cause
     outputs: dict[str, Path]
+    report: "RunReport | None" = None  # stages, estimates and overhead (planned runs)
 
 
 class EnginePool:
@@ -105,15 +104,7 @@ class SequentialRunner:
         return RunResult(self.pool.started, failed, outputs)
 
     def _engine_config(self, model: str) -> EngineConfig:
-        ref = resolve_model(model, dag_dir=self.dag.path.parent, home=self.home, where=f"model {model!r}")
-        replica = whole_set_replica(self.devices)
-        e = self.dag.engine
-        return EngineConfig(
-            model=ref.materialise(self.home), replica=replica, max_model_len=e.max_model_len, max_num_seqs=e.max_num_seqs,
-            kv_cache_memory_bytes=e.kv_cache_memory_bytes or (CPU_KV_CACHE_DEFAULT_BYTES if replica.kind == "cpu" else None),
-            enforce_eager=replica.kind == "cpu" if e.enforce_eager is None else e.enforce_eager,
-            log_path=str(self.run_dir.log_path(f"engine-{ref.name.replace('/', '_')}")),
-        )
+        return engine_config(self.dag, model, whole_set_replica(self.devices), self.run_dir, self.home)
 
     def _run_node(self, work: NodeWork, journal: ResultJournal) -> None:
         node = work.node
@@ -160,9 +151,4 @@ class SequentialRunner:
             submit()
 
     def _write_outputs(self, finals: dict[str, dict[str, ResultRecord]]) -> dict[str, Path]:
-        written = {}
-        for name, spec in self.dag.outputs.items():
-            path = self.run_dir.output_path(name)
-            write_parquet_atomically(output_table(spec, self.tables[spec.input_name], finals), path)
-            written[name] = path
-        return written
+        return write_output_sets(self.dag.outputs, self.tables, finals, self.run_dir.output_path)

@@ -1,0 +1,29 @@
+"""The engine settings a DAG's node gets on a replica: the DAG's `engine:` section,
+device defaults (eager mode and a bounded KV cache on CPUs, float32 on CPUs without
+AVX-512), and a log file per model and devices in the run folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from batchllm.engines.devices import Replica, engine_dtype
+from batchllm.engines.protocol import EngineConfig
+from batchllm.models.registry import resolve_model
+from batchllm.runtime.run_dir import RunDir
+from batchllm.spec.model import DagSpec
+
+# On CPUs vLLM would otherwise size the KV cache as a share of all RAM; 1 GiB holds
+# about 44,000 tokens of the embedded model in bfloat16 (half that in float32).
+CPU_KV_CACHE_DEFAULT_BYTES = 1 << 30
+
+
+def engine_config(dag: DagSpec, model: str, replica: Replica, run_dir: RunDir, home: Path) -> EngineConfig:
+    ref = resolve_model(model, dag_dir=dag.path.parent, home=home, where=f"model {model!r}")
+    e = dag.engine
+    devices = "-".join(map(str, replica.device_ids))
+    return EngineConfig(
+        model=ref.materialise(home), replica=replica, max_model_len=e.max_model_len, max_num_seqs=e.max_num_seqs,
+        kv_cache_memory_bytes=e.kv_cache_memory_bytes or (CPU_KV_CACHE_DEFAULT_BYTES if replica.kind == "cpu" else None),
+        enforce_eager=replica.kind == "cpu" if e.enforce_eager is None else e.enforce_eager, dtype=engine_dtype(replica.kind),
+        log_path=str(run_dir.log_path(f"engine-{ref.name.replace('/', '_')}-{replica.kind}{devices}")),
+    )

@@ -1,0 +1,127 @@
+"""The engines running now: one per replica (model + engine settings + devices).
+
+A stage says which replicas it wants; `reconcile` stops the others (their requests in
+flight are handed back to be queued again) and starts the missing ones side by side.
+An engine serves whichever node the stage gives it: a node that takes over an idle
+engine of its model and devices pays no start, and results of a node that lost its
+engine to another node of the same model still arrive and are kept.
+
+Invariant: a request id is in flight on at most one engine, from `submit` until its
+result is taken by `poll` or its engine is stopped or lost.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from batchllm.engines.process_engine import Engine, EngineFactory, EngineFailed
+from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord
+
+
+@dataclass
+class RunningEngine:
+    engine: Engine
+    in_flight: dict[str, float] = field(default_factory=dict)  # request id -> estimated work
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.engine.config
+
+    @property
+    def queued_work(self) -> float:
+        return sum(self.in_flight.values())
+
+
+@dataclass(frozen=True)
+class EngineStart:
+    config: EngineConfig
+    load_time_s: float
+
+
+@dataclass(frozen=True)
+class EngineLoss:
+    config: EngineConfig
+    request_ids: tuple[str, ...]  # in flight when it was stopped or died
+    cause: str | None  # None: stopped on purpose
+
+
+@dataclass(frozen=True)
+class Polled:
+    results: list[tuple[EngineConfig, EngineResult]]
+    steps: list[tuple[EngineConfig, StepRecord]]
+    losses: list[EngineLoss]
+
+
+def request_work(request: EngineRequest) -> float:
+    """Rough work of a request for balancing replicas: prompt tokens (4 characters each)
+    plus the most tokens it may generate."""
+    return len(request.prompt) / 4 + len(request.system or "") / 4 + request.max_tokens * request.n
+
+
+class EngineSet:
+    def __init__(self, factory: EngineFactory):
+        self._factory = factory
+        self.running: dict[tuple, RunningEngine] = {}
+        self.starts: list[EngineStart] = []
+
+    def get(self, config: EngineConfig) -> RunningEngine | None:
+        return self.running.get(config.sharing_key())
+
+    def reconcile(self, wanted: list[EngineConfig]) -> tuple[list[EngineLoss], list[EngineLoss]]:
+        """Keep the wanted engines that run, stop the rest, start the missing ones in
+        parallel. Returns (stopped, failed to start)."""
+        keys = {c.sharing_key(): c for c in wanted}
+        stopped = [self._stop(key, cause=None) for key in list(self.running) if key not in keys]
+        missing = [c for key, c in keys.items() if key not in self.running]
+        failed: list[EngineLoss] = []
+        if missing:
+            with ThreadPoolExecutor(len(missing)) as pool:
+                outcomes = list(pool.map(self._start, missing))
+            for config, outcome in zip(missing, outcomes):
+                if isinstance(outcome, EngineFailed):
+                    failed.append(EngineLoss(config, (), str(outcome)))
+                else:
+                    self.running[config.sharing_key()] = RunningEngine(outcome)
+                    self.starts.append(EngineStart(config, outcome.ready.load_time_s))
+        return stopped, failed
+
+    def _start(self, config: EngineConfig) -> Engine | EngineFailed:
+        try:
+            return self._factory(config)
+        except EngineFailed as failure:
+            return failure
+
+    def _stop(self, key: tuple, cause: str | None) -> EngineLoss:
+        running = self.running.pop(key)
+        running.engine.stop()
+        return EngineLoss(running.config, tuple(running.in_flight), cause)
+
+    def submit(self, config: EngineConfig, requests: list[EngineRequest]) -> None:
+        running = self.running[config.sharing_key()]
+        for request in requests:
+            running.in_flight[request.request_id] = request_work(request)
+        running.engine.submit(requests)
+
+    def poll(self, timeout_s: float) -> Polled:
+        """Results and step records of every engine; an engine that died is dropped and
+        reported with the requests it held."""
+        results, steps, losses = [], [], []
+        wait_s = timeout_s / max(len(self.running), 1)
+        for key, running in list(self.running.items()):
+            try:
+                batch = running.engine.poll(timeout_s=wait_s if running.in_flight else 0.0)
+            except EngineFailed as failure:
+                losses.append(self._stop(key, cause=str(failure)))
+                continue
+            for result in batch:
+                running.in_flight.pop(result.request_id, None)
+                results.append((running.config, result))
+            steps.extend((running.config, step) for step in running.engine.drain_steps())
+        if not self.running:
+            time.sleep(min(timeout_s, 0.05))
+        return Polled(results, steps, losses)
+
+    def stop_all(self) -> list[EngineLoss]:
+        return [self._stop(key, cause=None) for key in list(self.running)]

@@ -1,0 +1,117 @@
+"""`<out>/run.json`: what was planned and what happened, stage by stage.
+
+Per stage: the plan it ran (per node: execution plan, devices), when it started and
+ended, the planner's estimate of its length and of the rest of the run when it began,
+requests and tokens per node, engine starts, and per engine replica its busy time
+(start + steps). Orchestration overhead of a stage is its wall time minus the busiest
+replica's busy time: time no engine of the stage was loading or stepping for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from batchllm.engines.protocol import EngineConfig
+
+
+def engine_label(config: EngineConfig) -> str:
+    return f"{Path(config.model).name}@{config.replica.kind}:{','.join(map(str, config.replica.device_ids))}"
+
+
+@dataclass
+class NodeInStage:
+    plan: str
+    devices: list[int]
+    units_before: int
+    units_after: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    engine_start_s: float = 0.0  # longest start among the replicas it started
+
+
+@dataclass
+class StageLog:
+    index: int
+    start_s: float
+    estimated_s: float  # the planner's length of this stage when it began
+    estimated_rest_s: float  # the planner's time to the end of the run when it began
+    planning_s: float
+    end_s: float = 0.0
+    nodes: dict[str, NodeInStage] = field(default_factory=dict)
+    engine_busy_s: dict[str, float] = field(default_factory=dict)  # replica -> start + steps in this stage
+
+    def add_node(self, name: str, plan: str, devices: list[int], units_before: int) -> None:
+        self.nodes[name] = NodeInStage(plan, devices, units_before, units_before)
+
+    def add_start(self, node: str | None, engine: str, load_time_s: float) -> None:
+        self.engine_busy_s[engine] = self.engine_busy_s.get(engine, 0.0) + load_time_s
+        if node in self.nodes:
+            self.nodes[node].engine_start_s = max(self.nodes[node].engine_start_s, load_time_s)
+
+    def add_step(self, engine: str, wall_s: float) -> None:
+        self.engine_busy_s[engine] = self.engine_busy_s.get(engine, 0.0) + wall_s
+
+    def add_tokens(self, node: str, prompt_tokens: int, output_tokens: int) -> None:
+        if node in self.nodes:
+            self.nodes[node].prompt_tokens += prompt_tokens
+            self.nodes[node].output_tokens += output_tokens
+
+    def end(self, end_s: float, units_after: dict[str, int]) -> None:
+        self.end_s = end_s
+        for name, units in units_after.items():
+            self.nodes[name].units_after = units
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @property
+    def overhead_s(self) -> float:
+        return max(0.0, self.duration_s - max(self.engine_busy_s.values(), default=0.0))
+
+
+@dataclass
+class RunReport:
+    dag: str
+    devices: str
+    method: str
+    block_size_tokens: int = 16
+    stages: list[StageLog] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def finish(self, wall_s: float) -> None:
+        self.wall_s = wall_s
+
+    @property
+    def estimated_s(self) -> float | None:
+        """The planner's estimate of the whole run, made before it started."""
+        return self.stages[0].estimated_rest_s if self.stages else None
+
+    @property
+    def overhead_s(self) -> float:
+        """Wall time outside every engine's starts and steps, planning included."""
+        inside = sum(s.duration_s - s.overhead_s for s in self.stages)
+        return max(0.0, self.wall_s - inside)
+
+    @property
+    def planning_s(self) -> float:
+        return sum(s.planning_s for s in self.stages)
+
+    def to_dict(self) -> dict:
+        stages = []
+        for stage in self.stages:
+            item = asdict(stage)
+            item.update(duration_s=stage.duration_s, overhead_s=stage.overhead_s)
+            stages.append(item)
+        return {"dag": self.dag, "devices": self.devices, "schedule": self.method, "wall_s": self.wall_s,
+                "estimated_s": self.estimated_s, "planning_s": self.planning_s, "overhead_s": self.overhead_s,
+                "overhead_share": self.overhead_s / self.wall_s if self.wall_s else 0.0, "stages": stages}
+
+    def write(self, path: Path) -> None:
+        """Atomically: a crash leaves the previous report or the new one, never half."""
+        temporary = path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        os.replace(temporary, path)

@@ -1,0 +1,80 @@
+"""The planner seen from a running job: at every stage boundary, the rest of the run is
+planned again from what actually happened, and its first stage is what runs next.
+
+The problem (node speeds per plan) is fit once at the start. At a boundary the timeline
+is rebuilt from the runtime's facts: requests each node has finished (scaled to the
+planner's estimate of its total), and which engines run where. Then the chosen method
+(batchllm's search, or the Max / Min heuristic for comparison) plans from there. This
+includes SamuLLM's dynamic rule as a special case: a node whose (model, plan, devices)
+is also in the new stage keeps its engine, because the timeline charges it no start,
+and idle engines of the same model and shape are handed over.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from batchllm.costmodel.estimator import ExecutionPlan
+from batchllm.planner.baselines import max_heuristic, min_heuristic
+from batchllm.planner.problem import PlanProblem
+from batchllm.planner.rollout import best_schedule
+from batchllm.planner.schedule import Schedule
+from batchllm.planner.timeline import Engine, NodeState, StageRecord, Timeline
+
+SCHEDULE_METHODS: dict[str, Callable[[Timeline], Schedule]] = {
+    "plan": best_schedule, "max": max_heuristic, "min": min_heuristic,
+}
+
+
+@dataclass(frozen=True)
+class NodeProgress:
+    done_units: int
+    total_units: int
+    total_known: bool  # every producer has finished, so total_units is final
+
+
+@dataclass(frozen=True)
+class RunningPlan:
+    """A node's engines as the last stage left them (device indices of the cluster)."""
+
+    plan: ExecutionPlan
+    devices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StageChoice:
+    stage: StageRecord  # plans and device indices of the stage to run now
+    rest_s: float  # estimated time to the end of the run, from now
+    schedule: Schedule  # the whole plan of the rest of the run
+    search_s: float
+
+
+class StagePlanner:
+    def __init__(self, problem: PlanProblem, method: str):
+        if method not in SCHEDULE_METHODS:
+            raise ValueError(f"unknown schedule method {method!r}; known: {sorted(SCHEDULE_METHODS)}")
+        self.problem, self.method = problem, method
+
+    def choose(self, progress: dict[str, NodeProgress], running: dict[str, RunningPlan]) -> StageChoice:
+        """`progress` holds the unfinished nodes only; `running` the engines by node."""
+        started = time.perf_counter()
+        timeline = Timeline(self.problem, 0.0, self._states(progress), self._engines(running))
+        schedule = SCHEDULE_METHODS[self.method](timeline)
+        return StageChoice(schedule.stages[0], schedule.total_s, schedule, time.perf_counter() - started)
+
+    def _states(self, progress: dict[str, NodeProgress]) -> dict[str, NodeState]:
+        states = {}
+        for name, p in progress.items():
+            node = self.problem.nodes[name]
+            if p.total_known and p.total_units:
+                done = p.done_units / p.total_units * node.requests
+            else:
+                done = min(float(p.done_units), node.requests * 0.99)
+            states[name] = NodeState(len(node.rounds), 0.0, 1.0).capped(node, min(done, node.requests * 0.999))
+        return states
+
+    def _engines(self, running: dict[str, RunningPlan]) -> dict[str, Engine]:
+        return {name: Engine(self.problem.nodes[name].model, r.plan, r.devices) for name, r in running.items()
+                if name in self.problem.nodes}
