@@ -23,7 +23,6 @@ import argparse
 import random
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -101,8 +100,9 @@ def run_once(model_dir: str, items, assignment: list[list[int]], kv_tokens: int)
     configs = [EngineConfig(model=model_dir, replica=Replica("cpu", (core,)), max_model_len=MAX_MODEL_LEN,
                             kv_cache_memory_bytes=int(kv_tokens * KV_BYTES_PER_TOKEN), enforce_eager=True, dtype=DTYPE)
                for core in range(len(assignment))]
-    with ThreadPoolExecutor(len(configs)) as pool:
-        engines = list(pool.map(start_vllm_engine, configs))
+    engines = [start_vllm_engine(config) for config in configs]  # from this thread: they load side by side
+    for engine in engines:
+        engine.ready  # noqa: B018  wait until loaded
     try:
         started = time.perf_counter()
         for engine, indices in zip(engines, assignment):

@@ -63,3 +63,26 @@ def test_a_killed_worker_is_reported():
         for _ in range(20):
             engine.poll(timeout_s=0.5)
     engine.stop()
+
+
+def test_engines_started_side_by_side_stay_alive_and_serve():
+    """Regression: engines started from pool threads were SIGKILLed when the thread ended
+    (the worker's parent-death signal follows the spawning thread)."""
+    from batchllm.runtime.engine_set import EngineSet
+
+    configs = [EngineConfig(model="fake", replica=Replica("cpu", (core,))) for core in (0, 1)]
+    engines = EngineSet(lambda config: ProcessEngine(config, FakeStepperFactory()))
+    try:
+        stopped, failed = engines.reconcile(configs)
+        assert stopped == [] and failed == [] and len(engines.starts) == 2
+        time.sleep(1.5)  # the worker's idle loop checks its parent every second
+        for config in configs:
+            engines.submit(config, requests(2))
+        done, deadline = [], time.monotonic() + 30
+        while len(done) < 4 and time.monotonic() < deadline:
+            polled = engines.poll(timeout_s=0.5)
+            assert polled.losses == []
+            done += polled.results
+        assert len(done) == 4
+    finally:
+        engines.stop_all()

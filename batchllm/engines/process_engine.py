@@ -3,6 +3,11 @@
 `Engine` is the interface the runtime uses; `ProcessEngine` runs any stepper (the real
 vLLM one by default) in a spawned process. A later Ray-actor engine implements the
 same four members.
+
+Start engines from the main thread: the worker dies with the thread that spawned it
+(PR_SET_PDEATHSIG follows the creating thread, not the process), so an engine spawned
+from a pool thread is killed when that thread ends. Construction returns at once and
+`ready` waits, so starting several engines in a row loads them in parallel.
 """
 
 from __future__ import annotations
@@ -63,7 +68,16 @@ class ProcessEngine:
             name=f"batchllm-engine-{Path(config.model).name}",
         )
         self._process.start()
-        self.ready = self._wait_ready(start_timeout_s)
+        self._start_timeout_s = start_timeout_s
+        self._ready: WorkerReady | None = None
+
+    @property
+    def ready(self) -> WorkerReady:
+        """What the engine reported once loaded; the first use waits for it (so several
+        engines started one after another load side by side), or raises EngineFailed."""
+        if self._ready is None:
+            self._ready = self._wait_ready(self._start_timeout_s)
+        return self._ready
 
     @property
     def pid(self) -> int | None:

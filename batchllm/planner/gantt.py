@@ -104,20 +104,21 @@ def _tick_step(total: float) -> float:
     return 3600.0 * 4
 
 
-def write_html(report: PlanReport, path: Path) -> Path:
-    devices, total = report.cluster.devices, max(report.chosen.total_s, 1e-9)
-    colours = _colours(report)
-    width, left = 1200, 100
+def bars_svg(bar_list: list[Bar], devices: int, total_s: float, colours: dict[str, str], models: dict[str, str],
+             width: int = 1200) -> str:
+    """An inline SVG: one row per device, a bar per (node, device) span, engine starts hatched."""
+    total = max(total_s, 1e-9)
+    left = 100
     scale = (width - left - 20) / total
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{TOP + devices * ROW_H + 40}" font-family="sans-serif" font-size="13">',
              '<defs><pattern id="load" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
              '<rect width="3" height="6" fill="white" fill-opacity="0.5"/></pattern></defs>']
     for device in range(devices):
         parts.append(f'<text x="8" y="{TOP + device * ROW_H + 27}">device {device}</text>')
-    for bar in bars(report):
+    for bar in bar_list:
         y = TOP + bar.device * ROW_H + 5
         x0, w = left + bar.start_s * scale, max((bar.end_s - bar.start_s) * scale, 1)
-        title = html.escape(f"{bar.node} ({report.problem.nodes[bar.node].model}): {bar.start_s:.1f}-{bar.end_s:.1f} s, "
+        title = html.escape(f"{bar.node} ({models[bar.node]}): {bar.start_s:.1f}-{bar.end_s:.1f} s, "
                             f"engine start until {bar.loading_until_s:.1f} s")
         parts.append(f'<rect x="{x0:.1f}" y="{y}" width="{w:.1f}" height="{ROW_H - 10}" fill="{colours[bar.node]}" stroke="white"><title>{title}</title></rect>')
         if bar.loading_until_s > bar.start_s:
@@ -130,6 +131,13 @@ def write_html(report: PlanReport, path: Path) -> Path:
         parts.append(f'<text x="{left + tick * scale - 8:.1f}" y="{axis_y + 10}">{tick:g}</text>')
         tick += step
     parts.append("</svg>")
+    return "".join(parts)
+
+
+def write_html(report: PlanReport, path: Path) -> Path:
+    devices, total = report.cluster.devices, max(report.chosen.total_s, 1e-9)
+    colours = _colours(report)
+    svg = bars_svg(bars(report), devices, total, colours, {n: node.model for n, node in report.problem.nodes.items()})
     legend = "".join(f'<li><span style="background:{colours[n]}"></span>{html.escape(n)} ({html.escape(node.model)}): '
                      f'{node.requests} requests</li>' for n, node in report.problem.nodes.items())
     rows = "".join(f"<tr><td>{s.index + 1}</td><td>{s.start_s:.1f}</td><td>{s.end_s:.1f}</td><td>"
@@ -142,7 +150,7 @@ li span{{display:inline-block;width:14px;height:14px;margin-right:6px;vertical-a
 <h2>{html.escape(report.dag_name)} on {html.escape(str(report.cluster))}</h2>
 <p>Estimated total {total:.1f} s over {len(report.chosen.stages)} stages (lower bound {report.lower_bound_s:.1f} s).
 Hatched: engine start. Seconds on the axis.</p>
-{''.join(parts)}
+{svg}
 <ul>{legend}</ul>
 <table><tr><th>stage</th><th>start s</th><th>end s</th><th>node and plan</th></tr>{rows}</table>
 </body></html>

@@ -13,7 +13,6 @@ result is taken by `poll` or its engine is stopped or lost.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from batchllm.engines.process_engine import Engine, EngineFactory, EngineFailed
@@ -76,18 +75,23 @@ class EngineSet:
         stopped = [self._stop(key, cause=None) for key in list(self.running) if key not in keys]
         missing = [c for key, c in keys.items() if key not in self.running]
         failed: list[EngineLoss] = []
-        if missing:
-            with ThreadPoolExecutor(len(missing)) as pool:
-                outcomes = list(pool.map(self._start, missing))
-            for config, outcome in zip(missing, outcomes):
-                if isinstance(outcome, EngineFailed):
-                    failed.append(EngineLoss(config, (), str(outcome)))
-                else:
-                    self.running[config.sharing_key()] = RunningEngine(outcome)
-                    self.starts.append(EngineStart(config, outcome.ready.load_time_s))
+        launched = [(config, self._launch(config)) for config in missing]  # all load side by side
+        for config, outcome in launched:
+            if not isinstance(outcome, EngineFailed):
+                try:
+                    outcome.ready  # noqa: B018  waits for this one; the others keep loading meanwhile
+                except EngineFailed as failure:
+                    outcome.stop()
+                    outcome = failure
+            if isinstance(outcome, EngineFailed):
+                failed.append(EngineLoss(config, (), str(outcome)))
+            else:
+                self.running[config.sharing_key()] = RunningEngine(outcome)
+                self.starts.append(EngineStart(config, outcome.ready.load_time_s))
         return stopped, failed
 
-    def _start(self, config: EngineConfig) -> Engine | EngineFailed:
+    def _launch(self, config: EngineConfig) -> Engine | EngineFailed:
+        """Start an engine from this (the main) thread; see process_engine on why."""
         try:
             return self._factory(config)
         except EngineFailed as failure:

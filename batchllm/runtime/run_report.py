@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from batchllm.engines.protocol import EngineConfig
+from batchllm.planner.schedule import Schedule
 
 
 def engine_label(config: EngineConfig) -> str:
@@ -81,6 +82,17 @@ class RunReport:
     block_size_tokens: int = 16
     stages: list[StageLog] = field(default_factory=list)
     wall_s: float = 0.0
+    planned: list[dict] = field(default_factory=list)  # the plan made at the start: start_s, end_s, nodes {name: {plan, devices, start_s}}
+    models: dict[str, str] = field(default_factory=dict)  # node -> model
+
+    def plan_made(self, schedule: Schedule, device_ids: tuple[int, ...]) -> None:
+        """Keep the first plan of the run, to compare with what happened."""
+        if self.planned:
+            return
+        for stage in schedule.stages:
+            self.planned.append({"start_s": stage.start_s, "end_s": stage.end_s, "nodes": {
+                name: {"plan": str(plan), "devices": [device_ids[i] for i in stage.placement[name]],
+                       "engine_start_s": stage.start_costs_s[name]} for name, plan in stage.plans.items()}})
 
     def finish(self, wall_s: float) -> None:
         self.wall_s = wall_s
@@ -108,7 +120,8 @@ class RunReport:
             stages.append(item)
         return {"dag": self.dag, "devices": self.devices, "schedule": self.method, "wall_s": self.wall_s,
                 "estimated_s": self.estimated_s, "planning_s": self.planning_s, "overhead_s": self.overhead_s,
-                "overhead_share": self.overhead_s / self.wall_s if self.wall_s else 0.0, "stages": stages}
+                "overhead_share": self.overhead_s / self.wall_s if self.wall_s else 0.0, "models": self.models,
+                "stages": stages, "planned": self.planned}
 
     def write(self, path: Path) -> None:
         """Atomically: a crash leaves the previous report or the new one, never half."""

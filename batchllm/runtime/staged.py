@@ -31,6 +31,7 @@ from batchllm.runtime.node_work import NodeWork
 from batchllm.runtime.progress import NodeStats, RunProgress
 from batchllm.runtime.request_ordering import PrefixOrdering
 from batchllm.runtime.run_dir import RunDir
+from batchllm.runtime.run_gantt import write_run_html
 from batchllm.runtime.run_report import RunReport, StageLog, engine_label
 from batchllm.runtime.sequential import MAX_ENGINE_RESTARTS, RunResult
 from batchllm.runtime.stage_planner import NodeProgress, RunningPlan, StagePlanner
@@ -53,7 +54,7 @@ class StagedRunner:
         self.assigned: dict[str, list[EngineConfig]] = {}  # node -> its replicas in the current stage
         self.running_plans: dict[str, RunningPlan] = {}
         self.owner: dict[str, str] = {}  # request id -> node
-        self.report = RunReport(dag.name, str(devices), planner.method)
+        self.report = RunReport(dag.name, str(devices), planner.method, models={n: s.model for n, s in dag.nodes.items()})
 
     # -- the run ------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -78,6 +79,7 @@ class StagedRunner:
             self.report.finish(time.monotonic() - started)
             if self.report.stages:
                 self.report.write(self.run_dir.root / "run.json")
+                write_run_html(self.report, self.devices.ids, self.run_dir.root / "run.html")
         outputs = self._write_outputs()
         if self.failed:
             raise RunIncomplete("; ".join(f"node {n}: {cause.splitlines()[0]}" for n, cause in self.failed.items()))
@@ -110,6 +112,7 @@ class StagedRunner:
                                     all(u in self.finished for u in self.dag.nodes[n].upstream)) for n in self._unfinished()}
         choice = self.planner.choose(progress, {n: r for n, r in self.running_plans.items() if n not in self.failed})
         stage = choice.stage
+        self.report.plan_made(choice.schedule, self.devices.ids)
         log = StageLog(len(self.report.stages), now_s, stage.duration_s, choice.rest_s, choice.search_s)
         self.assigned = {}
         for name, plan in stage.plans.items():
