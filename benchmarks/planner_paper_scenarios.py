@@ -37,7 +37,7 @@ from batchllm.planner.cluster import Cluster, parse_cluster  # noqa: E402
 from batchllm.planner.exact import exact_schedule  # noqa: E402
 from batchllm.planner.greedy import greedy_schedule  # noqa: E402
 from batchllm.planner.problem import NodeWorkload, PlanProblem, build_problem  # noqa: E402
-from batchllm.planner.rollout import best_schedule  # noqa: E402
+from batchllm.planner.best import best_schedule  # noqa: E402
 from batchllm.planner.timeline import Timeline  # noqa: E402
 
 PROFILES = Path(__file__).resolve().parent.parent / "profiles"
@@ -133,7 +133,7 @@ def main() -> int:
               f"{exact_text:>7} {lower_bound_s(start):7.0f} {max_s / planned.total_s:6.2f} {min_s / planned.total_s:6.2f} "
               f"{greedy.total_s / best:6.3f} {planned.total_s / best:6.3f} {search_s:6.2f}s")
     print("exact: '?' = search budget hit, best found shown. b/max, b/min: speed-up of batchllm over the heuristic.")
-    print("search: fitting node speeds (simulations) + greedy with rollouts + Max + Min, wall time.")
+    print("search: fitting node speeds (simulations) + greedy with rollouts + Max + Min (+ budgeted exact search up to 5 nodes), wall time.")
     print(f"worst greedy/best-known {worst_greedy:.3f}; worst batchllm/best-known {worst:.3f}; max search time {longest_search:.2f} s")
     return 0
 

@@ -21,7 +21,8 @@ from batchllm.planner.cluster import Cluster, candidate_plans, parse_cluster, pl
 from batchllm.planner.exact import exact_schedule
 from batchllm.planner.greedy import greedy_schedule
 from batchllm.planner.problem import PlanNode, PlanProblem
-from batchllm.planner.rollout import best_schedule, rollout_schedule
+from batchllm.planner.best import best_schedule
+from batchllm.planner.rollout import rollout_schedule
 from batchllm.planner.speed import PlanSpeed, fit_shape_speed
 from batchllm.planner.timeline import Timeline
 

@@ -56,9 +56,10 @@ def stage_choices(timeline: Timeline) -> list[dict[str, ExecutionPlan]]:
     return choices
 
 
-def exact_schedule(timeline: Timeline, *, max_stages_tried: int = 200_000) -> Schedule:
+def exact_schedule(timeline: Timeline, *, max_stages_tried: int = 200_000, incumbent: Schedule | None = None) -> Schedule:
+    """`incumbent`: a schedule already found (default: greedy with rollouts)."""
     started = time.perf_counter()
-    incumbent = rollout_schedule(timeline)
+    incumbent = incumbent or rollout_schedule(timeline)
     best_total, best_stages = incumbent.total_s, incumbent.stages
     tried = 0
     exhausted = False

@@ -1,7 +1,7 @@
 """`batchllm plan`'s library entry: a DAG file and a device spec -> schedules.
 
 The chosen schedule is the best of greedy with rollouts and the Max and Min heuristics
-(see `rollout.best_schedule`); `compare` adds each of them, plain greedy (SamuLLM's
+(see `best.best_schedule`); `compare` adds each of them, plain greedy (SamuLLM's
 Algorithm 1), greedy without preemption, the Max and Min heuristics, the exact search
 when the DAG is small enough, and the lower bound, all on the same costs.
 """
@@ -19,14 +19,14 @@ from batchllm.planner.exact import exact_schedule
 from batchllm.planner.from_dag import dag_workloads
 from batchllm.planner.greedy import greedy_schedule
 from batchllm.planner.problem import PlanProblem, build_problem
-from batchllm.planner.rollout import best_schedule, rollout_schedule
+from batchllm.planner.best import EXACT_MAX_NODES, best_schedule
+from batchllm.planner.rollout import rollout_schedule
 from batchllm.planner.schedule import Schedule
 from batchllm.planner.timeline import Timeline
 from batchllm.spec.checks import check_dag
 from batchllm.spec.loader import load_dag
 
 PROFILES_ROOT = Path(__file__).resolve().parent.parent.parent / "profiles"
-EXACT_MAX_NODES = 5  # the exact search enumerates every stage sequence: small DAGs only
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 
 from batchllm.costmodel.estimator import ExecutionPlan
-from batchllm.planner.baselines import max_heuristic, min_heuristic
 from batchllm.planner.greedy import greedy_schedule, greedy_stage
 from batchllm.planner.schedule import Schedule
 from batchllm.planner.timeline import Timeline
@@ -68,13 +67,3 @@ def rollout_schedule(timeline: Timeline, *, max_rollouts: int | None = None) -> 
                 best = (end_s, after)
         timeline = best[1]
     return Schedule.of("greedy+rollout", timeline, time.perf_counter() - started)
-
-
-def best_schedule(timeline: Timeline) -> Schedule:
-    """What batchllm runs: greedy with rollouts, unless a simple heuristic's schedule
-    ends earlier on the same costs (it can, e.g. when one engine handed from node to
-    node of the same model saves every restart); the search time covers all three."""
-    started = time.perf_counter()
-    candidates = [rollout_schedule(timeline), max_heuristic(timeline), min_heuristic(timeline)]
-    best = min(candidates, key=lambda s: s.total_s)
-    return Schedule(best.method, best.stages, best.total_s, time.perf_counter() - started, best.optimal)

@@ -19,7 +19,7 @@ from typing import Callable
 from batchllm.costmodel.estimator import ExecutionPlan
 from batchllm.planner.baselines import max_heuristic, min_heuristic
 from batchllm.planner.problem import PlanProblem
-from batchllm.planner.rollout import best_schedule
+from batchllm.planner.best import best_schedule
 from batchllm.planner.schedule import Schedule
 from batchllm.planner.timeline import Engine, NodeState, StageRecord, Timeline
 
