@@ -12,12 +12,14 @@ answers. Schedules, each from scratch (fresh output folder, no engine running):
   plan        batchllm's plan, re-planned at every stage end
 Prints the wall time of each, the ratios, batchllm's estimated vs actual time and its
 orchestration overhead (time no engine was starting or stepping); the last line is
-the speed-up of batchllm's plan over the Max heuristic.
+the speed-up of batchllm's plan over the Max heuristic. Each planned run's run.json and
+run.html (planned vs actual Gantt) are kept in benchmarks/results/.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import time
@@ -33,6 +35,7 @@ from batchllm.engines.devices import parse_devices  # noqa: E402
 from batchllm.runtime.launch import run_dag_file  # noqa: E402
 
 PROMPTS = Path(__file__).resolve().parent.parent / "profiles" / "prompts" / "first_turns.parquet"
+RESULTS = Path(__file__).resolve().parent / "results"
 FIRST_PROMPT = 600  # the profiler measures output lengths on the first prompts; use others
 
 DAG = """
@@ -94,6 +97,10 @@ def main() -> int:
             started = time.perf_counter()
             result, _ = run_dag_file(dag, folder / f"out-{schedule}", devices, fresh=True, console=console, schedule=schedule)
             walls[schedule] = time.perf_counter() - started
+            for report_file in ("run.json", "run.html"):  # kept for a look at stage estimates vs actual
+                if (folder / f"out-{schedule}" / report_file).is_file():
+                    RESULTS.mkdir(exist_ok=True)
+                    shutil.copy(folder / f"out-{schedule}" / report_file, RESULTS / f"e2e-{schedule}-{report_file}")
             reports[schedule] = result.report
             r = result.report
             if r is None:

@@ -38,6 +38,7 @@ from batchllm.ordering.prefix_tree import PrefixTree  # noqa: E402
 from batchllm.ordering.request_order import order_requests  # noqa: E402
 
 PROMPTS = Path(__file__).resolve().parent.parent / "profiles" / "prompts"
+RESULTS = Path(__file__).resolve().parent / "results"  # engine logs
 DTYPE = engine_dtype("cpu")
 # Embedded model: 2 (K and V) x 30 layers x 3 KV heads x 64 dims, 2 bytes each in bfloat16
 # (1 GiB measured to hold 46,592 tokens), 4 in float32.
@@ -98,7 +99,8 @@ def orders(items: list[tuple[str, list[int]]], replicas: int, block_size: int) -
 def run_once(model_dir: str, items, assignment: list[list[int]], kv_tokens: int) -> tuple[float, int]:
     """Wall time (first submit to last result) and engine-counted cached tokens."""
     configs = [EngineConfig(model=model_dir, replica=Replica("cpu", (core,)), max_model_len=MAX_MODEL_LEN,
-                            kv_cache_memory_bytes=int(kv_tokens * KV_BYTES_PER_TOKEN), enforce_eager=True, dtype=DTYPE)
+                            kv_cache_memory_bytes=int(kv_tokens * KV_BYTES_PER_TOKEN), enforce_eager=True, dtype=DTYPE,
+                            log_path=str(RESULTS / f"engine-prefix-core{core}.log"))
                for core in range(len(assignment))]
     engines = [start_vllm_engine(config) for config in configs]  # from this thread: they load side by side
     for engine in engines:
@@ -127,6 +129,7 @@ def main() -> int:
     parser.add_argument("--kv-tokens", type=int, default=3000, help="KV cache size given to each engine, in tokens")
     parser.add_argument("--tokens", type=int, default=15000, help="prompt tokens per workload (>= 5x --kv-tokens)")
     args = parser.parse_args()
+    RESULTS.mkdir(exist_ok=True)
     home = batchllm_home()
     model_dir = resolve_model("smollm2-135m", dag_dir=Path.cwd(), home=home, where="benchmark").materialise(home)
     tokenizer = PromptTokenizer(model_dir)
