@@ -36,7 +36,7 @@ class RunningEngine:
 @dataclass(frozen=True)
 class EngineStart:
     config: EngineConfig
-    load_time_s: float
+    load_time_s: float  # from launch until ready, as the driver waited for it
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,7 @@ class EngineSet:
         stopped = [self._stop(key, cause=None) for key in list(self.running) if key not in keys]
         missing = [c for key, c in keys.items() if key not in self.running]
         failed: list[EngineLoss] = []
+        launched_at = time.monotonic()
         launched = [(config, self._launch(config)) for config in missing]  # all load side by side
         for config, outcome in launched:
             if not isinstance(outcome, EngineFailed):
@@ -87,7 +88,8 @@ class EngineSet:
                 failed.append(EngineLoss(config, (), str(outcome)))
             else:
                 self.running[config.sharing_key()] = RunningEngine(outcome)
-                self.starts.append(EngineStart(config, outcome.ready.load_time_s))
+                # the worker times its engine's load; the driver also sees process start and imports
+                self.starts.append(EngineStart(config, max(outcome.ready.load_time_s, time.monotonic() - launched_at)))
         return stopped, failed
 
     def _launch(self, config: EngineConfig) -> Engine | EngineFailed:
