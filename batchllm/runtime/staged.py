@@ -54,13 +54,14 @@ class StagedRunner:
         self.assigned: dict[str, list[EngineConfig]] = {}  # node -> its replicas in the current stage
         self.running_plans: dict[str, RunningPlan] = {}
         self.owner: dict[str, str] = {}  # request id -> node
+        self._started = time.monotonic()  # reset when run() starts
         self.report = RunReport(dag.name, str(devices), planner.method, models={n: s.model for n, s in dag.nodes.items()})
 
     # -- the run ------------------------------------------------------------------------
     def run(self) -> RunResult:
         prints = node_fingerprints(self.dag)
         self.journals = {n: ResultJournal(self.run_dir.journal_path(n), prints[n], n) for n in self.dag.nodes}
-        started = time.monotonic()
+        self._started = started = time.monotonic()
         try:
             for name in self.dag.topological_order():
                 node = self.dag.nodes[name]
@@ -68,7 +69,7 @@ class StagedRunner:
                 self.works[name] = NodeWork(node, self.tables[node.input_name], upstream, self.journals[name].records)
             self._settle()
             while self._unfinished():
-                self._run_stage(time.monotonic() - started)
+                self._run_stage()
         finally:
             self.engines.stop_all()
             for name, journal in self.journals.items():
@@ -107,7 +108,11 @@ class StagedRunner:
         return changed
 
     # -- one stage ------------------------------------------------------------------------
-    def _run_stage(self, now_s: float) -> None:
+    def _clock_s(self) -> float:
+        return time.monotonic() - self._started
+
+    def _run_stage(self) -> None:
+        now_s = self._clock_s()
         progress = {n: NodeProgress(self.works[n].done_units, self.works[n].total_units,
                                     all(u in self.finished for u in self.dag.nodes[n].upstream)) for n in self._unfinished()}
         choice = self.planner.choose(progress, {n: r for n, r in self.running_plans.items() if n not in self.failed})
@@ -123,14 +128,16 @@ class StagedRunner:
             log.add_node(name, str(plan), ids, self.works[name].done_units)
             self._start_progress(name)
         self.running_plans = {n: RunningPlan(p, stage.placement[n]) for n, p in stage.plans.items()}
-        stage_started = time.monotonic()
+        if self.ordering is not None:
+            for configs in self.assigned.values():
+                self.ordering.preload(configs[0].model)
         self._reconcile(log)
         dirty = set(stage.plans)
         while not self._stage_over(stage.plans):
             for name in [n for n in stage.plans if n in dirty and n in self.assigned]:
                 self._feed(name)
             dirty = self._collect(log)
-        log.end(now_s + time.monotonic() - stage_started, {n: self.works[n].done_units for n in stage.plans})
+        log.end(self._clock_s(), {n: self.works[n].done_units for n in stage.plans})
         self.report.stages.append(log)
 
     def _stage_over(self, plans) -> bool:
@@ -199,6 +206,7 @@ class StagedRunner:
         """Commit what the engines finished; returns the nodes with new ready work."""
         polled = self.engines.poll(POLL_S)
         dirty: set[str] = set()
+        finals: dict[str, dict[str, str]] = {}  # producer -> rows it just finished
         for config, result in polled.results:
             name = self.owner.pop(result.request_id)
             work = self.works[name]
@@ -210,10 +218,12 @@ class StagedRunner:
             log.add_tokens(name, result.num_prompt_tokens, result.num_output_tokens)
             dirty.add(name)  # an iterating node's next step
             if work.is_last_step(record):
-                for consumer in self.dag.nodes:
-                    if name in self.dag.nodes[consumer].upstream:
-                        self.works[consumer].add_upstream(name, {record.row_id: record.text})
-                        dirty.add(consumer)
+                finals.setdefault(name, {})[record.row_id] = record.text
+        for producer, texts in finals.items():  # once per poll: a `where:` is one DuckDB query per call
+            for consumer in self.dag.nodes:
+                if producer in self.dag.nodes[consumer].upstream:
+                    self.works[consumer].add_upstream(producer, texts)
+                    dirty.add(consumer)
         for config, step in polled.steps:
             node = self._node_of(config)
             log.add_step(engine_label(config), step.wall_s)
