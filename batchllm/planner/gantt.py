@@ -26,20 +26,27 @@ class Bar:
     loading_until_s: float  # engine start ends here (== start_s when none)
 
 
-def bars(report: PlanReport) -> list[Bar]:
-    """Per device, a node's consecutive stages with no new engine start merge into one bar."""
+def merged_bars(spans: list[tuple[str, list[int], float, float, float]], join_gap_s: float) -> list[Bar]:
+    """Bars from stage spans (node, devices, start, end, engine start paid), stage by stage.
+    Per device, a node's consecutive spans with no new engine start (the next beginning
+    within `join_gap_s` of the last end) merge into one bar."""
     merged: list[Bar] = []
-    for stage in report.chosen.stages:
-        for name, ids in stage.placement.items():
-            loading = stage.start_s + min(stage.start_costs_s[name], stage.duration_s)
-            for device in ids:
-                previous = next((b for b in reversed(merged) if b.device == device), None)
-                if (previous is not None and previous.node == name and abs(previous.end_s - stage.start_s) < 1e-6
-                        and stage.start_costs_s[name] == 0):
-                    merged[merged.index(previous)] = Bar(device, name, previous.start_s, stage.end_s, previous.loading_until_s)
-                else:
-                    merged.append(Bar(device, name, stage.start_s, stage.end_s, loading))
+    for name, devices, start_s, end_s, engine_start_s in spans:
+        loading = start_s + min(engine_start_s, end_s - start_s)
+        for device in devices:
+            previous = next((b for b in reversed(merged) if b.device == device), None)
+            if (previous is not None and previous.node == name and abs(previous.end_s - start_s) < join_gap_s
+                    and engine_start_s == 0):
+                merged[merged.index(previous)] = Bar(device, name, previous.start_s, end_s, previous.loading_until_s)
+            else:
+                merged.append(Bar(device, name, start_s, end_s, loading))
     return sorted(merged, key=lambda b: (b.device, b.start_s))
+
+
+def bars(report: PlanReport) -> list[Bar]:
+    """The chosen schedule's bars (its stages are contiguous)."""
+    return merged_bars([(name, list(ids), stage.start_s, stage.end_s, stage.start_costs_s[name])
+                        for stage in report.chosen.stages for name, ids in stage.placement.items()], join_gap_s=1e-6)
 
 
 def _colours(report: PlanReport) -> dict[str, str]:

@@ -135,10 +135,6 @@ class NodeWork:
             if key is not None:
                 self._handed_out.discard(key)
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._in_flight)
-
     def final_records(self) -> dict[str, ResultRecord]:
         """Row -> record of its last step, for rows whose every step is committed."""
         final = {}

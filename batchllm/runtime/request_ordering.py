@@ -37,7 +37,7 @@ class PrefixOrdering:
         if model_dir not in self._loading:
             self._loading[model_dir] = self._loader.submit(self._tokenizer_for, model_dir)
 
-    def _tokenizer(self, model_dir: str) -> PromptTokenizer:
+    def _tokenizer_of(self, model_dir: str) -> PromptTokenizer:
         self.preload(model_dir)
         return self._loading[model_dir].result()
 
@@ -49,7 +49,7 @@ class PrefixOrdering:
         """One list per data-parallel replica, of similar work, each in prefix order."""
         if not requests:
             return [[] for _ in range(replicas)]
-        tokenizer = self._tokenizer(model_dir)
+        tokenizer = self._tokenizer_of(model_dir)
         prompts = [tokenizer.token_ids(r) for r in requests]
         self._prompts.setdefault(node, []).extend(prompts)
         order = order_requests(prompts, block_size=block_size, replicas=replicas,

@@ -6,24 +6,14 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from batchllm.planner.gantt import PALETTE, Bar, bars_svg
+from batchllm.planner.gantt import PALETTE, Bar, bars_svg, merged_bars
 from batchllm.runtime.run_report import RunReport
 
 
 def _bars(stages: list[dict], device_ids: tuple[int, ...]) -> list[Bar]:
-    """Per device, a node's consecutive stages with no engine start merge into one bar."""
-    merged: list[Bar] = []
-    for stage in stages:
-        for name, node in stage["nodes"].items():
-            loading = stage["start_s"] + min(node["engine_start_s"], stage["end_s"] - stage["start_s"])
-            for device in (device_ids.index(d) for d in node["devices"]):
-                previous = next((b for b in reversed(merged) if b.device == device), None)
-                if previous is not None and previous.node == name and node["engine_start_s"] == 0 \
-                        and abs(previous.end_s - stage["start_s"]) < 1.0:
-                    merged[merged.index(previous)] = Bar(device, name, previous.start_s, stage["end_s"], previous.loading_until_s)
-                else:
-                    merged.append(Bar(device, name, stage["start_s"], stage["end_s"], loading))
-    return merged
+    """Run stages follow each other within milliseconds (planning between them)."""
+    return merged_bars([(name, [device_ids.index(d) for d in node["devices"]], stage["start_s"], stage["end_s"],
+                         node["engine_start_s"]) for stage in stages for name, node in stage["nodes"].items()], join_gap_s=1.0)
 
 
 def write_run_html(report: RunReport, device_ids: tuple[int, ...], path: Path) -> Path:

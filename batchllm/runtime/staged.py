@@ -89,10 +89,9 @@ class StagedRunner:
     def _unfinished(self) -> list[str]:
         return [n for n in self.dag.topological_order() if n not in self.finished and n not in self.failed]
 
-    def _settle(self) -> list[str]:
+    def _settle(self) -> None:
         """Mark nodes finished (every producer finished, every unit committed) or failed
-        (a producer failed); returns the nodes that changed."""
-        changed = []
+        (a producer failed)."""
         for name in self._unfinished():
             node, work = self.dag.nodes[name], self.works[name]
             blocked = [u for u in node.upstream if u in self.failed]
@@ -102,10 +101,6 @@ class StagedRunner:
                 self.finished.add(name)
                 if name in self.progress.stats:
                     self.progress.finish_node(name)
-            else:
-                continue
-            changed.append(name)
-        return changed
 
     # -- one stage ------------------------------------------------------------------------
     def _clock_s(self) -> float:
