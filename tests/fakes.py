@@ -17,12 +17,14 @@ class FakeEngine:
         self.ready = WorkerReady(0.0, 10_000, 16, 8, 64, 512, "fake")
         self.queue: list[EngineRequest] = []
         self.seen: list[EngineRequest] = []
+        self.most_queued = 0  # the most requests it held at once
         self.stopped = False
         self._die_after, self._per_poll, self._answered = die_after, per_poll, 0
 
     def submit(self, requests) -> None:
         self.queue.extend(requests)
         self.seen.extend(requests)
+        self.most_queued = max(self.most_queued, len(self.queue))
 
     def poll(self, timeout_s: float) -> list[EngineResult]:
         if self._die_after is not None and self._answered >= self._die_after:

@@ -4,6 +4,7 @@ through `batchllm plan`."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from batchllm.planner.greedy import greedy_schedule
 from batchllm.planner.problem import PlanNode, PlanProblem
 from batchllm.planner.best import best_schedule
 from batchllm.planner.rollout import rollout_schedule
-from batchllm.planner.speed import PlanSpeed, fit_shape_speed
+from batchllm.planner.speed import PlanSpeed, fit_shape_speed, output_curve
 from batchllm.planner.timeline import Timeline
 
 REPO = Path(__file__).resolve().parent.parent
@@ -81,12 +82,45 @@ def test_a_pipelined_consumer_serves_only_what_its_producer_made_and_ends_after_
     start = Timeline.start(problem(2, node("producer", 100, 0.1), node("consumer", 100, 0.01, producers=["producer"])))
     finish, _ = start.finish_times({"producer": DP1, "consumer": DP1})
     assert finish["producer"] == pytest.approx(13.0)
-    assert finish["consumer"] == pytest.approx(13.0 + 0.5 + 1.0)  # one request latency and a drain after it
+    # one request latency and a drain after it, plus serving what the producer made in its last
+    # request latency (0.5 s of its 11 s of work: 1/22 of the consumer's 1 s of work)
+    assert finish["consumer"] == pytest.approx(13.0 + 0.5 + 1.0 + 1.0 / 22)
     after = start.advance({"producer": DP1, "consumer": DP1})
     assert after.stages[-1].finished == ("producer",)
     # at 13 - 0.5 s the producer had made (10.5 s of work) / 0.1 s = 105 -> all 100 requests
     assert "consumer" in after.states
     assert after.advance({"consumer": DP1}).stages[-1].duration_s == pytest.approx(1.0)  # only its drain is left
+
+
+def test_a_consumer_of_a_producer_whose_requests_finish_together_waits_for_its_end():
+    bunched = node("producer", 100, 0.1)
+    bunched = PlanNode(bunched.name, bunched.model, bunched.rounds, (), {  # every request ends with the run
+        p: replace(s, output_curve=(1.0,) * 21) for p, s in bunched.speeds.items()})
+    start = Timeline.start(problem(2, bunched, node("consumer", 100, 0.01, producers=["producer"])))
+    finish, _ = start.finish_times({"producer": DP1, "consumer": DP1})
+    assert finish["consumer"] == pytest.approx(13.0 + 0.5 + 1.0 + 1.0)  # all of its 1 s of work after the producer
+    after = start.advance({"producer": DP1, "consumer": DP1})
+    assert after.stages[-1].requests_left["consumer"] == pytest.approx(100)  # it served nothing meanwhile
+
+
+def test_a_node_that_grows_speeds_up_only_if_requests_wait_beyond_what_its_engine_runs():
+    def grown_end(max_running: int) -> float:
+        b = node("b", 300)
+        b = PlanNode(b.name, b.model, b.rounds, (), {p: replace(s, max_running=max_running * p.dp) for p, s in b.speeds.items()})
+        after = Timeline.start(problem(2, node("a", 100), b)).advance({"a": DP1, "b": DP1})  # b has 190 left
+        return after.advance({"b": DP2}).now_s
+    assert grown_end(max_running=64) == pytest.approx(13 + 2.5 + 190 * 0.05 + 1)  # the waiting ones move
+    assert grown_end(max_running=256) == pytest.approx(13 + 2.5 + 190 * 0.1 + 1)  # all run in the old engine
+
+
+def test_output_curve_is_bunched_when_one_batch_holds_every_request_and_steady_beyond_a_few():
+    profile = Profile.load(PROFILES / "cpu-amd-epyc" / "smollm2-135m")
+    workload = Workload.of(np.full(200, 40), 48)
+    few = output_curve(profile, W1, workload, 96)
+    assert len(few) == 21 and 0.0 < few[0] < few[-1] == pytest.approx(1.0)
+    assert few[10] > 0.5  # half of them finish in the second half of the run
+    assert all(a <= b for a, b in zip(few, few[1:]))
+    assert output_curve(profile, W1, workload, 5 * int(profile.engine["max_num_seqs"])) == ()
 
 
 def test_a_consumer_is_not_ready_before_its_producer_runs_or_ends():

@@ -124,3 +124,15 @@ def test_requests_lost_with_an_engine_are_handed_out_again_once():
     work.requeue([sent[0].request_id])
     assert [r.request_id for r in work.ready_requests()] == [sent[0].request_id]
     assert work.ready_requests() == []
+
+
+def test_an_engine_is_handed_no_more_requests_than_it_runs_at_once(workspace, profiles):
+    rows = 40
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(rows)], "question": [f"Question {i}?" for i in range(rows)]}),
+                   workspace.root / "questions.parquet")
+    factory = FakeEngineFactory()
+    run(workspace, profiles, factory)
+    assert {e.ready.max_num_seqs for e in factory.started} == {8}
+    assert max(e.most_queued for e in factory.started) == 8  # the rest waited in the driver's backlog
+    for node in ("a", "b", "judge"):
+        assert sorted(journal_keys(workspace.out, node)) == sorted((f"r{i}", 0) for i in range(rows))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from batchllm.costmodel.estimator import ExecutionPlan, Workload
 from batchllm.costmodel.profile import Profile
 from batchllm.planner.cluster import Cluster, candidate_plans
-from batchllm.planner.speed import PlanSpeed, fit_shape_speed
+from batchllm.planner.speed import PlanSpeed, fit_shape_speed, output_curve
 
 
 @dataclass(frozen=True)
@@ -64,9 +64,16 @@ def build_problem(cluster: Cluster, workloads: list[NodeWorkload], notes: tuple[
         plans = candidate_plans(item.profile, cluster)
         shapes = {plan.shape for plan in plans}
         speeds_by_shape = {shape: fit_shape_speed(item.profile, shape, item.workload) for shape in sorted(shapes, key=lambda s: s.key)}
-        speeds = {plan: speeds_by_shape[plan.shape].plan_speed(plan) for plan in plans}
+        speeds = {plan: speeds_by_shape[plan.shape].plan_speed(plan, _curve(item, plan)) for plan in plans}
         nodes[item.name] = PlanNode(item.name, item.profile.model, item.rounds, item.producers, speeds)
     return PlanProblem(cluster, nodes, notes)
+
+
+def _curve(item: NodeWorkload, plan: ExecutionPlan) -> tuple[float, ...]:
+    """Output curve of a plain node's plan (an iterating node's rounds already pace it)."""
+    if len(item.rounds) != 1:
+        return ()
+    return output_curve(item.profile, plan.shape, item.workload, -(-item.rounds[0] // plan.dp))
 
 
 def _topological(workloads: list[NodeWorkload]) -> list[NodeWorkload]:

@@ -14,6 +14,14 @@ saturation, and once with a single request, which gives the latency of one reque
 where a plain node is one round of all its requests and an iterating node (chain
 summary) is one round per step, round k holding the rows that have a k-th element:
 few long documents make the last rounds latency-bound, which is the real cost of chains.
+
+Requests do not finish at a steady rate when a replica holds them all at once (its
+count is within a few batches): they start together and end in the order of their
+output lengths, most of them near the end. A consumer fed by such a producer
+(pipelining) waits for them, so each plan of a plain node also carries its output
+curve: when its requests finish, as quantiles of their finish times over the run,
+simulated on the plan's requests per replica (steady, the diagonal, beyond a few
+batches).
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from batchllm.costmodel.estimator import ExecutionPlan, Workload, estimate
 from batchllm.costmodel.profile import Profile, ReplicaShape
 
 SAMPLE_REQUESTS = 1024  # requests simulated per (node, shape): the line is fit on m and m/2
+STEADY_BATCHES = 4  # a replica holding more than this many full batches finishes requests steadily
+CURVE_POINTS = 20  # output curve: finish times at the 0, 1/20, ..., 1 quantiles
 
 
 @dataclass(frozen=True)
@@ -36,9 +46,11 @@ class ShapeSpeed:
     drain_s: float  # the last batch finishing: T(n) - per_request_s * n
     request_latency_s: float  # one request alone
     start_s: float  # engine start + warm-up
+    max_running: int = 0  # requests one replica runs at once (its max_num_seqs); 0: unknown
 
-    def plan_speed(self, plan: ExecutionPlan) -> "PlanSpeed":
-        return PlanSpeed(plan, self.per_request_s / plan.dp, self.drain_s, self.request_latency_s, self.start_s)
+    def plan_speed(self, plan: ExecutionPlan, output_curve: tuple[float, ...] = ()) -> "PlanSpeed":
+        return PlanSpeed(plan, self.per_request_s / plan.dp, self.drain_s, self.request_latency_s, self.start_s,
+                         output_curve, self.max_running * plan.dp)
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,16 @@ class PlanSpeed:
     drain_s: float
     request_latency_s: float
     start_s: float
+    output_curve: tuple[float, ...] = ()  # finish time / run time at the 0, 1/k, ..., 1 quantiles; () = steady
+    max_running: int = 0  # requests the plan's replicas run at once; 0: unknown
+
+    def finished_share(self, progress: float) -> float:
+        """Share of the requests finished when `progress` of the work is done."""
+        if not self.output_curve:
+            return progress
+        if progress >= 1.0:
+            return 1.0
+        return float(np.interp(progress, self.output_curve, np.linspace(0.0, 1.0, len(self.output_curve))))
 
     def round_s(self, requests: float) -> float:
         return max(self.request_latency_s, self.per_request_s * requests) if requests > 0 else 0.0
@@ -66,9 +88,7 @@ def fit_shape_speed(profile: Profile, shape: ReplicaShape, workload: Workload, *
     plan = ExecutionPlan(1, shape)
 
     def run_s(indices: np.ndarray) -> float:
-        part = Workload(workload.prompt_tokens[indices], workload.max_tokens[indices],
-                        cached_tokens=None if workload.cached_tokens is None else workload.cached_tokens[indices])
-        return estimate(profile, plan, part, seed=seed, include_load=False).run_s
+        return estimate(profile, plan, _subset(workload, indices), seed=seed, include_load=False).run_s
 
     full_s, half_s = run_s(sample), run_s(half)
     if sample.size > half.size:
@@ -80,4 +100,24 @@ def fit_shape_speed(profile: Profile, shape: ReplicaShape, workload: Workload, *
     typical_output = np.minimum(workload.max_tokens[[median]], max(1, round(profile.lengths.mean())))
     alone = Workload(workload.prompt_tokens[[median]], workload.max_tokens[[median]], known_output_tokens=typical_output)
     latency_s = estimate(profile, plan, alone, include_load=False).run_s
-    return ShapeSpeed(per_request_s, drain_s, latency_s, profile.shape(shape).start_cost_s)
+    return ShapeSpeed(per_request_s, drain_s, latency_s, profile.shape(shape).start_cost_s, int(profile.engine["max_num_seqs"]))
+
+
+def output_curve(profile: Profile, shape: ReplicaShape, workload: Workload, per_replica: int, *, seed: int = 0) -> tuple[float, ...]:
+    """When `per_replica` requests (drawn from the workload) on one replica finish: the
+    0, 1/CURVE_POINTS, ..., 1 quantiles of their finish times, as shares of the run
+    (many equal to 1 when most hit max_tokens together); () when they finish steadily."""
+    if per_replica <= 1 or per_replica > STEADY_BATCHES * int(profile.engine["max_num_seqs"]) or len(workload) == 0:
+        return ()
+    rng = np.random.default_rng(seed)
+    picked = rng.choice(len(workload), size=per_replica, replace=per_replica > len(workload))
+    finish_s = np.sort(estimate(profile, ExecutionPlan(1, shape), _subset(workload, picked), seed=seed, include_load=False).finish_s)
+    if finish_s[-1] <= 0:
+        return ()
+    quantiles = np.quantile(finish_s / finish_s[-1], np.linspace(0.0, 1.0, CURVE_POINTS + 1))
+    return tuple(float(q) for q in quantiles)
+
+
+def _subset(workload: Workload, indices: np.ndarray) -> Workload:
+    return Workload(workload.prompt_tokens[indices], workload.max_tokens[indices],
+                    cached_tokens=None if workload.cached_tokens is None else workload.cached_tokens[indices])

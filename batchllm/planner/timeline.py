@@ -6,8 +6,10 @@ finishes. Within a stage a node pays its start cost first (engine start + warm-u
 when it keeps its plan and devices, or takes over an idle engine of the same model and
 plan), then progresses through its rounds. A node whose producers run in the same stage
 (model-level pipelining) gets its requests as they are produced: its finished share
-never exceeds theirs, and it ends at the earliest one request latency plus a drain after
-them. A node that changes plan loses the requests in flight (half a drain of work).
+never exceeds the share they have finished (their plan's output curve: a producer
+holding all its requests at once finishes most of them near its end), and it ends at
+the earliest one request latency plus a drain after them, plus the work on what they
+finish last. A node that changes plan loses the requests in flight (half a drain of work).
 
 Invariant: every node's state only moves forward, and a stage always finishes at
 least one node, so a schedule has at most as many stages as nodes plus preemptions.
@@ -143,12 +145,27 @@ class Timeline:
             return None
         return Claim(tuple(ids for _, _, ids in got), max(e.load_left_s for _, e, _ in got), len(got) == plan.dp)
 
+    def speed(self, name: str, plan: ExecutionPlan) -> PlanSpeed:
+        """The node's speed on `plan` from now. Requests running in an engine stay there
+        (only those waiting in the runtime's backlog move), so a plain node whose
+        remaining requests all run at once on its replicas (its producers finished),
+        and that keeps them while adding more of the same shape, goes no faster than on
+        its old plan: the added replicas idle."""
+        node = self.problem.nodes[name]
+        own = self.engines.get(name)
+        if (own is None or own.plan not in node.speeds or plan.shape != own.plan.shape or plan.dp <= own.plan.dp
+                or len(node.rounds) > 1 or any(p in self.states for p in node.producers)):
+            return node.speeds[plan]
+        old = node.speeds[own.plan]
+        left = node.requests - self.states[name].done_requests(node)
+        return old if left <= old.max_running else node.speeds[plan]
+
     def remaining_s(self, name: str, plan: ExecutionPlan) -> float:
         """Time the node still needs on `plan`, start cost aside."""
         key = (name, plan)
         if key not in self._remaining:
             node = self.problem.nodes[name]
-            self._remaining[key] = self.states[name].remaining_s(node, node.speeds[plan])
+            self._remaining[key] = self.states[name].remaining_s(node, self.speed(name, plan))
         return self._remaining[key]
 
     @classmethod
@@ -210,14 +227,19 @@ class Timeline:
             if name not in plans:
                 continue
             node, plan = self.problem.nodes[name], plans[name]
-            speed = node.speeds[plan]
+            speed = self.speed(name, plan)
             costs[name] = self.start_cost_s(name, plan, claims.get(name))
             end = costs[name] + self.remaining_s(name, plan)
             for producer in node.producers:
-                if producer in plans:
-                    end = max(end, finish[producer] + speed.request_latency_s + speed.drain_s)
+                if producer in plans:  # what the producer finishes in its last request latency is served after it
+                    producer_s = max(finish[producer] - costs[producer], EPSILON_S)
+                    late = 1.0 - self._finished_share(producer, plans[producer], 1.0 - min(1.0, speed.request_latency_s / producer_s))
+                    end = max(end, finish[producer] + speed.request_latency_s + speed.drain_s + late * max(0.0, self.remaining_s(name, plan) - speed.drain_s))
             finish[name] = end
         return finish, costs
+
+    def _finished_share(self, name: str, plan: ExecutionPlan, progress: float) -> float:
+        return self.speed(name, plan).finished_share(progress)
 
     def throughput(self, plans: dict[str, ExecutionPlan], ideal_s: dict[str, float]) -> float:
         """Ideal device-seconds of work per second the candidate stage clears, if each of
@@ -253,15 +275,15 @@ class Timeline:
             if name not in plans:
                 continue
             node = self.problem.nodes[name]
-            speed = node.speeds[plans[name]]
+            speed = self.speed(name, plans[name])
             state = states[name].advanced(node, speed, max(0.0, duration - costs[name]))
             for producer in node.producers:
                 if producer in plans:  # it may serve only what the producer had made one request latency ago
                     producer_node = self.problem.nodes[producer]
-                    made = self.states[producer].advanced(producer_node, producer_node.speeds[plans[producer]],
+                    producer_speed = self.speed(producer, plans[producer])
+                    made = self.states[producer].advanced(producer_node, producer_speed,
                                                           max(0.0, duration - speed.request_latency_s - costs[producer]))
-                    share = made.done_requests(producer_node) / max(producer_node.requests, 1)
-                    state = state.capped(node, share * node.requests)
+                    state = state.capped(node, _finished_share(producer_node, producer_speed, made) * node.requests)
             states[name] = state
         finished = tuple(n for n in plans if finish[n] <= duration + EPSILON_S * max(1.0, duration))
         for name in plans:
@@ -275,3 +297,12 @@ class Timeline:
                              {n: (self.problem.nodes[n].requests - states[n].done_requests(self.problem.nodes[n])) if n in states else 0.0
                               for n in plans})
         return Timeline(self.problem, self.now_s + duration, states, engines, self.stages + (record,))
+
+
+def _finished_share(node: PlanNode, speed: PlanSpeed, state: NodeState) -> float:
+    """Share of the node's requests finished in `state`: steady, or by its output curve
+    at the share of its run time done (the drain included: that is when most finish)."""
+    if not speed.output_curve:
+        return state.done_requests(node) / max(node.requests, 1)
+    total_s = speed.work_s(node.rounds) + speed.drain_s
+    return speed.finished_share(1.0 - state.remaining_s(node, speed) / max(total_s, EPSILON_S))

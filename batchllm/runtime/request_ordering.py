@@ -45,13 +45,15 @@ class PrefixOrdering:
         return self.split(node, requests, model_dir, block_size, replicas=1)[0]
 
     def split(self, node: str, requests: list[EngineRequest], model_dir: str, block_size: int,
-              replicas: int) -> list[list[EngineRequest]]:
-        """One list per data-parallel replica, of similar work, each in prefix order."""
+              replicas: int, *, first_time: bool = True) -> list[list[EngineRequest]]:
+        """One list per data-parallel replica, of similar work, each in prefix order.
+        `first_time`: these requests count towards the node's ideal (not when re-split)."""
         if not requests:
             return [[] for _ in range(replicas)]
         tokenizer = self._tokenizer_of(model_dir)
         prompts = [tokenizer.token_ids(r) for r in requests]
-        self._prompts.setdefault(node, []).extend(prompts)
+        if first_time:
+            self._prompts.setdefault(node, []).extend(prompts)
         order = order_requests(prompts, block_size=block_size, replicas=replicas,
                                extra_work=[r.max_tokens * r.n for r in requests])
         return [[requests[i] for i in indices] for indices in order.replicas]

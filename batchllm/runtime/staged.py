@@ -3,9 +3,10 @@
 At every boundary the rest of the run is planned again from what actually happened
 (`StagePlanner`) and its first stage runs: engines are reconciled replica by replica
 (kept, handed over, stopped, started side by side), each node's ready requests are
-split over its data-parallel replicas by estimated work in prefix order, and a
-consumer in the same stage as its producer receives rows as they are produced. The
-stage ends when one of its nodes finishes (or fails).
+split over its data-parallel replicas by estimated work in prefix order and handed to
+an engine as it has room (`Backlog`), and a consumer in the same stage as its producer
+receives rows as they are produced. The stage ends when one of its nodes finishes (or
+fails).
 
 Invariant: a (node, row, step) is committed to the journal at most once (NodeWork hands
 a unit out once, and only when the journal lacks it); a request lost with its engine is
@@ -24,6 +25,7 @@ from batchllm.errors import RunIncomplete
 from batchllm.io.inputs import InputTable
 from batchllm.io.journal import ResultJournal
 from batchllm.io.outputs import node_table, write_output_sets, write_parquet_atomically
+from batchllm.runtime.backlog import Backlog
 from batchllm.runtime.engine_configs import engine_config
 from batchllm.runtime.engine_set import EngineLoss, EngineSet, request_work
 from batchllm.runtime.fingerprint import node_fingerprints
@@ -48,6 +50,7 @@ class StagedRunner:
         self.engines = EngineSet(engine_factory)
         self.progress, self.home, self.planner, self.ordering = progress, home, planner, ordering
         self.works: dict[str, NodeWork] = {}
+        self.backlogs: dict[str, Backlog] = {n: Backlog() for n in dag.nodes}
         self.finished: set[str] = set()
         self.failed: dict[str, str] = {}
         self.restarts: dict[str, int] = {}
@@ -127,10 +130,14 @@ class StagedRunner:
             for configs in self.assigned.values():
                 self.ordering.preload(configs[0].model)
         self._reconcile(log)
+        for name, configs in self.assigned.items():
+            self.backlogs[name].regroup(len(configs), lambda batch, parts, name=name: self._split(name, batch, parts, first_time=False))
         dirty = set(stage.plans)
         while not self._stage_over(stage.plans):
-            for name in [n for n in stage.plans if n in dirty and n in self.assigned]:
-                self._feed(name)
+            for name in [n for n in stage.plans if n in self.assigned]:
+                if name in dirty:
+                    self._feed(name)
+                self._top_up(name)
             dirty = self._collect(log)
         log.end(self._clock_s(), {n: self.works[n].done_units for n in stage.plans})
         self.report.stages.append(log)
@@ -180,22 +187,34 @@ class StagedRunner:
                 self.works[node].requeue(ids)
 
     def _feed(self, name: str) -> None:
-        """Ready requests of the node, split over its replicas by estimated work."""
+        """Ready requests of the node into its backlog, split over its replicas by estimated work."""
         requests = self.works[name].ready_requests()
         if not requests:
             return
         configs = self.assigned[name]
-        if self.ordering is not None:
-            block_size = self.engines.get(configs[0]).engine.ready.block_size_tokens
-            self.report.block_size_tokens = block_size
-            lists = self.ordering.split(name, requests, configs[0].model, block_size, len(configs))
-        else:
-            lists = _split_by_work(requests, len(configs))
-        lists.sort(key=lambda batch: -sum(request_work(r) for r in batch))
-        for batch, config in zip(lists, sorted(configs, key=lambda c: self.engines.get(c).queued_work)):
-            for request in batch:
-                self.owner[request.request_id] = name
-            self.engines.submit(config, batch)
+        self.backlogs[name].add(self._split(name, requests, len(configs), first_time=True),
+                                [self.engines.get(c).queued_work for c in configs], request_work)
+
+    def _split(self, name: str, requests: list[EngineRequest], parts: int, *, first_time: bool) -> list[list[EngineRequest]]:
+        if self.ordering is None:
+            return _split_by_work(requests, parts)
+        config = self.assigned[name][0]
+        block_size = self.engines.get(config).engine.ready.block_size_tokens
+        self.report.block_size_tokens = block_size
+        return self.ordering.split(name, requests, config.model, block_size, parts, first_time=first_time)
+
+    def _top_up(self, name: str) -> None:
+        """Hand each of the node's engines waiting requests up to what it runs at once."""
+        backlog = self.backlogs[name]
+        for index, config in enumerate(self.assigned[name]):
+            if not len(backlog):
+                return
+            running = self.engines.get(config)
+            batch = backlog.take(index, running.engine.ready.max_num_seqs - len(running.in_flight))
+            if batch:
+                for request in batch:
+                    self.owner[request.request_id] = name
+                self.engines.submit(config, batch)
 
     def _collect(self, log: StageLog) -> set[str]:
         """Commit what the engines finished; returns the nodes with new ready work."""

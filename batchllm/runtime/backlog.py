@@ -1,0 +1,55 @@
+"""A node's requests that are ready but not yet handed to an engine: one queue per
+data-parallel replica, each in prefix order.
+
+An engine is given no more requests than it runs at once (its max_num_seqs); the rest
+wait here. Requests inside an engine stay there until they finish, so when a stage
+gives the node more (or fewer) replicas, only what waits here can move: it is split
+again over the new replicas. Without this, a node that grows keeps all its work queued
+in its old engines and the added replicas idle.
+
+Invariant: a request is in exactly one place: here, in one engine, or committed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from batchllm.engines.protocol import EngineRequest
+
+Splitter = Callable[[list[EngineRequest], int], list[list[EngineRequest]]]  # requests, parts -> one list per part
+
+
+class Backlog:
+    def __init__(self) -> None:
+        self._queues: list[deque[EngineRequest]] = []
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._queues)
+
+    @property
+    def replicas(self) -> int:
+        return len(self._queues)
+
+    def add(self, lists: list[list[EngineRequest]], loads: list[float], work: Callable[[EngineRequest], float]) -> None:
+        """One list per replica (from a splitter); the heaviest goes to the replica with
+        the least work (`loads`: its engine's, plus what waits here for it)."""
+        if len(lists) != len(self._queues) or len(loads) != len(lists):
+            raise ValueError(f"{len(lists)} lists and {len(loads)} loads for {len(self._queues)} replicas")
+        totals = [load + sum(work(r) for r in queue) for load, queue in zip(loads, self._queues)]
+        for batch in sorted(lists, key=lambda b: -sum(work(r) for r in b)):
+            lightest = totals.index(min(totals))
+            self._queues[lightest].extend(batch)
+            totals[lightest] += sum(work(r) for r in batch)
+
+    def regroup(self, replicas: int, split: Splitter) -> None:
+        """Spread what waits over `replicas` queues (a no-op when the count is unchanged)."""
+        if replicas == len(self._queues):
+            return
+        waiting = [r for queue in self._queues for r in queue]
+        lists = split(waiting, replicas) if waiting else [[] for _ in range(replicas)]
+        self._queues = [deque(batch) for batch in lists]
+
+    def take(self, replica: int, count: int) -> list[EngineRequest]:
+        queue = self._queues[replica]
+        return [queue.popleft() for _ in range(min(count, len(queue)))]

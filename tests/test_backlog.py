@@ -1,0 +1,52 @@
+"""The runtime's backlog: ready requests wait per replica until their engine has room."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchllm.engines.protocol import EngineRequest
+from batchllm.runtime.backlog import Backlog
+
+
+def requests(*ids: str) -> list[EngineRequest]:
+    return [EngineRequest(request_id=i, prompt=i) for i in ids]
+
+
+def halves(batch: list[EngineRequest], parts: int) -> list[list[EngineRequest]]:
+    """A splitter that deals requests out in turn."""
+    return [batch[k::parts] for k in range(parts)]
+
+
+def unit_work(request: EngineRequest) -> float:
+    return 1.0
+
+
+def ids(batch: list[EngineRequest]) -> list[str]:
+    return [r.request_id for r in batch]
+
+
+def test_the_heaviest_list_goes_to_the_replica_with_the_least_work_and_take_keeps_order():
+    backlog = Backlog()
+    backlog.regroup(2, halves)
+    backlog.add([requests("a"), requests("b", "c", "d")], loads=[0.0, 2.0], work=unit_work)
+    assert backlog.replicas == 2 and len(backlog) == 4
+    assert ids(backlog.take(0, 2)) == ["b", "c"]  # three requests to replica 0, whose engine had no work
+    assert ids(backlog.take(1, 10)) == ["a"]
+    assert ids(backlog.take(0, 10)) == ["d"] and len(backlog) == 0
+
+
+def test_waiting_requests_are_split_again_when_the_replica_count_changes():
+    backlog = Backlog()
+    backlog.regroup(1, halves)
+    backlog.add([requests("a", "b", "c", "d")], loads=[0.0], work=unit_work)
+    backlog.take(0, 1)  # "a" went to the engine and stays there
+    backlog.regroup(2, halves)
+    assert ids(backlog.take(0, 10)) == ["b", "d"] and ids(backlog.take(1, 10)) == ["c"]
+    backlog.regroup(2, lambda batch, parts: pytest.fail("same count: nothing to split"))
+
+
+def test_add_needs_one_list_and_one_load_per_replica():
+    backlog = Backlog()
+    backlog.regroup(2, halves)
+    with pytest.raises(ValueError, match="1 lists and 1 loads for 2 replicas"):
+        backlog.add([requests("a")], loads=[0.0], work=unit_work)
