@@ -67,12 +67,13 @@ def order_requests(prompts: Sequence[Sequence[int]], *, block_size: int, replica
         load, replica = heapq.heappop(loads)
         assigned[replica].append((a, b))
         heapq.heappush(loads, (load + work[a:b].sum(), replica))
+    running_total = np.concatenate([[0], np.cumsum(lengths)]).tolist()  # prompt tokens before each DFS position
     ordered = []
     for runs in assigned:
-        runs.sort(key=lambda g: (-_bucket(lengths[g[0]:g[1]]), g[0]))
+        runs.sort(key=lambda g: (-_bucket((running_total[g[1]] - running_total[g[0]]) / (g[1] - g[0])), g[0]))
         ordered.append([int(i) for a, b in runs for i in tree.order[a:b]])
     return RequestOrder(ordered, ideal, ideal - lost)
 
 
-def _bucket(lengths: np.ndarray) -> int:
-    return int(math.log2(max(float(lengths.mean()), 1.0)))
+def _bucket(mean_length: float) -> int:
+    return int(math.log2(max(mean_length, 1.0)))

@@ -13,6 +13,7 @@ result is taken by `poll` or its engine is stopped or lost.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from batchllm.engines.process_engine import Engine, EngineFactory, EngineFailed
@@ -72,7 +73,7 @@ class EngineSet:
         """Keep the wanted engines that run, stop the rest, start the missing ones in
         parallel. Returns (stopped, failed to start)."""
         keys = {c.sharing_key(): c for c in wanted}
-        stopped = [self._stop(key, cause=None) for key in list(self.running) if key not in keys]
+        stopped = self._stop_many([key for key in self.running if key not in keys])
         missing = [c for key, c in keys.items() if key not in self.running]
         failed: list[EngineLoss] = []
         launched_at = time.monotonic()
@@ -129,5 +130,14 @@ class EngineSet:
             time.sleep(min(timeout_s, 0.05))
         return Polled(results, steps, losses)
 
+    def _stop_many(self, keys: list[tuple]) -> list[EngineLoss]:
+        """Stop engines on purpose, side by side (each waits for its worker to shut down)."""
+        if len(keys) <= 1:
+            return [self._stop(key, cause=None) for key in keys]
+        stopping = [self.running.pop(key) for key in keys]
+        with ThreadPoolExecutor(max_workers=len(stopping), thread_name_prefix="engine-stop") as pool:
+            list(pool.map(lambda running: running.engine.stop(), stopping))
+        return [EngineLoss(running.config, tuple(running.in_flight), None) for running in stopping]
+
     def stop_all(self) -> list[EngineLoss]:
-        return [self._stop(key, cause=None) for key in list(self.running)]
+        return self._stop_many(list(self.running))
