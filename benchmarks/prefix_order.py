@@ -144,9 +144,6 @@ def main() -> int:
     model_dir = resolve_model("smollm2-135m", dag_dir=Path.cwd(), home=home, where="benchmark").materialise(home)
     tokenizer = PromptTokenizer(model_dir)
     block_size = 128  # vLLM CPU's block size, also in the measured profile
-    print(f"KV cache {args.kv_tokens:,} tokens per engine; workloads of >= {args.tokens:,} prompt tokens; max_tokens {MAX_TOKENS}")
-    print(f"{'workload':12} {'replicas':>8} {'order':9} {'requests':>8} {'prompt tok':>10} {'cached':>8} {'ideal':>8} "
-          f"{'cached/ideal':>12} {'wall s':>8} {'speed-up':>8}")
     worst_speedup, worst_share, longest_order_s = float("inf"), 1.0, 0.0
     workloads = {name: workload(texts, tokenizer, args.tokens, seed=7)
                  for name, texts in (("multi-turn", multi_turn_texts()), ("shared-docs", shared_doc_texts()))}
@@ -154,6 +151,9 @@ def main() -> int:
         times = {r: ordering_time_s([ids for _, ids in items], ORDERING_PROMPTS, r, block_size) for r in (1, 2)}
         print(f"ordering {ORDERING_PROMPTS:,} prompts like {name}'s: {times[1]:.2f} s for 1 replica, {times[2]:.2f} s for 2", flush=True)
         longest_order_s = max(longest_order_s, *times.values())
+    print(f"KV cache {args.kv_tokens:,} tokens per engine; workloads of >= {args.tokens:,} prompt tokens; max_tokens {MAX_TOKENS}")
+    print(f"{'workload':12} {'replicas':>8} {'order':9} {'requests':>8} {'prompt tok':>10} {'cached':>8} {'ideal':>8} "
+          f"{'cached/ideal':>12} {'wall s':>8} {'speed-up':>8}")
     for name, items in workloads.items():
         prompt_tokens = sum(len(ids) for _, ids in items)
         ideal = PrefixTree([ids for _, ids in items], block_size).ideal_cached_tokens()

@@ -291,3 +291,15 @@ def test_a_shared_system_prompt_is_planned_as_prefix_cache_hits(workspace):
     # 1,960 characters of shared system prompt = 490 estimated tokens: 30 whole 16-token blocks
     assert sorted(cached.tolist()) == [0] + [480] * (len(cached) - 1)
     assert (cached < prompt).all()
+
+
+def test_a_running_node_whose_requests_end_together_is_judged_by_the_time_it_has_run():
+    from batchllm.runtime.stage_planner import NodeProgress, RunningPlan, StagePlanner
+
+    x = node("x", 100, 0.1, plans=(DP1,))  # 10 s of work and a 1 s drain on one replica
+    x = PlanNode(x.name, x.model, x.rounds, (), {p: replace(s, output_curve=(1.0,) * 21) for p, s in x.speeds.items()})
+    planner = StagePlanner(problem(1, x), "plan")
+    running = {"x": RunningPlan(DP1, (0,))}
+    assert planner.choose({"x": NodeProgress(0, 100, True)}, running).rest_s == pytest.approx(11.0)
+    # 8 s of its 11 s run: 8/11 of its requests count as done although none has finished yet
+    assert planner.choose({"x": NodeProgress(0, 100, True, running_s=8.0)}, running).rest_s == pytest.approx(10 * 3 / 11 + 1)

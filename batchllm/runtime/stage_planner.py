@@ -3,7 +3,9 @@ planned again from what actually happened, and its first stage is what runs next
 
 The problem (node speeds per plan) is fit once at the start. At a boundary the timeline
 is rebuilt from the runtime's facts: requests each node has finished (scaled to the
-planner's estimate of its total), and which engines run where. Then the chosen method
+planner's estimate of its total), and which engines run where. A node whose requests
+all run at once finishes few of them until near its end, so for it the time it has run
+on its plan counts too: its progress is at least that time over the plan's estimate. Then the chosen method
 (batchllm's search, or the Max / Min heuristic for comparison) plans from there. This
 includes SamuLLM's dynamic rule as a special case: a node whose (model, plan, devices)
 is also in the new stage keeps its engine, because the timeline charges it no start,
@@ -33,6 +35,7 @@ class NodeProgress:
     done_units: int
     total_units: int
     total_known: bool  # every producer has finished, so total_units is final
+    running_s: float = 0.0  # served on its current plan and devices, engine start aside
 
 
 @dataclass(frozen=True)
@@ -60,11 +63,11 @@ class StagePlanner:
     def choose(self, progress: dict[str, NodeProgress], running: dict[str, RunningPlan]) -> StageChoice:
         """`progress` holds the unfinished nodes only; `running` the engines by node."""
         started = time.perf_counter()
-        timeline = Timeline(self.problem, 0.0, self._states(progress), self._engines(running))
+        timeline = Timeline(self.problem, 0.0, self._states(progress, running), self._engines(running))
         schedule = SCHEDULE_METHODS[self.method](timeline)
         return StageChoice(schedule.stages[0], schedule.total_s, schedule, time.perf_counter() - started)
 
-    def _states(self, progress: dict[str, NodeProgress]) -> dict[str, NodeState]:
+    def _states(self, progress: dict[str, NodeProgress], running: dict[str, RunningPlan]) -> dict[str, NodeState]:
         states = {}
         for name, p in progress.items():
             node = self.problem.nodes[name]
@@ -72,6 +75,10 @@ class StagePlanner:
                 done = p.done_units / p.total_units * node.requests
             else:
                 done = min(float(p.done_units), node.requests * 0.99)
+            speed = node.speeds.get(running[name].plan) if name in running else None
+            if speed is not None and speed.output_curve and p.total_known and len(node.rounds) == 1:
+                run_s = speed.work_s(node.rounds) + speed.drain_s
+                done = max(done, min(p.running_s / max(run_s, 1e-9), 0.99) * node.requests)
             states[name] = NodeState(len(node.rounds), 0.0, 1.0).capped(node, min(done, node.requests * 0.999))
         return states
 

@@ -56,6 +56,7 @@ class StagedRunner:
         self.restarts: dict[str, int] = {}
         self.assigned: dict[str, list[EngineConfig]] = {}  # node -> its replicas in the current stage
         self.running_plans: dict[str, RunningPlan] = {}
+        self.plan_since_s: dict[str, float] = {}  # node -> clock when its current plan's engines were ready
         self.owner: dict[str, str] = {}  # request id -> node
         self._started = time.monotonic()  # reset when run() starts
         self.report = RunReport(dag.name, str(devices), planner.method, models={n: s.model for n, s in dag.nodes.items()})
@@ -112,7 +113,8 @@ class StagedRunner:
     def _run_stage(self) -> None:
         now_s = self._clock_s()
         progress = {n: NodeProgress(self.works[n].done_units, self.works[n].total_units,
-                                    all(u in self.finished for u in self.dag.nodes[n].upstream)) for n in self._unfinished()}
+                                    all(u in self.finished for u in self.dag.nodes[n].upstream),
+                                    now_s - self.plan_since_s[n] if n in self.running_plans else 0.0) for n in self._unfinished()}
         choice = self.planner.choose(progress, {n: r for n, r in self.running_plans.items() if n not in self.failed})
         stage = choice.stage
         self.report.plan_made(choice.schedule, self.devices.ids)
@@ -125,11 +127,13 @@ class StagedRunner:
             self.assigned[name] = [engine_config(self.dag, self.dag.nodes[name].model, r, self.run_dir, self.home) for r in replicas]
             log.add_node(name, str(plan), ids, self.works[name].done_units)
             self._start_progress(name)
+        kept = {n for n, p in stage.plans.items() if self.running_plans.get(n) == RunningPlan(p, stage.placement[n])}
         self.running_plans = {n: RunningPlan(p, stage.placement[n]) for n, p in stage.plans.items()}
         if self.ordering is not None:
             for configs in self.assigned.values():
                 self.ordering.preload(configs[0].model)
         self._reconcile(log)
+        self.plan_since_s = {n: self.plan_since_s[n] if n in kept else self._clock_s() for n in stage.plans}
         for name, configs in self.assigned.items():
             self.backlogs[name].regroup(len(configs), lambda batch, parts, name=name: self._split(name, batch, parts, first_time=False))
         dirty = set(stage.plans)
