@@ -233,13 +233,12 @@ class Timeline:
             for producer in node.producers:
                 if producer in plans:  # what the producer finishes in its last request latency is served after it
                     producer_s = max(finish[producer] - costs[producer], EPSILON_S)
-                    late = 1.0 - self._finished_share(producer, plans[producer], 1.0 - min(1.0, speed.request_latency_s / producer_s))
-                    end = max(end, finish[producer] + speed.request_latency_s + speed.drain_s + late * max(0.0, self.remaining_s(name, plan) - speed.drain_s))
+                    last_share = 1.0 - min(1.0, speed.request_latency_s / producer_s)
+                    late = 1.0 - self.speed(producer, plans[producer]).finished_share(last_share)
+                    late_work_s = late * max(0.0, self.remaining_s(name, plan) - speed.drain_s)
+                    end = max(end, finish[producer] + speed.request_latency_s + speed.drain_s + late_work_s)
             finish[name] = end
         return finish, costs
-
-    def _finished_share(self, name: str, plan: ExecutionPlan, progress: float) -> float:
-        return self.speed(name, plan).finished_share(progress)
 
     def throughput(self, plans: dict[str, ExecutionPlan], ideal_s: dict[str, float]) -> float:
         """Ideal device-seconds of work per second the candidate stage clears, if each of
@@ -275,12 +274,12 @@ class Timeline:
             if name not in plans:
                 continue
             node = self.problem.nodes[name]
-            speed = self.speed(name, plans[name])
+            speed = timeline.speed(name, plans[name])
             state = states[name].advanced(node, speed, max(0.0, duration - costs[name]))
             for producer in node.producers:
                 if producer in plans:  # it may serve only what the producer had made one request latency ago
                     producer_node = self.problem.nodes[producer]
-                    producer_speed = self.speed(producer, plans[producer])
+                    producer_speed = timeline.speed(producer, plans[producer])
                     made = self.states[producer].advanced(producer_node, producer_speed,
                                                           max(0.0, duration - speed.request_latency_s - costs[producer]))
                     state = state.capped(node, _finished_share(producer_node, producer_speed, made) * node.requests)
