@@ -112,10 +112,7 @@ class StagedRunner:
 
     def _run_stage(self) -> None:
         now_s = self._clock_s()
-        progress = {n: NodeProgress(self.works[n].done_units, self.works[n].total_units,
-                                    all(u in self.finished for u in self.dag.nodes[n].upstream),
-                                    now_s - self.plan_since_s[n] if n in self.running_plans else 0.0) for n in self._unfinished()}
-        choice = self.planner.choose(progress, {n: r for n, r in self.running_plans.items() if n not in self.failed})
+        choice = self.planner.choose(self._progress(now_s), {n: r for n, r in self.running_plans.items() if n not in self.failed})
         stage = choice.stage
         self.report.plan_made(choice.schedule, self.devices.ids)
         log = StageLog(len(self.report.stages), now_s, stage.duration_s, choice.rest_s, choice.search_s)
@@ -145,6 +142,13 @@ class StagedRunner:
             dirty = self._collect(log)
         log.end(self._clock_s(), {n: self.works[n].done_units for n in stage.plans})
         self.report.stages.append(log)
+
+    def _progress(self, now_s: float) -> dict[str, NodeProgress]:
+        """Each unfinished node's units done, and how long it has run on its current plan."""
+        return {n: NodeProgress(self.works[n].done_units, self.works[n].total_units,
+                                all(u in self.finished for u in self.dag.nodes[n].upstream),
+                                now_s - self.plan_since_s[n] if n in self.running_plans else 0.0)
+                for n in self._unfinished()}
 
     def _stage_over(self, plans) -> bool:
         return any(n in self.finished or n in self.failed for n in plans)
