@@ -7,10 +7,9 @@ planner's estimate of its total), and which engines run where. A node whose requ
 all run at once finishes few of them until near its end, so for it the time it has run
 on its plan counts too: its progress is at least that time over the plan's estimate.
 Then the chosen method (batchllm's search, or the Max / Min heuristic for comparison)
-plans from there. This
-includes SamuLLM's dynamic rule as a special case: a node whose (model, plan, devices)
-is also in the new stage keeps its engine, because the timeline charges it no start,
-and idle engines of the same model and shape are handed over.
+plans from there. This includes SamuLLM's dynamic rule as a special case: a node whose
+(model, plan, devices) is also in the new stage keeps its engine, because the timeline
+charges it no start, and idle engines of the same model and shape are handed over.
 """
 
 from __future__ import annotations
