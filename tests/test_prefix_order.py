@@ -112,3 +112,5 @@ def test_the_runtime_sends_ready_requests_in_prefix_order():
     assert [r.request_id for r in ordered] == ["1", "3", "0", "2"]
     # "shared document, question " is 26 characters: 6 whole blocks of 4; "zz question " 12: 3 blocks
     assert ordering.ideal_cached_tokens("node", 4) == 24 + 12
+    ordering.split("node", requests[:2], "model-dir", 4, replicas=2)  # split again: counted once
+    assert ordering.ideal_cached_tokens("node", 4) == 24 + 12

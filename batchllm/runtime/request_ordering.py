@@ -23,11 +23,10 @@ def _tokenizer(model_dir: str) -> PromptTokenizer:
     return PromptTokenizer(model_dir)
 
 
-
 class PrefixOrdering:
     def __init__(self, tokenizer_for: Callable[[str], PromptTokenizer] | None = None):
         self._tokenizer_for = tokenizer_for or _tokenizer
-        self._prompts: dict[str, list[list[int]]] = {}  # node -> token ids of every request sent
+        self._prompts: dict[str, dict[str, list[int]]] = {}  # node -> request id -> token ids, each request once
         self._loading: dict[str, Future] = {}
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer-loader")  # it never spawns engines
 
@@ -45,19 +44,19 @@ class PrefixOrdering:
         return self.split(node, requests, model_dir, block_size, replicas=1)[0]
 
     def split(self, node: str, requests: list[EngineRequest], model_dir: str, block_size: int,
-              replicas: int, *, first_time: bool = True) -> list[list[EngineRequest]]:
-        """One list per data-parallel replica, of similar work, each in prefix order.
-        `first_time`: these requests count towards the node's ideal (not when re-split)."""
+              replicas: int) -> list[list[EngineRequest]]:
+        """One list per data-parallel replica, of similar work, each in prefix order. A
+        request split again (re-split for other replicas, or sent again after its engine
+        was lost) counts once towards the node's ideal."""
         if not requests:
             return [[] for _ in range(replicas)]
         tokenizer = self._tokenizer_of(model_dir)
         prompts = [tokenizer.token_ids(r) for r in requests]
-        if first_time:
-            self._prompts.setdefault(node, []).extend(prompts)
+        self._prompts.setdefault(node, {}).update((r.request_id, ids) for r, ids in zip(requests, prompts))
         order = order_requests(prompts, block_size=block_size, replicas=replicas,
                                extra_work=[r.max_tokens * r.n for r in requests])
         return [[requests[i] for i in indices] for indices in order.replicas]
 
     def ideal_cached_tokens(self, node: str, block_size: int) -> int:
         """Prompt tokens an unbounded prefix cache serves for this node's requests in the best order."""
-        return PrefixTree(self._prompts.get(node, []), block_size).ideal_cached_tokens()
+        return PrefixTree(list(self._prompts.get(node, {}).values()), block_size).ideal_cached_tokens()

@@ -132,7 +132,7 @@ class StagedRunner:
         self._reconcile(log)
         self.plan_since_s = {n: self.plan_since_s[n] if n in kept else self._clock_s() for n in stage.plans}
         for name, configs in self.assigned.items():
-            self.backlogs[name].regroup(len(configs), lambda batch, parts, name=name: self._split(name, batch, parts, first_time=False))
+            self.backlogs[name].regroup(len(configs), lambda batch, parts, name=name: self._split(name, batch, parts))
         dirty = set(stage.plans)
         while not self._stage_over(stage.plans):
             for name in [n for n in stage.plans if n in self.assigned]:
@@ -200,16 +200,16 @@ class StagedRunner:
         if not requests:
             return
         configs = self.assigned[name]
-        self.backlogs[name].add(self._split(name, requests, len(configs), first_time=True),
+        self.backlogs[name].add(self._split(name, requests, len(configs)),
                                 [self.engines.get(c).queued_work for c in configs], request_work)
 
-    def _split(self, name: str, requests: list[EngineRequest], parts: int, *, first_time: bool) -> list[list[EngineRequest]]:
+    def _split(self, name: str, requests: list[EngineRequest], parts: int) -> list[list[EngineRequest]]:
         if self.ordering is None:
             return _split_by_work(requests, parts)
         config = self.assigned[name][0]
         block_size = self.engines.get(config).engine.ready.block_size_tokens
         self.report.block_size_tokens = block_size
-        return self.ordering.split(name, requests, config.model, block_size, parts, first_time=first_time)
+        return self.ordering.split(name, requests, config.model, block_size, parts)
 
     def _top_up(self, name: str) -> None:
         """Hand each of the node's engines waiting requests up to what it runs at once."""
