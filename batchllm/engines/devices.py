@@ -6,6 +6,7 @@ environment variables (`CUDA_VISIBLE_DEVICES`, or vLLM's CPU thread binding).
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
@@ -108,6 +109,7 @@ def hardware_name(kind: str) -> str:
     return f"{kind}-" + "-".join(re.findall(r"[a-z0-9]+", slug))
 
 
+@functools.cache  # the CPU does not change while batchllm runs; engine configs are made every stage
 def engine_dtype(kind: str) -> str | None:
     """The weights' dtype an engine should use on this machine's devices; None keeps the
     model's own. CPUs without AVX-512 have no fast bfloat16 matmul (vLLM falls back to

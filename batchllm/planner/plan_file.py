@@ -1,7 +1,7 @@
 """`batchllm plan`'s library entry: a DAG file and a device spec -> schedules.
 
-The chosen schedule is the best of greedy with rollouts and the Max and Min heuristics
-(see `best.best_schedule`); `compare` adds each of them, plain greedy (SamuLLM's
+The chosen schedule is the best of greedy with rollouts, the Max and Min heuristics and,
+for small DAGs, a budgeted exact search (see `best.best_schedule`); `compare` adds each of them, plain greedy (SamuLLM's
 Algorithm 1), greedy without preemption, the Max and Min heuristics, the exact search
 when the DAG is small enough, and the lower bound, all on the same costs.
 """

@@ -2,9 +2,9 @@
 
 A unit of work is (row_id, step). A row takes part when every upstream node it reads
 produced an output for it and its `where:` predicate holds; upstream outputs may arrive
-while this node runs (`add_upstream`, model-level pipelining), rows join as they do. Plain nodes have one step
-per row; iterating nodes have one step per list element, and step k becomes ready only
-when step k-1 is committed (its output is step k's `previous`).
+while this node runs (`add_upstream`, model-level pipelining), rows join as they do.
+Plain nodes have one step per row; iterating nodes have one step per list element, and
+step k becomes ready only when step k-1 is committed (its output is step k's `previous`).
 
 Invariant: a unit is handed out at most once per NodeWork, and never when the journal
 already holds it; together with the journal this gives exactly-once results.
