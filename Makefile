@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 
 .PHONY: install demo test clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml setup.py batchllm/ordering/_block_ids.c Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[$(ENGINE),test]'

@@ -16,7 +16,8 @@ One replica runs on core 0; two data-parallel replicas on cores 0 and 1. Each ru
 fresh engines (an empty prefix cache). Cached tokens come from the engine's own
 counters; the ideal is an unbounded cache in the best order, at the engine's block size.
 First, on the otherwise idle machine, the time to order 100,000 prompts made from each
-workload's (its prompts again and again, each copy with its own last token).
+workload's (its prompts again and again, each copy with its own last token), and whether
+the C accelerator hashed the blocks (without a C compiler at install, Python does: ~3x slower).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from batchllm.engines.process_engine import start_vllm_engine  # noqa: E402
 from batchllm.engines.protocol import EngineConfig, EngineRequest  # noqa: E402
 from batchllm.models.registry import batchllm_home, resolve_model  # noqa: E402
 from batchllm.models.tokens import PromptTokenizer  # noqa: E402
-from batchllm.ordering.prefix_tree import PrefixTree  # noqa: E402
+from batchllm.ordering.prefix_tree import BLOCK_IDS_IN, PrefixTree  # noqa: E402
 from batchllm.ordering.request_order import order_requests  # noqa: E402
 
 PROMPTS = Path(__file__).resolve().parent.parent / "profiles" / "prompts"
@@ -149,7 +150,9 @@ def main() -> int:
                  for name, texts in (("multi-turn", multi_turn_texts()), ("shared-docs", shared_doc_texts()))}
     for name, items in workloads.items():  # before any engine runs: the machine is otherwise idle
         times = {r: ordering_time_s([ids for _, ids in items], ORDERING_PROMPTS, r, block_size) for r in (1, 2)}
-        print(f"ordering {ORDERING_PROMPTS:,} prompts like {name}'s: {times[1]:.2f} s for 1 replica, {times[2]:.2f} s for 2", flush=True)
+        mean_tokens = sum(len(ids) for _, ids in items) / len(items)
+        print(f"ordering {ORDERING_PROMPTS:,} prompts like {name}'s (mean {mean_tokens:.0f} tokens, block ids hashed in "
+              f"{BLOCK_IDS_IN}): {times[1]:.2f} s for 1 replica, {times[2]:.2f} s for 2", flush=True)
         longest_order_s = max(longest_order_s, *times.values())
     print(f"KV cache {args.kv_tokens:,} tokens per engine; workloads of >= {args.tokens:,} prompt tokens; max_tokens {MAX_TOKENS}")
     print(f"{'workload':12} {'replicas':>8} {'order':9} {'requests':>8} {'prompt tok':>10} {'cached':>8} {'ideal':>8} "

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 
+from batchllm.ordering import prefix_tree
 from batchllm.ordering.prefix_tree import PrefixTree
 from batchllm.ordering.request_order import order_requests
 
@@ -40,6 +43,27 @@ def test_equal_blocks_after_different_prefixes_are_different_branches():
     tree = PrefixTree([[1, 1, 5, 5, 9], [2, 2, 5, 5, 9], [1, 1, 5, 5, 8]], block_size=2)
     assert runs(tree) == [(0, 2), (1,)]
     assert by_prompt(tree, tree.lcp)[2] + by_prompt(tree, tree.lcp)[0] == 4  # the later of 0 and 2 shares [1 1 5 5]
+
+
+@pytest.mark.skipif(prefix_tree.BLOCK_IDS_IN != "C", reason="the C accelerator was not built (no C compiler at install?)")
+def test_the_c_accelerator_gives_the_python_loops_prefix_ids():
+    from batchllm.ordering._block_ids import block_prefix_ids
+
+    rng = random.Random(5)
+    doc = [rng.randrange(50_000) for _ in range(300)]
+    prompts = [doc[:rng.randrange(300)] + [rng.randrange(50_000) for _ in range(rng.randrange(40))] for _ in range(50)]
+    # ints whose hash is not themselves: -1 hashes to -2, big ones modulo 2**61 - 1
+    prompts += [[-1, -2, 2**61 - 1, 2**61, 2**63 + 5, -(2**70), 0, 1] * 5, [], [3]]
+    for prompt in prompts:
+        for block_size in (1, 3, 128):
+            expected = prefix_tree.python_block_prefix_ids(prompt, block_size)
+            assert block_prefix_ids(prompt, block_size) == expected
+            assert block_prefix_ids(tuple(prompt), block_size) == expected
+    assert len(block_prefix_ids(doc, 128)) == 2 * prefix_tree.ID_BYTES
+    with pytest.raises(ValueError, match="block_size must be >= 1, got 0"):
+        block_prefix_ids(doc, 0)
+    with pytest.raises(TypeError):
+        block_prefix_ids([1, [2]], 1)
 
 
 def test_ideal_cached_tokens_count_whole_blocks_and_never_a_prompts_last_token():

@@ -8,9 +8,10 @@ by their sequences of prefix ids gives a depth-first order of the block-level ra
 tree: a prompt comes before what extends it, a run of neighbours whose LCPs are all >= d
 is exactly the subtree below depth d, and the shallowest branching inside a run is its
 smallest LCP. The sort compares short byte strings (8 bytes a block, not a token each),
-so the time is about one pass over the tokens (measured ~15 ns a token); what is inside
-a block, or past a prompt's last whole block, never changes the order, because an
-engine's prefix cache matches whole blocks only.
+so the time is about one pass over the tokens (~3.5 ns a token with the C accelerator,
+~10.5 in Python, on the development machine); what is inside a block, or past a
+prompt's last whole block, never changes the order, because an engine's prefix cache
+matches whole blocks only.
 
 Invariant: a sequence's longest common prefix with any sequence before it in `order`
 is its LCP with its predecessor (a property of lexicographic order), so `lcp` alone
@@ -27,22 +28,33 @@ import numpy as np
 ID_BYTES = 8  # a prefix id: one 64-bit hash
 
 
-def _keys(prompts: Sequence[Sequence[int]], block_size: int) -> tuple[list[bytes], np.ndarray]:
-    """Each prompt's prefix ids as bytes (ID_BYTES a whole block), and its length in tokens.
+def python_block_prefix_ids(tokens: Sequence[int], block_size: int) -> bytes:
+    """A prompt's prefix ids, ID_BYTES (native int64) a whole block: each block's id hashes
+    the previous block's id with the block's tokens (CPython's tuple hash: one pass over
+    the tokens, no unboxing, and the same in every process since integers are not
+    hash-randomised)."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    tokens = tuple(tokens)
+    prefix, ids = 0, array("q")
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        prefix = hash((prefix, tokens[start:start + block_size]))
+        ids.append(prefix)
+    return ids.tobytes()
 
-    A block's prefix id hashes the previous block's id with the block's tokens (CPython's
-    tuple hash: about one pass over the tokens, no unboxing, and the same in every
-    process since integers are not hash-randomised)."""
-    keys: list[bytes] = []
-    lengths = np.empty(len(prompts), dtype=np.int64)
-    for index, prompt in enumerate(prompts):
-        tokens = tuple(prompt)
-        lengths[index] = len(tokens)
-        prefix, ids = 0, array("q")
-        for start in range(0, len(tokens) - block_size + 1, block_size):
-            prefix = hash((prefix, tokens[start:start + block_size]))
-            ids.append(prefix)
-        keys.append(ids.tobytes())
+
+try:  # the same ids from the optional C accelerator (setup.py), ~3x faster
+    from batchllm.ordering._block_ids import block_prefix_ids
+    BLOCK_IDS_IN = "C"
+except ImportError:
+    block_prefix_ids = python_block_prefix_ids
+    BLOCK_IDS_IN = "Python"
+
+
+def _keys(prompts: Sequence[Sequence[int]], block_size: int) -> tuple[list[bytes], np.ndarray]:
+    """Each prompt's prefix ids as bytes, and its length in tokens."""
+    keys = [block_prefix_ids(prompt, block_size) for prompt in prompts]
+    lengths = np.fromiter(map(len, prompts), dtype=np.int64, count=len(prompts))
     return keys, lengths
 
 
