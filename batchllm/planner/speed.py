@@ -78,6 +78,10 @@ class PlanSpeed:
         """Time to serve the rounds, without start cost and drain."""
         return sum(self.round_s(n) for n in rounds)
 
+    def run_s(self, rounds: tuple[float, ...]) -> float:
+        """The whole run from a fresh start: the rounds and the last batch's drain."""
+        return self.work_s(rounds) + self.drain_s
+
 
 def fit_shape_speed(profile: Profile, shape: ReplicaShape, workload: Workload, *, seed: int = 0) -> ShapeSpeed:
     """Simulate a sample of the workload on one replica and fit the saturation line."""

@@ -303,5 +303,5 @@ def _finished_share(node: PlanNode, speed: PlanSpeed, state: NodeState) -> float
     at the share of its run time done (the drain included: that is when most finish)."""
     if not speed.output_curve:
         return state.done_requests(node) / max(node.requests, 1)
-    total_s = speed.work_s(node.rounds) + speed.drain_s
+    total_s = speed.run_s(node.rounds)
     return speed.finished_share(1.0 - state.remaining_s(node, speed) / max(total_s, EPSILON_S))

@@ -77,8 +77,7 @@ class StagePlanner:
                 done = min(float(p.done_units), node.requests * 0.99)
             speed = node.speeds.get(running[name].plan) if name in running else None
             if speed is not None and speed.output_curve and p.total_known and len(node.rounds) == 1:
-                run_s = speed.work_s(node.rounds) + speed.drain_s
-                done = max(done, min(p.running_s / max(run_s, 1e-9), 0.99) * node.requests)
+                done = max(done, min(p.running_s / max(speed.run_s(node.rounds), 1e-9), 0.99) * node.requests)
             states[name] = NodeState(len(node.rounds), 0.0, 1.0).capped(node, min(done, node.requests * 0.999))
         return states
 
