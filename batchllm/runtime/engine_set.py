@@ -132,11 +132,10 @@ class EngineSet:
 
     def _stop_many(self, keys: list[tuple]) -> list[EngineLoss]:
         """Stop engines on purpose, side by side (each waits for its worker to shut down)."""
-        if len(keys) <= 1:
-            return [self._stop(key, cause=None) for key in keys]
         stopping = [self.running.pop(key) for key in keys]
-        with ThreadPoolExecutor(max_workers=len(stopping), thread_name_prefix="engine-stop") as pool:
-            list(pool.map(lambda running: running.engine.stop(), stopping))
+        if stopping:
+            with ThreadPoolExecutor(max_workers=len(stopping), thread_name_prefix="engine-stop") as pool:
+                list(pool.map(lambda running: running.engine.stop(), stopping))
         return [EngineLoss(running.config, tuple(running.in_flight), None) for running in stopping]
 
     def stop_all(self) -> list[EngineLoss]:
