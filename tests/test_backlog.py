@@ -26,9 +26,9 @@ def ids(batch: list[EngineRequest]) -> list[str]:
 
 
 def test_the_heaviest_list_goes_to_the_replica_with_the_least_work_and_take_keeps_order():
-    backlog = Backlog()
+    backlog = Backlog(unit_work)
     backlog.regroup(2, halves)
-    backlog.add([requests("a"), requests("b", "c", "d")], loads=[0.0, 2.0], work=unit_work)
+    backlog.add([requests("a"), requests("b", "c", "d")], loads=[0.0, 2.0])
     assert backlog.replicas == 2 and len(backlog) == 4
     assert ids(backlog.take(0, 2)) == ["b", "c"]  # three requests to replica 0, whose engine had no work
     assert ids(backlog.take(1, 10)) == ["a"]
@@ -36,9 +36,9 @@ def test_the_heaviest_list_goes_to_the_replica_with_the_least_work_and_take_keep
 
 
 def test_waiting_requests_are_split_again_when_the_replica_count_changes():
-    backlog = Backlog()
+    backlog = Backlog(unit_work)
     backlog.regroup(1, halves)
-    backlog.add([requests("a", "b", "c", "d")], loads=[0.0], work=unit_work)
+    backlog.add([requests("a", "b", "c", "d")], loads=[0.0])
     backlog.take(0, 1)  # "a" went to the engine and stays there
     backlog.regroup(2, halves)
     assert ids(backlog.take(0, 10)) == ["b", "d"] and ids(backlog.take(1, 10)) == ["c"]
@@ -46,7 +46,18 @@ def test_waiting_requests_are_split_again_when_the_replica_count_changes():
 
 
 def test_add_needs_one_list_and_one_load_per_replica():
-    backlog = Backlog()
+    backlog = Backlog(unit_work)
     backlog.regroup(2, halves)
     with pytest.raises(ValueError, match="1 lists and 1 loads for 2 replicas"):
-        backlog.add([requests("a")], loads=[0.0], work=unit_work)
+        backlog.add([requests("a")], loads=[0.0])
+
+
+def test_what_still_waits_counts_towards_a_replicas_load_and_what_was_taken_does_not():
+    backlog = Backlog(unit_work)
+    backlog.regroup(2, halves)
+    backlog.add([requests("a", "b", "c"), []], loads=[0.0, 0.0])  # replica 0 now has 3 waiting
+    backlog.add([requests("d", "e"), []], loads=[0.0, 1.0])  # 0 + 3 waiting vs 1 + 0: to replica 1
+    assert ids(backlog.take(1, 10)) == ["d", "e"]
+    backlog.take(0, 3)  # replica 0's three left for its engine
+    backlog.add([requests("f"), []], loads=[0.5, 2.0])  # 0.5 + 0 waiting vs 2 + 0: to replica 0
+    assert ids(backlog.take(0, 10)) == ["f"] and len(backlog) == 0

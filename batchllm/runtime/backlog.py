@@ -21,8 +21,10 @@ Splitter = Callable[[list[EngineRequest], int], list[list[EngineRequest]]]  # re
 
 
 class Backlog:
-    def __init__(self) -> None:
+    def __init__(self, work: Callable[[EngineRequest], float]) -> None:
+        self._work = work  # a request's estimated work
         self._queues: list[deque[EngineRequest]] = []
+        self._waiting_work: list[float] = []  # per queue: the work of what waits in it
 
     def __len__(self) -> int:
         return sum(len(q) for q in self._queues)
@@ -31,16 +33,17 @@ class Backlog:
     def replicas(self) -> int:
         return len(self._queues)
 
-    def add(self, lists: list[list[EngineRequest]], loads: list[float], work: Callable[[EngineRequest], float]) -> None:
+    def add(self, lists: list[list[EngineRequest]], loads: list[float]) -> None:
         """One list per replica (from a splitter); the heaviest goes to the replica with
         the least work (`loads`: its engine's, plus what waits here for it)."""
         if len(lists) != len(self._queues) or len(loads) != len(lists):
             raise ValueError(f"{len(lists)} lists and {len(loads)} loads for {len(self._queues)} replicas")
-        totals = [load + sum(work(r) for r in queue) for load, queue in zip(loads, self._queues)]
-        for batch in sorted(lists, key=lambda b: -sum(work(r) for r in b)):
+        totals = [load + waiting for load, waiting in zip(loads, self._waiting_work)]
+        for work, batch in sorted(((sum(map(self._work, b)), b) for b in lists), key=lambda wb: -wb[0]):
             lightest = totals.index(min(totals))
             self._queues[lightest].extend(batch)
-            totals[lightest] += sum(work(r) for r in batch)
+            self._waiting_work[lightest] += work
+            totals[lightest] += work
 
     def regroup(self, replicas: int, split: Splitter) -> None:
         """Spread what waits over `replicas` queues (a no-op when the count is unchanged)."""
@@ -49,7 +52,10 @@ class Backlog:
         waiting = [r for queue in self._queues for r in queue]
         lists = split(waiting, replicas) if waiting else [[] for _ in range(replicas)]
         self._queues = [deque(batch) for batch in lists]
+        self._waiting_work = [sum(map(self._work, batch)) for batch in lists]
 
     def take(self, replica: int, count: int) -> list[EngineRequest]:
         queue = self._queues[replica]
-        return [queue.popleft() for _ in range(min(count, len(queue)))]
+        taken = [queue.popleft() for _ in range(min(count, len(queue)))]
+        self._waiting_work[replica] = self._waiting_work[replica] - sum(map(self._work, taken)) if queue else 0.0
+        return taken

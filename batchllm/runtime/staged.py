@@ -50,7 +50,7 @@ class StagedRunner:
         self.engines = EngineSet(engine_factory)
         self.progress, self.home, self.planner, self.ordering = progress, home, planner, ordering
         self.works: dict[str, NodeWork] = {}
-        self.backlogs: dict[str, Backlog] = {n: Backlog() for n in dag.nodes}
+        self.backlogs: dict[str, Backlog] = {n: Backlog(request_work) for n in dag.nodes}
         self.finished: set[str] = set()
         self.failed: dict[str, str] = {}
         self.restarts: dict[str, int] = {}
@@ -200,8 +200,7 @@ class StagedRunner:
         if not requests:
             return
         configs = self.assigned[name]
-        self.backlogs[name].add(self._split(name, requests, len(configs)),
-                                [self.engines.get(c).queued_work for c in configs], request_work)
+        self.backlogs[name].add(self._split(name, requests, len(configs)), [self.engines.get(c).queued_work for c in configs])
 
     def _split(self, name: str, requests: list[EngineRequest], parts: int) -> list[list[EngineRequest]]:
         if self.ordering is None:
