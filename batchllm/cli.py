@@ -130,8 +130,8 @@ def _this_machine_devices() -> str:
 @app.command()
 def validate(dag: Path = DAG_ARGUMENT) -> None:
     """Check DAG, its input files and its models without running anything."""
-    from batchllm.spec.checks import check_dag
-    from batchllm.spec.loader import load_dag
+    from batchllm.dag.checks import check_dag
+    from batchllm.dag.loader import load_dag
 
     try:
         spec = load_dag(dag)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from batchllm.io.inputs import load_input
 from batchllm.io.journal import ResultRecord
 from batchllm.runtime.node_work import NodeWork
-from batchllm.spec.loader import load_dag
+from batchllm.dag.loader import load_dag
 
 
 def done_record(row: str, step: int, text: str) -> ResultRecord:

@@ -271,8 +271,8 @@ def test_plan_refuses_bad_devices_and_models_that_fit_nowhere(workspace, tmp_pat
 def test_a_shared_system_prompt_is_planned_as_prefix_cache_hits(workspace):
     from batchllm.models.registry import batchllm_home
     from batchllm.planner.from_dag import dag_workloads
-    from batchllm.spec.checks import check_dag
-    from batchllm.spec.loader import load_dag
+    from batchllm.dag.checks import check_dag
+    from batchllm.dag.loader import load_dag
 
     dag = load_dag(workspace.dag(f"""
         inputs:

@@ -89,7 +89,7 @@ def test_example_dag_runs_to_completion(dag_name, tmp_path, model_home, shared_e
     dag = REPO / "dags" / f"{dag_name}.yaml"
     result, _ = run_dag_file(dag, out, parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
     assert result.nodes_failed == {}
-    from batchllm.spec.loader import load_dag
+    from batchllm.dag.loader import load_dag
 
     spec = load_dag(dag)
     for node in spec.nodes:

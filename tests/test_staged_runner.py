@@ -17,7 +17,7 @@ from batchllm.engines.devices import DeviceSet, hardware_name
 from batchllm.io.inputs import ROW_ID, InputTable
 from batchllm.runtime.launch import run_dag_file
 from batchllm.runtime.node_work import NodeWork
-from batchllm.spec.model import NodeSpec, SamplingSpec
+from batchllm.dag.model import NodeSpec, SamplingSpec
 from tests.conftest import ENSEMBLE_DAG
 from tests.fakes import DriverCrash, FakeEngineFactory
 

@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchllm.errors import UserError
-from batchllm.spec.model import InputSpec
+from batchllm.dag.model import InputSpec
 
 ROW_ID = "row_id"
 

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from batchllm.io.inputs import ROW_ID, InputTable
 from batchllm.io.journal import ResultRecord
-from batchllm.spec.model import OutputSpec
+from batchllm.dag.model import OutputSpec
 
 NODE_SCHEMA = pa.schema([
     (ROW_ID, pa.string()),

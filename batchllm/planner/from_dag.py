@@ -28,8 +28,8 @@ from batchllm.errors import UserError
 from batchllm.ordering.prefix_tree import PrefixTree
 from batchllm.planner.cluster import Cluster, candidate_plans, cluster_profile
 from batchllm.planner.problem import NodeWorkload
-from batchllm.spec.model import DagSpec, NodeSpec
-from batchllm.spec.templates import compile_template
+from batchllm.dag.model import DagSpec, NodeSpec
+from batchllm.dag.templates import compile_template
 
 CHARS_PER_TOKEN = 4
 CHAT_OVERHEAD_TOKENS = 12  # role markers of a chat template

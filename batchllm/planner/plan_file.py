@@ -23,8 +23,8 @@ from batchllm.planner.best import EXACT_MAX_NODES, best_schedule
 from batchllm.planner.rollout import rollout_schedule
 from batchllm.planner.schedule import Schedule
 from batchllm.planner.timeline import Timeline
-from batchllm.spec.checks import check_dag
-from batchllm.spec.loader import load_dag
+from batchllm.dag.checks import check_dag
+from batchllm.dag.loader import load_dag
 
 PROFILES_ROOT = Path(__file__).resolve().parent.parent.parent / "profiles"
 

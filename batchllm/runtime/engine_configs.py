@@ -10,7 +10,7 @@ from batchllm.engines.devices import Replica, engine_dtype
 from batchllm.engines.protocol import EngineConfig
 from batchllm.models.registry import resolve_model
 from batchllm.runtime.run_dir import RunDir
-from batchllm.spec.model import DagSpec
+from batchllm.dag.model import DagSpec
 
 # On CPUs vLLM would otherwise size the KV cache as a share of all RAM; 1 GiB holds
 # about 44,000 tokens of the embedded model in bfloat16 (half that in float32).

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from batchllm.spec.model import DagSpec
+from batchllm.dag.model import DagSpec
 
 
 def file_digest(path: Path) -> str:

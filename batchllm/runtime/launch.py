@@ -21,9 +21,9 @@ from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.sequential import RunResult, SequentialRunner
 from batchllm.runtime.stage_planner import SCHEDULE_METHODS, StagePlanner
 from batchllm.runtime.staged import StagedRunner
-from batchllm.spec.checks import check_dag
-from batchllm.spec.loader import load_dag
-from batchllm.spec.model import DagSpec
+from batchllm.dag.checks import check_dag
+from batchllm.dag.loader import load_dag
+from batchllm.dag.model import DagSpec
 
 SCHEDULES = (*SCHEDULE_METHODS, "sequential")
 

@@ -21,8 +21,8 @@ from batchllm.engines.protocol import EngineRequest
 from batchllm.io.inputs import ROW_ID, InputTable
 from batchllm.io.journal import ResultRecord
 from batchllm.io.sql import where_row_ids
-from batchllm.spec.model import NodeSpec
-from batchllm.spec.templates import PromptTemplate, compile_template, render_checked
+from batchllm.dag.model import NodeSpec
+from batchllm.dag.templates import PromptTemplate, compile_template, render_checked
 
 
 @functools.lru_cache(maxsize=256)

@@ -25,7 +25,7 @@ from batchllm.runtime.progress import NodeStats, RunProgress
 from batchllm.runtime.request_ordering import PrefixOrdering
 from batchllm.runtime.run_report import RunReport
 from batchllm.runtime.run_dir import RunDir
-from batchllm.spec.model import DagSpec
+from batchllm.dag.model import DagSpec
 
 MAX_ENGINE_RESTARTS = 2
 

@@ -37,7 +37,7 @@ from batchllm.runtime.run_gantt import write_run_html
 from batchllm.runtime.run_report import RunReport, StageLog, engine_label
 from batchllm.runtime.sequential import MAX_ENGINE_RESTARTS, RunResult
 from batchllm.runtime.stage_planner import NodeProgress, RunningPlan, StagePlanner
-from batchllm.spec.model import DagSpec
+from batchllm.dag.model import DagSpec
 
 POLL_S = 0.2
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import networkx as nx
 
 from batchllm.errors import UserError
-from batchllm.spec.model import (
+from batchllm.dag.model import (
     RESULT_FIELDS,
     ColumnRef,
     DagSpec,
@@ -24,8 +24,8 @@ from batchllm.spec.model import (
     OutputSpec,
     SamplingSpec,
 )
-from batchllm.spec.templates import compile_template
-from batchllm.spec.yaml_lines import LineDict, read_yaml
+from batchllm.dag.templates import compile_template
+from batchllm.dag.yaml_lines import LineDict, read_yaml
 
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Names every template may use besides columns and nodes; iteration adds two more.

@@ -15,8 +15,8 @@ from batchllm.errors import UserError
 from batchllm.io.inputs import InputTable, load_inputs
 from batchllm.io.sql import where_row_ids
 from batchllm.models.registry import resolve_model
-from batchllm.spec.model import DagSpec, NodeSpec
-from batchllm.spec.templates import compile_template, render_checked
+from batchllm.dag.model import DagSpec, NodeSpec
+from batchllm.dag.templates import compile_template, render_checked
 
 
 def _is_text(kind: pa.DataType) -> bool:
