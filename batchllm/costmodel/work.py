@@ -1,0 +1,23 @@
+"""A request's work: the one measure the planner, the prefix order and the runtime's
+replica balancing all use.
+
+work = prompt tokens the prefix cache does not serve + the most tokens it may generate
+(max_tokens x n). Before a prompt is tokenized (the planner, before a run), its tokens
+are estimated from its characters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+CHARS_PER_TOKEN = 4  # estimate for text not tokenized yet
+
+
+def estimated_tokens(chars):
+    """Tokens of a text from its length in characters (scalar or array)."""
+    return np.asarray(chars) / CHARS_PER_TOKEN if isinstance(chars, np.ndarray) else chars / CHARS_PER_TOKEN
+
+
+def request_work(prompt_tokens, max_tokens, n=1, cached_tokens=0):
+    """Scalars or numpy arrays alike."""
+    return prompt_tokens - cached_tokens + max_tokens * n

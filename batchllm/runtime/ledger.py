@@ -1,0 +1,233 @@
+"""The request ledger: where every (node, row, step) of a run is.
+
+A unit of work is (row, step) of a node: the row's position in its input, and the step
+(0 for plain nodes; the list element for iterating nodes). Each node keeps one status per
+unit and the engine slot of each running unit, in numpy arrays (a few bytes a unit: 10
+million rows fit in tens of MB), and one admission state per row.
+
+Invariant: a unit's status here is the only record of where it is. The feed renders READY
+units and marks them QUEUED (their payload then waits in the node's backlog), the
+executor marks them RUNNING on an engine slot when it submits them and COMMITTED when
+their result is in the journal, and an engine's loss turns its RUNNING units back to
+READY. Nothing else records which engine holds a unit or whether it is done; the
+per-slot and per-status counts are kept in step with the arrays by the same calls.
+
+Transitions:  WAITING -> READY -> QUEUED -> RUNNING -> COMMITTED
+              READY <- RUNNING (engine lost);  WAITING/READY -> SKIPPED (the row is out)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from enum import IntEnum
+
+import numpy as np
+
+
+class UnitStatus(IntEnum):
+    WAITING = 0  # its inputs are not all committed: an upstream output, or its previous step
+    READY = 1  # its inputs are committed; not yet rendered
+    QUEUED = 2  # rendered, waiting in the driver for an engine
+    RUNNING = 3  # in an engine (see `slot`)
+    COMMITTED = 4  # its result is in the journal
+    SKIPPED = 5  # its row does not take part (`where:` is false, or an upstream has no output for it)
+
+
+class RowState(IntEnum):
+    PENDING = 0  # not decided yet: upstream outputs missing
+    ADMITTED = 1
+    SKIPPED = 2
+
+
+class FinalState(IntEnum):
+    """A row's final output of a node, as its consumers see it."""
+
+    PENDING = 0
+    COMMITTED = 1
+    NONE = 2  # the node will never have an output for this row
+
+
+NO_SLOT = -1
+
+
+class NodeLedger:
+    def __init__(self, name: str, rows: int, steps: np.ndarray | None = None):
+        """`steps`: per row, how many steps it has (iterating nodes); None: one each."""
+        self.name, self.rows = name, rows
+        if steps is None:
+            self.offsets = None
+            units = rows
+        else:
+            steps = np.asarray(steps, np.int64)
+            if steps.shape != (rows,):
+                raise ValueError(f"node {name!r}: {steps.shape[0]} step counts for {rows} rows")
+            self.offsets = np.concatenate([[0], np.cumsum(steps)])
+            units = int(self.offsets[-1])
+        self.status = np.zeros(units, np.int8)
+        self.slot = np.full(units, NO_SLOT, np.int16)
+        self.row_state = np.zeros(rows, np.int8)
+        self.counts = np.zeros(len(UnitStatus), np.int64)
+        self.counts[UnitStatus.WAITING] = units
+
+    # -- addressing ------------------------------------------------------------------
+    @property
+    def units(self) -> int:
+        return int(self.status.size)
+
+    @property
+    def iterates(self) -> bool:
+        return self.offsets is not None
+
+    def steps_of(self, rows: np.ndarray) -> np.ndarray:
+        if self.offsets is None:
+            return np.ones(len(rows), np.int64)
+        return self.offsets[rows + 1] - self.offsets[rows]
+
+    def unit_of(self, rows: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, np.int64)
+        return rows.copy() if self.offsets is None else self.offsets[rows] + np.asarray(steps, np.int64)
+
+    def row_step_of(self, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        units = np.asarray(units, np.int64)
+        if self.offsets is None:
+            return units, np.zeros(len(units), np.int64)
+        rows = np.searchsorted(self.offsets, units, side="right") - 1
+        return rows, units - self.offsets[rows]
+
+    def unit_range(self, start_row: int, stop_row: int) -> tuple[int, int]:
+        if self.offsets is None:
+            return start_row, stop_row
+        return int(self.offsets[start_row]), int(self.offsets[stop_row])
+
+    # -- counts ----------------------------------------------------------------------
+    @property
+    def total_units(self) -> int:
+        """Units that take part or may still take part (skipped rows' units excluded)."""
+        return self.units - int(self.counts[UnitStatus.SKIPPED])
+
+    @property
+    def committed_units(self) -> int:
+        return int(self.counts[UnitStatus.COMMITTED])
+
+    def is_settled(self) -> bool:
+        """Every unit committed or skipped."""
+        return self.counts[UnitStatus.COMMITTED] + self.counts[UnitStatus.SKIPPED] == self.units
+
+    def _move(self, units: np.ndarray, to: UnitStatus) -> None:
+        if len(units):
+            self.counts -= np.bincount(self.status[units], minlength=len(UnitStatus))
+            self.status[units] = to
+            self.counts[to] += len(units)
+
+    # -- rows --------------------------------------------------------------------------
+    def admit(self, rows: np.ndarray) -> None:
+        """The rows take part: their first steps are READY."""
+        rows = np.asarray(rows, np.int64)
+        self.row_state[rows] = RowState.ADMITTED
+        if self.offsets is not None:
+            rows = rows[self.steps_of(rows) > 0]
+        first = self.unit_of(rows, np.zeros(len(rows), np.int64))
+        self._move(first[self.status[first] == UnitStatus.WAITING], UnitStatus.READY)
+
+    def skip(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows, np.int64)
+        self.row_state[rows] = RowState.SKIPPED
+        self._move(self._units_of_rows(rows), UnitStatus.SKIPPED)
+
+    def _units_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        if self.offsets is None:
+            return rows
+        starts, ends = self.offsets[rows], self.offsets[rows + 1]
+        return np.concatenate([np.arange(a, b) for a, b in zip(starts, ends)]) if len(rows) else rows
+
+    def final_state(self, start_row: int, stop_row: int) -> np.ndarray:
+        """Per row of [start, stop): PENDING, COMMITTED or NONE (see FinalState)."""
+        rows = np.arange(start_row, stop_row)
+        state = np.full(len(rows), FinalState.PENDING, np.int8)
+        steps = self.steps_of(rows)
+        has_steps = steps > 0
+        last = self.unit_of(rows[has_steps], steps[has_steps] - 1)
+        state[np.flatnonzero(has_steps)[self.status[last] == UnitStatus.COMMITTED]] = FinalState.COMMITTED
+        state[(self.row_state[start_row:stop_row] == RowState.SKIPPED) | ~has_steps] = FinalState.NONE
+        return state
+
+    def final_steps(self, rows: np.ndarray) -> np.ndarray:
+        return self.steps_of(np.asarray(rows, np.int64)) - 1
+
+    # -- units -------------------------------------------------------------------------
+    def queue(self, units: np.ndarray) -> None:
+        units = np.asarray(units, np.int64)
+        bad = units[self.status[units] != UnitStatus.READY]
+        if len(bad):
+            raise ValueError(f"node {self.name!r}: unit {int(bad[0])} is {UnitStatus(self.status[bad[0]]).name}, not READY")
+        self._move(units, UnitStatus.QUEUED)
+
+    def send(self, units: np.ndarray, slot: int) -> None:
+        self._move(units, UnitStatus.RUNNING)
+        self.slot[units] = slot
+
+    def commit(self, units: np.ndarray) -> np.ndarray:
+        """Results are in the journal. Returns the units that became READY (next steps)."""
+        units = np.asarray(units, np.int64)
+        self._move(units, UnitStatus.COMMITTED)
+        self.slot[units] = NO_SLOT
+        if self.offsets is None:
+            return units[:0]
+        following = units + 1
+        rows, _ = self.row_step_of(units)
+        following = following[following < self.offsets[rows + 1]]
+        following = following[self.status[following] == UnitStatus.WAITING]
+        self._move(following, UnitStatus.READY)
+        return following
+
+    def release(self, slot: int) -> np.ndarray:
+        """An engine was stopped or lost: its units are READY again. Returns them."""
+        units = np.flatnonzero((self.slot == slot) & (self.status == UnitStatus.RUNNING))
+        self._move(units, UnitStatus.READY)
+        self.slot[units] = NO_SLOT
+        return units
+
+    def restore_committed(self, rows: np.ndarray, steps: np.ndarray) -> None:
+        """At resume: what the journal holds. Rows with a committed unit were admitted;
+        for iterating nodes the step after a row's last committed one is READY."""
+        rows = np.asarray(rows, np.int64)
+        units = self.unit_of(rows, steps)
+        self.row_state[rows] = RowState.ADMITTED
+        self._move(units, UnitStatus.COMMITTED)
+        if self.offsets is not None:
+            following = units + 1
+            following = following[following < self.offsets[rows + 1]]
+            self._move(following[self.status[following] == UnitStatus.WAITING], UnitStatus.READY)
+
+
+class Ledger:
+    """Every node's ledger, and how many units run on each engine slot."""
+
+    def __init__(self, nodes: dict[str, NodeLedger]):
+        self.nodes = nodes
+        self.running_on: Counter[int] = Counter()
+
+    def __getitem__(self, node: str) -> NodeLedger:
+        return self.nodes[node]
+
+    def send(self, node: str, units: np.ndarray, slot: int) -> None:
+        self.nodes[node].send(units, slot)
+        self.running_on[slot] += len(units)
+
+    def commit(self, node: str, units: np.ndarray) -> np.ndarray:
+        """Results of RUNNING units are in the journal. Returns the units that became READY."""
+        ledger = self.nodes[node]
+        units = np.asarray(units, np.int64)
+        not_running = units[ledger.status[units] != UnitStatus.RUNNING]
+        if len(not_running):
+            raise ValueError(f"node {node!r}: a result for unit {int(not_running[0])}, which is "
+                             f"{UnitStatus(ledger.status[not_running[0]]).name}, not RUNNING")
+        for slot, count in zip(*np.unique(ledger.slot[units], return_counts=True)):
+            self.running_on[int(slot)] -= int(count)
+        return ledger.commit(units)
+
+    def release(self, slot: int) -> dict[str, np.ndarray]:
+        """The slot's engine is gone: per node, its units that are READY again."""
+        self.running_on.pop(slot, None)
+        released = {name: node.release(slot) for name, node in self.nodes.items()}
+        return {name: units for name, units in released.items() if len(units)}

@@ -1,0 +1,99 @@
+"""The request ledger: unit addressing, transitions, counts, what consumers see as final."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from batchllm.runtime.ledger import FinalState, Ledger, NodeLedger, RowState, UnitStatus
+
+S = UnitStatus
+
+
+def statuses(ledger: NodeLedger) -> list[str]:
+    return [S(s).name for s in ledger.status]
+
+
+def test_plain_node_walks_every_status_and_keeps_counts():
+    node = NodeLedger("a", rows=4)
+    ledger = Ledger({"a": node})
+    node.admit(np.array([0, 1, 2]))
+    node.skip(np.array([3]))
+    assert statuses(node) == ["READY", "READY", "READY", "SKIPPED"]
+    node.queue(np.array([0, 1]))
+    ledger.send("a", np.array([0, 1]), slot=7)
+    assert ledger.running_on[7] == 2 and list(node.slot[:2]) == [7, 7]
+    assert ledger.commit("a", np.array([1])).size == 0
+    assert statuses(node) == ["RUNNING", "COMMITTED", "READY", "SKIPPED"]
+    assert ledger.running_on[7] == 1
+    assert (node.total_units, node.committed_units, node.is_settled()) == (3, 1, False)
+    assert list(node.counts) == [0, 1, 0, 1, 1, 1]
+
+
+def test_a_lost_engine_gives_its_running_units_back_as_ready():
+    node = NodeLedger("a", rows=3)
+    ledger = Ledger({"a": node})
+    node.admit(np.arange(3))
+    node.queue(np.arange(3))
+    ledger.send("a", np.array([0, 1]), slot=1)
+    ledger.send("a", np.array([2]), slot=2)
+    released = ledger.release(1)
+    assert list(released["a"]) == [0, 1]
+    assert statuses(node) == ["READY", "READY", "RUNNING"]
+    assert 1 not in ledger.running_on and ledger.running_on[2] == 1
+
+
+def test_a_result_for_a_unit_not_running_is_refused_with_its_status():
+    node = NodeLedger("a", rows=2)
+    ledger = Ledger({"a": node})
+    node.admit(np.arange(2))
+    with pytest.raises(ValueError, match="unit 1, which is READY, not RUNNING"):
+        ledger.commit("a", np.array([1]))
+    node.queue(np.array([0]))
+    with pytest.raises(ValueError, match="unit 0 is QUEUED, not READY"):
+        node.queue(np.array([0]))
+
+
+def test_iterating_node_units_follow_their_rows_steps_one_at_a_time():
+    node = NodeLedger("chain", rows=3, steps=np.array([2, 0, 3]))
+    ledger = Ledger({"chain": node})
+    assert node.units == 5 and list(node.offsets) == [0, 2, 2, 5]
+    rows, steps = node.row_step_of(np.array([0, 1, 2, 3, 4]))
+    assert list(rows) == [0, 0, 2, 2, 2] and list(steps) == [0, 1, 0, 1, 2]
+    node.admit(np.array([0, 1, 2]))
+    assert statuses(node) == ["READY", "WAITING", "READY", "WAITING", "WAITING"]
+    node.queue(np.array([0, 2]))
+    ledger.send("chain", np.array([0, 2]), slot=0)
+    assert list(ledger.commit("chain", np.array([2]))) == [3]  # row 2's step 1 is ready
+    assert statuses(node) == ["RUNNING", "WAITING", "COMMITTED", "READY", "WAITING"]
+    assert list(node.final_state(0, 3)) == [FinalState.PENDING, FinalState.NONE, FinalState.PENDING]
+
+
+def test_final_state_tells_consumers_committed_pending_and_never():
+    node = NodeLedger("p", rows=4)
+    ledger = Ledger({"p": node})
+    node.admit(np.array([0, 1, 2]))
+    node.skip(np.array([3]))
+    node.queue(np.array([0, 1]))
+    ledger.send("p", np.array([0, 1]), slot=0)
+    ledger.commit("p", np.array([1]))
+    assert list(node.final_state(0, 4)) == [FinalState.PENDING, FinalState.COMMITTED, FinalState.PENDING, FinalState.NONE]
+    assert list(node.final_state(1, 3)) == [FinalState.COMMITTED, FinalState.PENDING]
+
+
+def test_restore_from_the_journal_commits_and_readies_the_next_steps():
+    node = NodeLedger("chain", rows=3, steps=np.array([2, 1, 3]))
+    node.restore_committed(np.array([0, 2]), np.array([0, 0]))
+    assert statuses(node) == ["COMMITTED", "READY", "WAITING", "COMMITTED", "READY", "WAITING"]
+    assert list(node.row_state) == [RowState.ADMITTED, RowState.PENDING, RowState.ADMITTED]
+    assert node.committed_units == 2
+
+
+def test_a_step_count_per_row_must_match_the_rows():
+    with pytest.raises(ValueError, match="2 step counts for 3 rows"):
+        NodeLedger("x", rows=3, steps=np.array([1, 1]))
+
+
+def test_ten_million_units_cost_a_few_bytes_each():
+    node = NodeLedger("big", rows=10_000_000)
+    assert node.status.nbytes + node.slot.nbytes + node.row_state.nbytes == 40_000_000
