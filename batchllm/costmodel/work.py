@@ -8,14 +8,12 @@ are estimated from its characters.
 
 from __future__ import annotations
 
-import numpy as np
-
 CHARS_PER_TOKEN = 4  # estimate for text not tokenized yet
 
 
 def estimated_tokens(chars):
-    """Tokens of a text from its length in characters (scalar or array)."""
-    return np.asarray(chars) / CHARS_PER_TOKEN if isinstance(chars, np.ndarray) else chars / CHARS_PER_TOKEN
+    """Tokens of a text from its length in characters (a number or a numpy array)."""
+    return chars / CHARS_PER_TOKEN
 
 
 def request_work(prompt_tokens, max_tokens, n=1, cached_tokens=0):

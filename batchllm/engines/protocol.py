@@ -18,6 +18,7 @@ class EngineRequest:
     top_p: float = 1.0
     seed: int | None = None
     n: int = 1
+    prompt_token_ids: tuple[int, ...] | None = None  # the prompt as the model's tokenizer gives it (chat template applied); None: the engine tokenizes
 
 
 @dataclass(frozen=True)

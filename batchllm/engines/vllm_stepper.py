@@ -125,7 +125,7 @@ class VllmStepper:
             seed=None if request.seed is None else request_seed(request.seed, request.request_id),
             output_kind=RequestOutputKind.DELTA,
         )
-        ids = self._tokenizer.token_ids(request)
+        ids = list(request.prompt_token_ids) if request.prompt_token_ids is not None else self._tokenizer.token_ids(request)
         if len(ids) >= self.ready.max_model_len:
             reason = f"error: prompt has {len(ids)} tokens, the engine's max_model_len is {self.ready.max_model_len}"
             return EngineResult(request.request_id, ("",), len(ids), 0, reason)

@@ -9,8 +9,9 @@ from batchllm.errors import UserError
 from batchllm.io.inputs import ROW_ID
 
 
-def where_row_ids(rows: pa.Table, upstream: dict[str, pa.Array], predicate: str, *, where: str) -> list[str]:
-    """Row ids of `rows` for which `predicate` holds.
+def where_row_ids(rows: pa.Table, upstream: dict[str, pa.Array], predicate: str, *, where: str,
+                  key: str = ROW_ID) -> list:
+    """The `key` column's values of the rows of `rows` for which `predicate` holds.
 
     `upstream` maps node names to their text outputs, aligned with `rows`; the
     predicate sees them as columns next to the input columns.
@@ -21,7 +22,7 @@ def where_row_ids(rows: pa.Table, upstream: dict[str, pa.Array], predicate: str,
     connection = duckdb.connect(config={"enable_external_access": False})
     try:
         connection.register("batch_rows", table)
-        result = connection.execute(f"SELECT {ROW_ID} FROM batch_rows WHERE ({predicate})").fetchall()
+        result = connection.execute(f"SELECT {key} FROM batch_rows WHERE ({predicate})").fetchall()
     except duckdb.Error as exc:
         first_line = str(exc).strip().splitlines()[0]
         raise UserError(
