@@ -99,19 +99,22 @@ def plan(
     """
     import json
 
-    from batchllm.planner.gantt import write_html, write_png
+    from batchllm.planner.gantt import chart_paths, write_html, write_png
     from batchllm.planner.plan_file import PROFILES_ROOT, plan_dag_file
     from batchllm.planner.report import print_report, report_json
 
-    if devices == "auto":
-        devices = _this_machine_devices()
     try:
+        if devices == "auto":
+            devices = _this_machine_devices()
+        chart, html_path = chart_paths(chart or Path("plans") / f"{dag.stem}-{devices.replace(':', '').replace('/', '_')}.png")
         report = plan_dag_file(dag, devices, profiles_root=profiles or PROFILES_ROOT, compare=compare)
+        try:
+            write_png(report, chart)
+            write_html(report, html_path)
+        except OSError as error:
+            raise UserError(f"cannot write the chart {str(chart)!r}: {error.strerror or error}", where="--chart") from error
     except UserError as error:
         _fail(error)
-    chart = chart or Path("plans") / f"{dag.stem}-{devices.replace(':', '').replace('/', '_')}.png"
-    write_png(report, chart)
-    html_path = write_html(report, chart.with_suffix(".html"))
     if as_json:
         typer.echo(json.dumps({**report_json(report), "chart_png": str(chart), "chart_html": str(html_path)}, indent=2))
         return

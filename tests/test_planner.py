@@ -26,6 +26,7 @@ from batchllm.planner.best import best_schedule
 from batchllm.planner.rollout import rollout_schedule
 from batchllm.planner.speed import PlanSpeed, fit_shape_speed, output_curve
 from batchllm.planner.timeline import Timeline
+from batchllm.runtime.stage_planner import StagePlanner
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "profiles"
@@ -264,7 +265,8 @@ def test_plan_refuses_bad_devices_and_models_that_fit_nowhere(workspace, tmp_pat
     """)
     too_small = runner.invoke(app, ["plan", str(dag), "--devices", "1xA100-80G", "--chart", str(tmp_path / "c.png")])
     assert too_small.exit_code == 2
-    assert "nodes.big.model: model 'llama-2-70b' fits on no plan of 1xA100-80G" in too_small.output
+    assert ("nodes.big.model: model 'llama-2-70b' fits on no plan of 1xA100-80G: its smallest replica needs 2 A100-80G GPUs, "
+            "there is 1") in " ".join(too_small.output.split())
     assert not (tmp_path / "c.png").exists()
 
 
@@ -303,3 +305,169 @@ def test_a_running_node_whose_requests_end_together_is_judged_by_the_time_it_has
     assert planner.choose({"x": NodeProgress(0, 100, True)}, running).rest_s == pytest.approx(11.0)
     # 8 s of its 11 s run: 8/11 of its requests count as done although none has finished yet
     assert planner.choose({"x": NodeProgress(0, 100, True, running_s=8.0)}, running).rest_s == pytest.approx(10 * 3 / 11 + 1)
+
+
+TP2 = ExecutionPlan(1, W2)  # one replica on two devices
+
+
+def _needs_more_than_an_even_share() -> PlanProblem:
+    """3 devices: one node fits on one, two others need two each (a 70B model's smallest plan)."""
+    return problem(3, node("small", 100, plans=(DP1, DP2)), node("big", 300, plans=(TP2,)), node("big2", 100, plans=(TP2,)))
+
+
+def test_min_gives_a_node_needing_more_than_its_even_share_its_smallest_plan_and_queues_what_does_not_fit():
+    minimal = min_heuristic(Timeline.start(_needs_more_than_an_even_share()))
+    # 3 devices over small (needs 1) and big (needs 2): big2 waits; small takes its share, big its smallest plan
+    assert [s.plans for s in minimal.stages] == [{"small": DP1, "big": TP2}, {"big": TP2}, {"big2": TP2}]
+    assert [s.placement for s in minimal.stages][0] == {"big": (0, 1), "small": (2,)}
+    # small 2 + 10 + 1 = 13 s; big 2 + 30 + 1 = 33 s; then big2 from scratch: 2 + 10 + 1 = 13 s
+    assert minimal.total_s == pytest.approx(33 + 13)
+
+
+def test_every_method_plans_nodes_that_need_more_than_an_even_split():
+    start = Timeline.start(_needs_more_than_an_even_share())
+    exact = exact_schedule(start)
+    greedy, rollout, chosen = greedy_schedule(start), rollout_schedule(start), best_schedule(start)
+    no_preemption, maximal, minimal = greedy_schedule(start, preemption=False), max_heuristic(start), min_heuristic(start)
+    assert maximal.total_s == pytest.approx((2 + 5 + 1) + 33 + 13)  # small on dp2, then each big alone
+    assert exact.optimal and lower_bound_s(start) <= exact.total_s + 1e-9
+    assert exact.total_s <= rollout.total_s + 1e-9 <= greedy.total_s + 2e-9
+    assert chosen.total_s <= min(maximal.total_s, minimal.total_s, rollout.total_s) + 1e-9
+    for schedule in (exact, greedy, rollout, chosen, no_preemption, maximal, minimal):
+        assert sorted(n for stage in schedule.stages for n in stage.finished) == ["big", "big2", "small"]
+        assert all(sum(p.devices for p in stage.plans.values()) <= 3 for stage in schedule.stages)
+
+
+def test_two_devices_and_three_models_that_each_need_both_run_one_after_another():
+    # the shape of the crash seen on 2 H100s (codellama-34b, llama-2-70b, mixtral-8x7b after smaller models)
+    start = Timeline.start(problem(2, *(node(f"big{i}", 100, plans=(TP2,)) for i in range(3))))
+    for method in (min_heuristic, max_heuristic, greedy_schedule, rollout_schedule, exact_schedule, best_schedule):
+        schedule = method(start)
+        assert [list(s.plans) for s in schedule.stages] == [["big0"], ["big1"], ["big2"]]
+        assert schedule.total_s == pytest.approx(3 * 13)
+
+
+def test_a_problem_with_a_node_that_fits_on_no_plan_of_its_cluster_is_refused():
+    with pytest.raises(ValueError, match=r"node 'big' \(big\) has no plan on 1xtest"):
+        problem(1, node("small", 10), node("big", 10, plans=(TP2,)))
+
+
+def test_plan_names_a_model_too_big_for_the_devices_with_what_it_needs(workspace, tmp_path):
+    dag = workspace.dag("""
+        inputs:
+          questions: {path: questions.parquet, id_column: id}
+        nodes:
+          small:
+            model: llama-2-7b
+            prompt: "{{ question }}"
+          mixture:
+            model: mixtral-8x7b
+            prompt: "{{ small }}"
+        outputs:
+          answers: {columns: {answer: mixture}}
+    """)
+    result = runner.invoke(app, ["plan", str(dag), "--devices", "1xH100-80G", "--chart", str(tmp_path / "c.png")])
+    assert result.exit_code == 2 and result.exception is not None and isinstance(result.exception, SystemExit)
+    assert ("nodes.mixture.model: model 'mixtral-8x7b' fits on no plan of 1xH100-80G: its smallest replica needs 2 "
+            "H100-80G GPUs, there is 1. Fix: plan for more devices, or pick a smaller model.") in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(("chart", "message"), [
+    ("chart", "chart path '{tmp}/chart' has no extension; the chart is a PNG"),
+    ("chart.svg", "chart path '{tmp}/chart.svg' has extension '.svg'; the chart is a PNG"),
+    ("a-file/chart.png", "cannot create the chart's folder '{tmp}/a-file': '{tmp}/a-file' is a file"),
+    ("a-file/deeper/chart.png", "cannot create the chart's folder '{tmp}/a-file/deeper': '{tmp}/a-file' is a file"),
+    ("a-folder.png", "chart path '{tmp}/a-folder.png' is a folder"),
+])
+def test_a_bad_chart_path_is_refused_before_any_planning(workspace, tmp_path, chart, message):
+    (tmp_path / "a-file").write_text("not a folder")
+    (tmp_path / "a-folder.png").mkdir()
+    dag = workspace.dag("""
+        inputs:
+          questions: {path: questions.parquet, id_column: id}
+        nodes:
+          big:
+            model: llama-2-70b
+            prompt: "{{ question }}"
+        outputs:
+          answers: {columns: {answer: big}}
+    """)
+    before = sorted(tmp_path.rglob("*"))
+    # the DAG cannot be planned on one GPU either: the chart error shows that nothing was planned
+    result = runner.invoke(app, ["plan", str(dag), "--devices", "1xA100-80G", "--chart", str(tmp_path / chart)])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit)
+    assert f"error: --chart: {message.format(tmp=tmp_path)}. Fix: give a .png file path" in " ".join(result.output.split())
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written
+
+
+def test_the_compare_table_says_why_the_exact_search_did_not_run(workspace, tmp_path):
+    nodes = "".join(f"""
+          n{i}:
+            model: smollm2-135m
+            prompt: "{i} {{{{ question }}}}"
+            sampling: {{max_tokens: 8}}""" for i in range(6))
+    dag = workspace.dag(f"""
+        inputs:
+          questions: {{path: questions.parquet, id_column: id}}
+        nodes:{nodes}
+        outputs:
+          answers: {{columns: {{answer: n0}}}}
+    """)
+    result = runner.invoke(app, ["plan", str(dag), "--devices", "2xA100-80G", "--compare", "--chart", str(tmp_path / "c.png")])
+    assert result.exit_code == 0, result.output
+    assert "exact: not run (6 nodes, more than 5)" in result.output
+
+
+def _pinned(per_unit: int) -> StagePlanner:
+    """One node of 100 requests (100 / per_unit units), 0.1 s a request, its engine running."""
+    from batchllm.runtime.stage_planner import StagePlanner
+
+    x = node("x", 100, 0.1, plans=(DP1,))
+    return StagePlanner(problem(1, replace(x, requests_per_unit=per_unit)), "plan")
+
+
+def test_runtime_units_and_planner_requests_agree_when_each_unit_asks_for_n_sequences():
+    from batchllm.runtime.stage_planner import NodeProgress, RunningPlan
+
+    running = {"x": RunningPlan(DP1, (0,))}
+    planner = _pinned(4)  # sampling.n = 4: 25 units of 4 sequences
+    known = planner.choose({"x": NodeProgress(10, 25, total_known=True)}, running).rest_s
+    unknown = planner.choose({"x": NodeProgress(10, 25, total_known=False)}, running).rest_s
+    # 10 units = 40 of the 100 requests done: 60 x 0.1 s + 1 s drain, the engine kept
+    assert known == pytest.approx(7.0) and unknown == pytest.approx(7.0)
+    assert _pinned(1).choose({"x": NodeProgress(10, 100, total_known=False)}, running).rest_s == pytest.approx(10.0)
+
+
+def test_a_dag_with_n_samples_plans_rows_times_n_requests_and_counts_progress_in_units(workspace):
+    from batchllm.dag.checks import check_dag
+    from batchllm.dag.loader import load_dag
+    from batchllm.models.registry import batchllm_home
+    from batchllm.planner.from_dag import dag_workloads
+    from batchllm.planner.problem import build_problem
+    from batchllm.runtime.stage_planner import NodeProgress, StagePlanner
+
+    dag = load_dag(workspace.dag("""
+        inputs:
+          questions: {path: questions.parquet, id_column: id}
+        nodes:
+          first:
+            model: smollm2-135m
+            prompt: "{{ question }}"
+            sampling: {max_tokens: 16}
+          answer:
+            model: smollm2-135m
+            prompt: "{{ question }} {{ first }}"
+            sampling: {n: 3, max_tokens: 16}
+        outputs:
+          answers: {columns: {answer: answer}}
+    """))
+    cluster = parse_cluster("1xA100-80G", PROFILES)
+    workloads = dag_workloads(dag, check_dag(dag, batchllm_home(), resolve_models=False), cluster, PROFILES).nodes
+    problem_ = build_problem(cluster, workloads)
+    answer = problem_.nodes["answer"]
+    assert (answer.rounds, answer.requests_per_unit, problem_.nodes["first"].requests_per_unit) == ((12,), 3, 1)  # 4 rows x 3
+    planner = StagePlanner(problem_, "plan")
+    # 2 of the 4 rows done: half the work, whether the runtime knows the total yet or not
+    known = planner.choose({"answer": NodeProgress(2, 4, total_known=True)}, {}).rest_s
+    assert planner.choose({"answer": NodeProgress(2, 4, total_known=False)}, {}).rest_s == pytest.approx(known)
+    assert known < planner.choose({"answer": NodeProgress(0, 4, total_known=True)}, {}).rest_s

@@ -27,7 +27,7 @@ from batchllm.costmodel.profile import Profile
 from batchllm.errors import UserError
 from batchllm.ordering.prefix_tree import PrefixTree
 from batchllm.planner.cluster import Cluster, candidate_plans, cluster_profile
-from batchllm.planner.problem import NodeWorkload
+from batchllm.planner.problem import NodeWorkload, too_big
 from batchllm.dag.model import DagSpec, NodeSpec
 from batchllm.dag.templates import compile_template
 
@@ -72,9 +72,7 @@ def dag_workloads(dag: DagSpec, tables: dict, cluster: Cluster, profiles_root: P
         if note and note not in notes:
             notes.append(note)
         if not candidate_plans(profile, cluster):
-            raise UserError(f"model {node.model!r} fits on no plan of {cluster}: its smallest replica needs "
-                            f"{min(int(k.split('-')[0][1:]) for k in profile.shapes)} devices", where=f"{where}.model",
-                            hint="plan for more devices, or pick a smaller model")
+            raise too_big(node.model, profile, cluster, f"{where}.model")
         profiles[name] = profile
         table = tables[node.input_name].table
         share = _where_share(dag, node)
@@ -96,7 +94,7 @@ def dag_workloads(dag: DagSpec, tables: dict, cluster: Cluster, profiles_root: P
             rounds = (0,)
         workload = Workload.of(np.repeat(prompts, node.sampling.n), node.sampling.max_tokens,
                                cached_tokens=np.repeat(cached, node.sampling.n))
-        nodes.append(NodeWorkload(name, profile, workload, rounds, tuple(u for u in node.upstream if u != name)))
+        nodes.append(NodeWorkload(name, profile, workload, rounds, tuple(u for u in node.upstream if u != name), node.sampling.n))
     return DagWorkloads(nodes, tuple(notes))
 
 

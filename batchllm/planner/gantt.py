@@ -1,20 +1,44 @@
 """The plan as a Gantt chart: one row per device, time across, one colour per node
 (its model named in the legend), the engine start of each bar drawn hatched.
-PNG through Pillow; HTML as one self-contained file with an inline SVG."""
+PNG through Pillow; HTML as one self-contained file with an inline SVG. `chart_paths`
+checks where they go before anything is planned, so a bad path costs no search."""
 
 from __future__ import annotations
 
 import html
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
+from batchllm.errors import UserError
 from batchllm.planner.plan_file import PlanReport
 
 PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac",
            "#1f77b4", "#2ca02c"]
 WIDTH, ROW_H, LEFT, TOP, LEGEND_ROW = 1400, 46, 120, 70, 30
+
+
+def chart_paths(png: Path) -> tuple[Path, Path]:
+    """The PNG path and the HTML path beside it, once it is sure both can be written: a
+    `.png` name, not a folder, in a folder that exists or can be created."""
+    where, hint = "--chart", "give a .png file path such as plans/my-dag.png (the .html is written beside it)"
+    if png.suffix.lower() != ".png":
+        got = f"extension {png.suffix!r}" if png.suffix else "no extension"
+        raise UserError(f"chart path {str(png)!r} has {got}; the chart is a PNG", where=where, hint=hint)
+    html_path = png.with_suffix(".html")
+    for path in (png, html_path):
+        if path.is_dir():
+            raise UserError(f"chart path {str(path)!r} is a folder", where=where, hint=hint)
+    folder = png.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise UserError(f"cannot create the chart's folder {str(png.parent)!r}: {str(folder)!r} is a file", where=where, hint=hint)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write the chart under {str(folder)!r}: no write permission", where=where, hint=hint)
+    return png, html_path
 
 
 @dataclass(frozen=True)

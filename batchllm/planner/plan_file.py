@@ -3,7 +3,8 @@
 The chosen schedule is the best of greedy with rollouts, the Max and Min heuristics and,
 for small DAGs, a budgeted exact search (see `best.best_schedule`); `compare` adds each of them, plain greedy (SamuLLM's
 Algorithm 1), greedy without preemption, the Max and Min heuristics, the exact search
-when the DAG is small enough, and the lower bound, all on the same costs.
+when the DAG is small enough (else it is listed as not run, with the reason), and the
+lower bound, all on the same costs.
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ PROFILES_ROOT = Path(__file__).resolve().parent.parent.parent / "profiles"
 
 
 @dataclass(frozen=True)
+class NotRun:
+    """A method `compare` did not run, and why."""
+
+    method: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class PlanReport:
     dag_name: str
     cluster: Cluster
@@ -38,6 +47,7 @@ class PlanReport:
     fit_s: float  # fitting node speeds (simulations), before any search
     lower_bound_s: float
     compared: tuple[Schedule, ...] = ()
+    not_run: tuple[NotRun, ...] = ()
 
     @property
     def search_s(self) -> float:
@@ -55,8 +65,11 @@ def plan_dag_file(path: Path, devices: str, *, profiles_root: Path = PROFILES_RO
     start = Timeline.start(problem)
     chosen = best_schedule(start)
     compared: tuple[Schedule, ...] = ()
+    not_run: tuple[NotRun, ...] = ()
     if compare:
         compared = (rollout_schedule(start), greedy_schedule(start), greedy_schedule(start, preemption=False), max_heuristic(start), min_heuristic(start))
         if len(problem.nodes) <= EXACT_MAX_NODES:
             compared += (exact_schedule(start, max_stages_tried=20_000),)
-    return PlanReport(dag.name, cluster, problem, chosen, fit_s, lower_bound_s(start), compared)
+        else:
+            not_run = (NotRun("exact", f"{len(problem.nodes)} nodes, more than {EXACT_MAX_NODES}"),)
+    return PlanReport(dag.name, cluster, problem, chosen, fit_s, lower_bound_s(start), compared, not_run)

@@ -52,6 +52,8 @@ def print_report(report: PlanReport, console: Console) -> None:
             label = f"chosen ({other.method})" if other is schedule else other.method
             suffix = " (budget hit)" if other.optimal is False else ""
             compare.add_row(label + suffix, f"{other.total_s:.1f}", f"{other.total_s / schedule.total_s:.2f}x", f"{other.search_s:.3f}")
+        for skipped in report.not_run:
+            compare.add_row(f"{skipped.method}: not run ({skipped.reason})", "", "", "")
         compare.add_row("lower bound", f"{report.lower_bound_s:.1f}", f"{report.lower_bound_s / schedule.total_s:.2f}x", "")
         console.print(compare)
 
@@ -69,4 +71,5 @@ def report_json(report: PlanReport) -> dict:
                   for n, node in report.problem.nodes.items()},
         "stages": stage_rows(report.chosen, report),
         "compared": [summary(s) for s in report.compared],
+        "not_run": [{"method": s.method, "reason": s.reason} for s in report.not_run],
     }

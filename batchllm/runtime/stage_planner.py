@@ -32,8 +32,11 @@ SCHEDULE_METHODS: dict[str, Callable[[Timeline], Schedule]] = {
 
 @dataclass(frozen=True)
 class NodeProgress:
-    done_units: int
-    total_units: int
+    """A node's progress in the runtime's unit, (row, step): one unit asks for `sampling.n`
+    sequences, which the planner counts as that many requests (`PlanNode.requests_per_unit`)."""
+
+    done_units: int  # (row, step) units committed
+    total_units: int  # (row, step) units taking part so far
     total_known: bool  # every producer has finished, so total_units is final
     running_s: float = 0.0  # served on its current plan and devices, engine start aside
 
@@ -68,13 +71,15 @@ class StagePlanner:
         return StageChoice(schedule.stages[0], schedule.total_s, schedule, time.perf_counter() - started)
 
     def _states(self, progress: dict[str, NodeProgress], running: dict[str, RunningPlan]) -> dict[str, NodeState]:
+        """Each node's state in planner requests: a known total scales the units' done share
+        to the planner's estimate; otherwise done units count `requests_per_unit` requests each."""
         states = {}
         for name, p in progress.items():
             node = self.problem.nodes[name]
             if p.total_known and p.total_units:
                 done = p.done_units / p.total_units * node.requests
             else:
-                done = min(float(p.done_units), node.requests * 0.99)
+                done = min(float(p.done_units * node.requests_per_unit), node.requests * 0.99)
             speed = node.speeds.get(running[name].plan) if name in running else None
             if speed is not None and speed.output_curve and p.total_known and len(node.rounds) == 1:
                 done = max(done, min(p.running_s / max(speed.run_s(node.rounds), 1e-9), 0.99) * node.requests)
