@@ -7,6 +7,7 @@ Every error is a UserError naming the field and line, raised before anything run
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from batchllm.dag.model import (
     InputSpec,
     IterateSpec,
     NodeSpec,
+    OutputConstraint,
     OutputSpec,
     SamplingSpec,
 )
@@ -122,6 +124,40 @@ def _parse_sampling(node: _Section, path: Path) -> SamplingSpec:
     )
 
 
+CONSTRAINT_KEYS = ("choices", "json_schema", "regex")
+
+
+def _parse_output(node: _Section, path: Path) -> OutputConstraint | None:
+    """`output: {choices: [...]}`, `{json_schema: {...}}` or `{regex: "..."}`: exactly one."""
+    if "output" not in node.mapping:
+        return None
+    where = f"{node.where}.output"
+    o = _Section(path, node.mapping["output"], where, node.line("output"), set(CONSTRAINT_KEYS))
+    given = [k for k in CONSTRAINT_KEYS if k in o.mapping]
+    if len(given) != 1:
+        o.fail(None, f"{where} must name exactly one of {', '.join(CONSTRAINT_KEYS)}, got {len(given)}",
+               "e.g. `output: {choices: [yes, no]}`")
+    if given == ["choices"]:
+        choices = o.get("choices", list, check=lambda v: v and all(isinstance(c, str) and c for c in v),
+                        expect="a non-empty list of non-empty strings")
+        if len(set(choices)) != len(choices):
+            o.fail("choices", f"{where}.choices lists {_show(choices)}, with a choice twice", "list each choice once")
+        return OutputConstraint(choices=tuple(choices))
+    if given == ["regex"]:
+        return OutputConstraint(regex=o.get("regex", str, check=bool, expect="a non-empty regular expression"))
+    schema = o.get("json_schema", dict, check=bool, expect="a JSON schema (a mapping)")
+    return OutputConstraint(json_schema=json.dumps(_plain(schema), sort_keys=True))
+
+
+def _plain(value: object) -> object:
+    """YAML's line-tracking mappings -> plain dicts and lists, for JSON."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
 def _sql_identifiers(predicate: str) -> set[str]:
     without_strings = _SQL_STRING.sub(" ", predicate)
     return {quoted or bare for quoted, bare in _SQL_WORD.findall(without_strings)}
@@ -132,7 +168,7 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec]) -> dic
     if not raw:
         top.fail("nodes", "the DAG declares no nodes", "add at least one LLM stage under `nodes:`")
     section = _Section(path, raw, "nodes", top.line("nodes"), set(raw))
-    allowed = {"model", "input", "prompt", "system", "chat", "sampling", "where", "iterate"}
+    allowed = {"model", "input", "prompt", "system", "chat", "sampling", "where", "iterate", "output"}
     parsed: dict[str, tuple[_Section, NodeSpec, set[str]]] = {}
     for name, body in raw.items():
         _check_name(section, name, "node")
@@ -172,6 +208,7 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec]) -> dic
             line=section.line(name),
             upstream=tuple(sorted(n for n in names if n in raw)),
             columns_used=tuple(sorted(n for n in names if n not in raw)),
+            output=_parse_output(node, path),
         )
         parsed[name] = (node, spec, names)
     for name, (node, spec, _) in parsed.items():

@@ -44,6 +44,20 @@ class IterateSpec:
 
 
 @dataclass(frozen=True)
+class OutputConstraint:
+    """What a node's output must look like, enforced by the engine while it generates
+    (vLLM's structured outputs). Exactly one field is set."""
+
+    choices: tuple[str, ...] | None = None  # the output is one of these strings
+    json_schema: str | None = None  # the output is JSON valid under this schema (JSON text)
+    regex: str | None = None  # the output matches this regular expression
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("choices", "json_schema", "regex") if getattr(self, k) is not None)
+
+
+@dataclass(frozen=True)
 class NodeSpec:
     name: str
     model: str
@@ -57,6 +71,7 @@ class NodeSpec:
     line: int
     upstream: tuple[str, ...] = ()
     columns_used: tuple[str, ...] = ()
+    output: OutputConstraint | None = None
 
 
 @dataclass(frozen=True)

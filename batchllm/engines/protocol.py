@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from batchllm.dag.model import OutputConstraint
 from batchllm.engines.devices import Replica
 
 
@@ -19,6 +20,7 @@ class EngineRequest:
     seed: int | None = None
     n: int = 1
     prompt_token_ids: tuple[int, ...] | None = None  # the prompt as the model's tokenizer gives it (chat template applied); None: the engine tokenizes
+    output: OutputConstraint | None = None  # structured output the engine enforces
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,16 @@ def request_seed(seed: int, request_id: str) -> int:
     return (seed * 1_000_003 + zlib.crc32(request_id.encode())) % (2**31)
 
 
+def _structured(output):
+    """vLLM's structured-output parameters for a node's constraint (None: free text)."""
+    if output is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return StructuredOutputsParams(choice=list(output.choices) if output.choices else None, json=output.json_schema,
+                                   regex=output.regex)
+
+
 @dataclass
 class _LiveRequest:
     prompt_tokens: int
@@ -123,7 +133,7 @@ class VllmStepper:
         params = SamplingParams(
             n=request.n, max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
             seed=None if request.seed is None else request_seed(request.seed, request.request_id),
-            output_kind=RequestOutputKind.DELTA,
+            output_kind=RequestOutputKind.DELTA, structured_outputs=_structured(request.output),
         )
         ids = list(request.prompt_token_ids) if request.prompt_token_ids is not None else self._tokenizer.token_ids(request)
         if len(ids) >= self.ready.max_model_len:
