@@ -135,12 +135,15 @@ def validate(dag: Path = DAG_ARGUMENT) -> None:
     """Check DAG, its input files and its models without running anything."""
     from batchllm.dag.checks import check_dag
     from batchllm.dag.loader import load_dag
+    from batchllm.dag.warnings import dag_warnings
 
     try:
         spec = load_dag(dag)
         check_dag(spec, batchllm_home())
     except UserError as error:
         _fail(error)
+    for warning in dag_warnings(spec):
+        typer.echo(f"warning: {warning}", err=True)
     typer.echo(f"{dag}: ok ({len(spec.nodes)} nodes: {', '.join(spec.topological_order())})")
 
 

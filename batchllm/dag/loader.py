@@ -79,13 +79,47 @@ def _show(value: object) -> str:
 def load_dag(path: Path) -> DagSpec:
     path = Path(path)
     raw = read_yaml(path)
-    top = _Section(path, raw, "the DAG", 1, {"name", "inputs", "nodes", "outputs", "engine"})
+    top = _Section(path, raw, "the DAG", 1, {"name", "inputs", "nodes", "merges", "outputs", "engine"})
     inputs = _parse_inputs(top, path)
-    nodes = _parse_nodes(top, path, inputs)
+    merges = _parse_merges(top, path)
+    nodes = _parse_nodes(top, path, inputs, merges)
+    _check_merges(top, path, merges, nodes)
     _check_graph(path, nodes)
-    outputs = _parse_outputs(top, path, inputs, nodes)
+    outputs = _parse_outputs(top, path, inputs, nodes, merges)
     name = top.get("name", str, default=path.stem, expect="a string")
-    return DagSpec(path=path, name=name, inputs=inputs, nodes=nodes, outputs=outputs, engine=_parse_engine(top, path))
+    return DagSpec(path=path, name=name, inputs=inputs, nodes=nodes, outputs=outputs, engine=_parse_engine(top, path),
+                   merges=merges)
+
+
+def _parse_merges(top: _Section, path: Path) -> dict[str, tuple[str, ...]]:
+    """`merges: {answer: [tech, general]}`: per row, the output of the first member that has one."""
+    if "merges" not in top.mapping:
+        return {}
+    raw = top.get("merges", dict, expect="a mapping of merge names to lists of nodes")
+    section = _Section(path, raw, "merges", top.line("merges"), set(raw))
+    merges = {}
+    for name, members in raw.items():
+        _check_name(section, name, "merge")
+        section.get(name, list, check=lambda v: len(v) >= 2 and all(isinstance(m, str) for m in v) and len(set(v)) == len(v),
+                    expect="a list of two or more different node names")
+        merges[name] = tuple(members)
+    return merges
+
+
+def _check_merges(top: _Section, path: Path, merges: dict[str, tuple[str, ...]], nodes: dict[str, NodeSpec]) -> None:
+    if not merges:
+        return
+    section = _Section(path, top.mapping["merges"], "merges", top.line("merges"), set(merges))
+    for name, members in merges.items():
+        if name in nodes:
+            section.fail(name, f"merge name {name!r} is also a node", "rename the merge")
+        unknown = [m for m in members if m not in nodes]
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], list(nodes), n=1)
+            section.fail(name, f"merges.{name} names {unknown[0]!r}, which is not a node",
+                         f"did you mean {close[0]!r}?" if close else f"nodes: {', '.join(nodes)}")
+        if len({nodes[m].input_name for m in members}) > 1:
+            section.fail(name, f"merges.{name} joins nodes of different inputs", "merge nodes that run over one input")
 
 
 def _check_name(section: _Section, key: str, kind: str) -> None:
@@ -163,7 +197,7 @@ def _sql_identifiers(predicate: str) -> set[str]:
     return {quoted or bare for quoted, bare in _SQL_WORD.findall(without_strings)}
 
 
-def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec]) -> dict[str, NodeSpec]:
+def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges: dict[str, tuple[str, ...]]) -> dict[str, NodeSpec]:
     raw = top.get("nodes", dict, expect="a mapping of node names to LLM stages")
     if not raw:
         top.fail("nodes", "the DAG declares no nodes", "add at least one LLM stage under `nodes:`")
@@ -194,7 +228,9 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec]) -> dic
         locals_ = ITERATION_NAMES | {iterate.item_name} if iterate else frozenset()
         names -= locals_ | ROW_NAMES
         if where_text is not None:
-            names |= _sql_identifiers(where_text) & set(raw)
+            names |= _sql_identifiers(where_text) & (set(raw) | set(merges))
+        merges_read = tuple(sorted(n for n in names if n in merges and n not in raw))
+        names = (names - set(merges_read)) | {m for merge in merges_read for m in merges[merge]}
         spec = NodeSpec(
             name=name,
             model=node.get("model", str, expect="a model name or directory"),
@@ -209,6 +245,7 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec]) -> dic
             upstream=tuple(sorted(n for n in names if n in raw)),
             columns_used=tuple(sorted(n for n in names if n not in raw)),
             output=_parse_output(node, path),
+            merges_read=merges_read,
         )
         parsed[name] = (node, spec, names)
     for name, (node, spec, _) in parsed.items():
@@ -236,7 +273,8 @@ def _check_graph(path: Path, nodes: dict[str, NodeSpec]) -> None:
     )
 
 
-def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], nodes: dict[str, NodeSpec]) -> dict[str, OutputSpec]:
+def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], nodes: dict[str, NodeSpec],
+                   merges: dict[str, tuple[str, ...]]) -> dict[str, OutputSpec]:
     if "outputs" not in top.mapping:  # default: one data set per input, every node's text
         outputs = {}
         for input_name in inputs:
@@ -257,14 +295,14 @@ def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], node
             if not isinstance(ref, str):
                 out.fail("columns", f"outputs.{name}.columns.{column} must be a string, got {_show(ref)}")
             head, _, field = ref.partition(".")
-            if head in nodes:
+            if head in nodes or head in merges:
                 field = field or "text"
                 if field not in RESULT_FIELDS:
                     out.fail("columns", f"outputs.{name}.columns.{column}: {ref!r} names unknown field {field!r}", f"fields: {', '.join(RESULT_FIELDS)}")
                 columns[column] = ColumnRef(head, field)
             else:
                 columns[column] = ColumnRef(None, ref)
-        node_inputs = {nodes[c.node].input_name for c in columns.values() if c.node}
+        node_inputs = {nodes[merges[c.node][0] if c.node in merges else c.node].input_name for c in columns.values() if c.node}
         default_input = next(iter(node_inputs)) if len(node_inputs) == 1 else (next(iter(inputs)) if len(inputs) == 1 else ...)
         input_name = out.get("input", str, default_input, expect="the name of an input")
         if input_name not in inputs:

@@ -72,6 +72,7 @@ class NodeSpec:
     upstream: tuple[str, ...] = ()
     columns_used: tuple[str, ...] = ()
     output: OutputConstraint | None = None
+    merges_read: tuple[str, ...] = ()  # merges (see DagSpec.merges) its templates or `where` read; their members are in `upstream`
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,9 @@ class DagSpec:
     nodes: dict[str, NodeSpec]
     outputs: dict[str, OutputSpec]
     engine: EngineSpec = field(default_factory=EngineSpec)
+    # A merge names the output of whichever of its member nodes produced one for a row (the
+    # first listed that did): routed branches joined again, e.g. {"answer": ("tech", "general")}.
+    merges: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def topological_order(self) -> list[str]:
         """Node names, every node after all of its upstream nodes (stable by file order)."""
