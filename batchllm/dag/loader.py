@@ -230,6 +230,9 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
         if where_text is not None:
             names |= _sql_identifiers(where_text) & (set(raw) | set(merges))
         merges_read = tuple(sorted(n for n in names if n in merges and n not in raw))
+        both = sorted(names & {m for merge in merges_read for m in merges[merge]})
+        if both:
+            node.fail(None, f"node {name!r} reads a merge and its member {both[0]!r}", "read the merge or its members, not both")
         names = (names - set(merges_read)) | {m for merge in merges_read for m in merges[merge]}
         spec = NodeSpec(
             name=name,

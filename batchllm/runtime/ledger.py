@@ -142,13 +142,17 @@ class NodeLedger:
 
     def final_state(self, start_row: int, stop_row: int) -> np.ndarray:
         """Per row of [start, stop): PENDING, COMMITTED or NONE (see FinalState)."""
-        rows = np.arange(start_row, stop_row)
+        return self.final_state_of(np.arange(start_row, stop_row))
+
+    def final_state_of(self, rows: np.ndarray) -> np.ndarray:
+        """final_state for scattered rows (sorted or not)."""
+        rows = np.asarray(rows, np.int64)
         state = np.full(len(rows), FinalState.PENDING, np.int8)
         steps = self.steps_of(rows)
         has_steps = steps > 0
         last = self.unit_of(rows[has_steps], steps[has_steps] - 1)
         state[np.flatnonzero(has_steps)[self.status[last] == UnitStatus.COMMITTED]] = FinalState.COMMITTED
-        state[(self.row_state[start_row:stop_row] == RowState.SKIPPED) | ~has_steps] = FinalState.NONE
+        state[(self.row_state[rows] == RowState.SKIPPED) | ~has_steps] = FinalState.NONE
         return state
 
     def final_steps(self, rows: np.ndarray) -> np.ndarray:
