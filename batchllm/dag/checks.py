@@ -3,6 +3,7 @@
 Columns a template reads must exist in the node's input and hold strings; an
 `iterate.over` column must hold lists of strings; a `where:` predicate must bind in
 DuckDB over the input columns and upstream outputs; every model must resolve.
+Inputs are opened, not loaded: the checks read their schemas and first row only.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import difflib
 import pyarrow as pa
 
 from batchllm.errors import UserError
-from batchllm.io.inputs import InputTable, load_inputs
+from batchllm.io.input_source import InputSource, open_inputs
 from batchllm.io.sql import where_row_ids
 from batchllm.models.registry import resolve_model
+from batchllm.dag.context import template_context
 from batchllm.dag.model import DagSpec, NodeSpec
 from batchllm.dag.templates import compile_template, render_checked
 
@@ -27,16 +29,17 @@ def _is_text_list(kind: pa.DataType) -> bool:
     return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and _is_text(kind.value_type)
 
 
-def check_dag(dag: DagSpec, home, *, resolve_models: bool = True) -> dict[str, InputTable]:
-    """Validate everything that needs data or models; returns the loaded inputs.
+def check_dag(dag: DagSpec, home, *, resolve_models: bool = True) -> dict[str, InputSource]:
+    """Validate everything that needs data or models; returns the opened inputs.
     Planning for other hardware names models by profile only: `resolve_models=False`."""
-    tables = load_inputs(dag.inputs)
+    sources = open_inputs(dag.inputs)
+    first_rows = {name: source.head_rows(1) for name, source in sources.items()}
     for node in dag.nodes.values():
-        _check_node(dag, node, tables[node.input_name])
+        _check_node(dag, node, first_rows[node.input_name])
         if resolve_models:
             resolve_model(node.model, dag_dir=dag.path.parent, home=home, where=f"{dag.path}, line {node.line}, nodes.{node.name}.model")
     for output in dag.outputs.values():
-        schema = tables[output.input_name].table.schema
+        schema = first_rows[output.input_name].schema
         for column, ref in output.columns.items():
             if ref.node is None and ref.field not in schema.names:
                 raise UserError(
@@ -44,12 +47,13 @@ def check_dag(dag: DagSpec, home, *, resolve_models: bool = True) -> dict[str, I
                     where=f"{dag.path}, line {output.line}",
                     hint=f"nodes: {', '.join(dag.nodes)}; columns: {', '.join(schema.names)}",
                 )
-    return tables
+    return sources
 
 
-def _check_node(dag: DagSpec, node: NodeSpec, data: InputTable) -> None:
+def _check_node(dag: DagSpec, node: NodeSpec, first_row: pa.Table) -> None:
+    """`first_row`: the input's first row as templates see it (its columns and `row_id`)."""
     where = f"{dag.path}, line {node.line}, nodes.{node.name}"
-    schema = data.table.schema
+    schema = first_row.schema
     for column in node.columns_used:
         if column not in schema.names:
             close = difflib.get_close_matches(column, [*schema.names, *dag.nodes], n=1)
@@ -78,18 +82,14 @@ def _check_node(dag: DagSpec, node: NodeSpec, data: InputTable) -> None:
                             where=where, hint="store the chunks of each row as list<string>")
     if node.where:
         empty = {name: pa.array([], pa.string()) for name in node.upstream}
-        where_row_ids(data.table.slice(0, 0), empty, node.where, where=f"{where}.where")
-    _dry_render(node, data, where)
+        where_row_ids(first_row.slice(0, 0), empty, node.where, where=f"{where}.where")
+    _dry_render(node, first_row, where)
 
 
-def _dry_render(node: NodeSpec, data: InputTable, where: str) -> None:
-    """Render both templates on the first row, upstream outputs as empty text."""
-    row = data.table.slice(0, 1).to_pylist()[0]
-    context = {name: value for name, value in row.items()}
-    context.update({name: "" for name in node.upstream})
-    if node.iterate:
-        items = row.get(node.iterate.over) or [""]
-        context.update({node.iterate.item_name: items[0], "step": 0, "previous": None})
+def _dry_render(node: NodeSpec, first_row: pa.Table, where: str) -> None:
+    """Render both templates on the first row at step 0, upstream outputs as empty text."""
+    row = first_row.to_pylist()[0]
+    context = template_context(node, row, {name: "" for name in node.upstream})
     for key, source in (("prompt", node.prompt), ("system", node.system)):
         if source is not None:
             template = compile_template(source, where=f"{where}.{key}", first_line=None)

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from batchllm.errors import UserError
 from batchllm.dag.model import InputSpec
 
-ROW_ID = "row_id"
+from batchllm.io.input_source import ROW_ID  # one definition, shared with the windowed reader
 
 
 @dataclass(frozen=True)

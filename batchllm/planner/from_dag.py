@@ -13,6 +13,9 @@ problem's notes:
 - prefix-cache hits per row: the whole cache blocks of its rendered text it shares with
   other rows (the runtime sends requests in prefix order), so the simulated prefill
   skips them.
+
+The data is read without loading it: row counts from the Parquet footer, prompt sizes from
+the first `SAMPLE_ROWS` rows, an iterating node's rounds from its list column's lengths.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import numpy as np
 from batchllm.costmodel.estimator import Workload
 from batchllm.costmodel.profile import Profile
 from batchllm.errors import UserError
+from batchllm.io.input_source import InputSource
 from batchllm.ordering.prefix_tree import PrefixTree
 from batchllm.planner.cluster import Cluster, candidate_plans, cluster_profile
 from batchllm.planner.problem import NodeWorkload, too_big
@@ -59,7 +63,7 @@ def _profile_for(model: str, cluster: Cluster, profiles_root: Path, where: str) 
                     hint=f"profiled models there: {', '.join(available) or 'none'}; run `batchllm profile --model {model}` on that hardware")
 
 
-def dag_workloads(dag: DagSpec, tables: dict, cluster: Cluster, profiles_root: Path) -> DagWorkloads:
+def dag_workloads(dag: DagSpec, sources: dict[str, InputSource], cluster: Cluster, profiles_root: Path) -> DagWorkloads:
     notes: list[str] = []
     profiles: dict[str, Profile] = {}
     counts: dict[str, float] = {}
@@ -74,18 +78,17 @@ def dag_workloads(dag: DagSpec, tables: dict, cluster: Cluster, profiles_root: P
         if not candidate_plans(profile, cluster):
             raise too_big(node.model, profile, cluster, f"{where}.model")
         profiles[name] = profile
-        table = tables[node.input_name].table
+        source = sources[node.input_name]
         share = _where_share(dag, node)
         if share < 1:
             notes.append(f"{name}: `where` assumed to keep {share:.0%} of rows (shared with its sibling routes)")
-        rows = min([table.num_rows] + [counts[u] / dag.nodes[u].sampling.n for u in node.upstream]) * share
+        rows = min([source.num_rows] + [counts[u] / dag.nodes[u].sampling.n for u in node.upstream]) * share
         mean_output[name] = min(profile.lengths.mean(), node.sampling.max_tokens)
-        sample = table.slice(0, min(table.num_rows, SAMPLE_ROWS)).to_pylist()
+        sample = source.head_rows(SAMPLE_ROWS).to_pylist()
         prompts, cached = _prompt_tokens(node, sample, sum(mean_output[u] for u in node.upstream), mean_output[name],
                                          int(profile.engine.get("block_size_tokens", 16)))
         if node.iterate:
-            lengths = np.array([len(r[node.iterate.over] or []) for r in table.select([node.iterate.over]).to_pylist()])
-            rounds = tuple(int(round((lengths > k).sum() * share * node.sampling.n)) for k in range(int(lengths.max(initial=0))))
+            rounds = tuple(int(round(c * share * node.sampling.n)) for c in _rows_longer(source.list_lengths(node.iterate.over)))
             counts[name] = rows * node.sampling.n
         else:
             rounds = (int(round(rows * node.sampling.n)),)
@@ -96,6 +99,12 @@ def dag_workloads(dag: DagSpec, tables: dict, cluster: Cluster, profiles_root: P
                                cached_tokens=np.repeat(cached, node.sampling.n))
         nodes.append(NodeWorkload(name, profile, workload, rounds, tuple(u for u in node.upstream if u != name), node.sampling.n))
     return DagWorkloads(nodes, tuple(notes))
+
+
+def _rows_longer(lengths: np.ndarray) -> np.ndarray:
+    """Element k: how many rows have more than k list elements (k = 0 .. longest - 1)."""
+    per_length = np.bincount(lengths, minlength=1)
+    return len(lengths) - np.cumsum(per_length)[:-1]
 
 
 def _where_share(dag: DagSpec, node: NodeSpec) -> float:

@@ -1,7 +1,8 @@
 """Node fingerprints: a hash of everything that decides a node's results.
 
-A node's fingerprint covers its own spec, its input file's bytes and its upstream
-nodes' fingerprints, so a change anywhere upstream invalidates stored results below.
+A node's fingerprint covers its own spec, its input file's bytes (sha256, streamed: the file
+is never held in memory) and its upstream nodes' fingerprints, so a change anywhere upstream
+invalidates stored results below.
 """
 
 from __future__ import annotations
@@ -9,21 +10,20 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict
-from pathlib import Path
 
 from batchllm.dag.model import DagSpec
+from batchllm.io.input_source import InputSource, file_digest
+
+__all__ = ["file_digest", "node_fingerprints"]
 
 
-def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def node_fingerprints(dag: DagSpec) -> dict[str, str]:
-    inputs = {name: file_digest(spec.path) + (spec.id_column or "") for name, spec in dag.inputs.items()}
+def node_fingerprints(dag: DagSpec, sources: dict[str, InputSource] | None = None) -> dict[str, str]:
+    """`sources`: the opened inputs, whose digests are computed once per source; without
+    them each input file is hashed here (the same value)."""
+    if sources is not None:
+        inputs = {name: sources[name].fingerprint() for name in dag.inputs}
+    else:
+        inputs = {name: file_digest(spec.path) + (spec.id_column or "") for name, spec in dag.inputs.items()}
     prints: dict[str, str] = {}
     for name in dag.topological_order():
         node = asdict(dag.nodes[name])

@@ -9,7 +9,8 @@ from rich.console import Console
 from batchllm.engines.devices import DeviceSet
 from batchllm.engines.process_engine import EngineFactory, start_vllm_engine
 from batchllm.errors import UserError
-from batchllm.io.inputs import InputTable
+from batchllm.io.input_source import InputSource
+from batchllm.io.inputs import load_inputs
 from batchllm.models.registry import batchllm_home
 from batchllm.planner.cluster import local_cluster
 from batchllm.planner.from_dag import dag_workloads
@@ -41,12 +42,15 @@ def run_dag_file(dag_path: Path, out: Path, devices: DeviceSet, *, fresh: bool =
         raise UserError(f"unknown schedule {schedule!r}", where="--schedule", hint=f"use one of {', '.join(SCHEDULES)}")
     home = home or batchllm_home()
     dag = load_dag(dag_path)
-    tables = check_dag(dag, home)
+    sources = check_dag(dag, home)
     planner = None
     if schedule != "sequential":
-        planner, why_not = _stage_planner(dag, tables, devices, schedule, profiles_root)
+        planner, why_not = _stage_planner(dag, sources, devices, schedule, profiles_root)
         if planner is None:
             console.print(f"[yellow]no plan:[/yellow] {why_not}; running node by node on all devices")
+    # TEMPORARY adapter (issue 13): the old runners still take whole in-memory tables; this
+    # line goes when the new executor, which reads `sources` in windows, replaces them.
+    tables = load_inputs(dag.inputs)
     run_dir = RunDir(out)
     run_dir.open(fresh=fresh)
     try:
@@ -62,11 +66,11 @@ def run_dag_file(dag_path: Path, out: Path, devices: DeviceSet, *, fresh: bool =
         run_dir.close()
 
 
-def _stage_planner(dag: DagSpec, tables: dict[str, InputTable], devices: DeviceSet, method: str,
+def _stage_planner(dag: DagSpec, sources: dict[str, InputSource], devices: DeviceSet, method: str,
                    profiles_root: Path) -> tuple[StagePlanner | None, str | None]:
     cluster = local_cluster(devices.kind, len(devices.ids))
     try:
-        workloads = dag_workloads(dag, tables, cluster, profiles_root)
+        workloads = dag_workloads(dag, sources, cluster, profiles_root)
     except UserError as missing:
         return None, missing.paragraph()
     return StagePlanner(build_problem(cluster, workloads.nodes, workloads.notes), method), None

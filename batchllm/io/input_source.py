@@ -1,0 +1,149 @@
+"""Input data sets: Parquet files read in windows, rows addressed by position, never held whole.
+
+Invariant: a row is its 0-based position in its file. Its string id (`row_id`), written only
+with outputs, is the `id_column` cast to string, else the position in decimal. `open_input`
+refuses a file whose ids would not be unique and non-null, before anything runs, without
+writing anything in the user's folders and in bounded memory (the duplicate check runs in
+DuckDB under `ID_CHECK_MEMORY`, spilling to a temporary folder of the system's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from batchllm.dag.model import InputSpec
+from batchllm.errors import UserError
+from batchllm.io.parquet_blocks import BlockReader
+
+ROW_ID = "row_id"
+ID_CHECK_MEMORY = "256MB"
+LENGTH_BATCH_ROWS = 65_536
+
+
+class InputSource:
+    """One input data set, read in batches; never held whole in memory. Built by `open_input`."""
+
+    def __init__(self, spec: InputSpec, metadata: pq.FileMetaData):
+        self.spec, self.path, self.id_column = spec, spec.path, spec.id_column
+        self._reader = BlockReader(spec.path, metadata)
+        self.num_rows: int = self._reader.num_rows
+        self.schema: pa.Schema = self._reader.schema  # the file's columns (no row_id added)
+        self._digest: str | None = None
+
+    def read(self, start: int, stop: int, columns: Sequence[str]) -> pa.Table:
+        """Rows [start, stop) in file order (stop past the end reads to the end), only `columns`."""
+        return self._reader.read(start, stop, columns)
+
+    def take(self, rows: np.ndarray, columns: Sequence[str]) -> pa.Table:
+        """The rows at these sorted positions, in that order, only `columns`."""
+        return self._reader.take(rows, columns)
+
+    def head(self, count: int) -> pa.Table:
+        """The first `count` rows (fewer if the file has fewer), all columns."""
+        return self.read(0, min(count, self.num_rows), self.schema.names)
+
+    def head_rows(self, count: int) -> pa.Table:
+        """The first rows as templates and `where:` see them: the file's columns and `row_id`
+        (string, last; a file's own `row_id` column is the id column and gives way to it)."""
+        table = self.head(count)
+        if ROW_ID in table.column_names:
+            table = table.drop_columns([ROW_ID])
+        return table.append_column(pa.field(ROW_ID, pa.string()), self.row_ids(0, table.num_rows))
+
+    def list_lengths(self, column: str) -> np.ndarray:
+        """int32 per row: the length of a list column's value (0 for null), read batch by batch."""
+        if not (pa.types.is_list(self.schema.field(column).type) or pa.types.is_large_list(self.schema.field(column).type)):
+            raise TypeError(f"column {column!r} of {str(self.path)!r} is not a list column")
+        lengths = np.empty(self.num_rows, np.int32)
+        row = 0
+        for batch in self._reader.batches([column], LENGTH_BATCH_ROWS):
+            counts = pc.fill_null(pc.list_value_length(batch.column(0)), 0)
+            lengths[row:row + batch.num_rows] = counts.to_numpy(zero_copy_only=False)
+            row += batch.num_rows
+        return lengths
+
+    def row_ids(self, start: int, stop: int) -> pa.Array:
+        """The rows' ids as strings: the id column cast to string, else the position."""
+        stop = min(stop, self.num_rows)
+        if self.id_column is None:
+            return pc.cast(pa.array(np.arange(start, stop, dtype=np.int64)), pa.string())
+        column = self.read(start, stop, [self.id_column]).column(0)
+        return pc.cast(column, pa.string()).combine_chunks()
+
+    def fingerprint(self) -> str:
+        """What about the data decides results: the file's sha256 and the id column (computed
+        once per source; about 1 s a GB here)."""
+        if self._digest is None:
+            self._digest = file_digest(self.path)
+        return self._digest + (self.id_column or "")
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+def file_digest(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def open_input(spec: InputSpec) -> InputSource:
+    """Open and validate one input; every problem is a UserError naming the file."""
+    where = f"inputs.{spec.name}"
+    if not spec.path.is_file():
+        raise UserError(f"input file {str(spec.path)!r} does not exist", where=where, hint="fix `path:` (relative paths start at the DAG file's folder)")
+    try:
+        metadata = pq.read_metadata(spec.path)
+        schema = metadata.schema.to_arrow_schema()
+    except (pa.ArrowException, OSError) as exc:
+        raise UserError(f"{str(spec.path)!r} is not a readable Parquet file: {exc}", where=where) from None
+    if metadata.num_rows == 0:
+        raise UserError(f"input file {str(spec.path)!r} has no rows", where=where, hint="point `path:` at a data set with at least one row")
+    if ROW_ID in schema.names and spec.id_column != ROW_ID:
+        raise UserError(f"input file has a column named {ROW_ID!r}, which batchllm reserves", where=where,
+                        hint=f"set `id_column: {ROW_ID}` to use it as the row id, or rename it")
+    if spec.id_column is not None:
+        if spec.id_column not in schema.names:
+            raise UserError(f"id_column {spec.id_column!r} is not a column of {str(spec.path)!r}", where=where,
+                            hint=f"columns: {', '.join(schema.names)}")
+        _check_ids(spec, where)
+    try:
+        return InputSource(spec, metadata)
+    except (pa.ArrowException, OSError) as exc:
+        raise UserError(f"{str(spec.path)!r} is not a readable Parquet file: {exc}", where=where) from None
+
+
+def open_inputs(specs: dict[str, InputSpec]) -> dict[str, InputSource]:
+    return {name: open_input(spec) for name, spec in specs.items()}
+
+
+def _check_ids(spec: InputSpec, where: str) -> None:
+    """No null and no duplicate id, in DuckDB: bounded memory, spilling to a temporary folder."""
+    column = '"' + spec.id_column.replace('"', '""') + '"'
+    with tempfile.TemporaryDirectory(prefix="batchllm-ids-") as spill:
+        connection = duckdb.connect(config={"memory_limit": ID_CHECK_MEMORY, "temp_directory": spill,
+                                            "preserve_insertion_order": False, "autoload_known_extensions": False,
+                                            "autoinstall_known_extensions": False})
+        try:
+            nulls = connection.execute(f"SELECT count(*) FILTER (WHERE {column} IS NULL) FROM read_parquet(?)",
+                                       [str(spec.path)]).fetchone()[0]
+            if nulls:
+                raise UserError(f"id_column {spec.id_column!r} has {nulls} null values", where=where, hint="every row needs an id")
+            duplicate = connection.execute(
+                f"SELECT CAST({column} AS VARCHAR), count(*) FROM read_parquet(?) GROUP BY {column} HAVING count(*) > 1 LIMIT 1",
+                [str(spec.path)]).fetchone()
+        except duckdb.Error as exc:
+            raise UserError(f"{str(spec.path)!r} is not a readable Parquet file: {str(exc).splitlines()[0]}", where=where) from None
+        finally:
+            connection.close()
+    if duplicate is not None:
+        raise UserError(f"id_column {spec.id_column!r} has duplicate values ({duplicate[0]!r} appears {duplicate[1]} times)",
+                        where=where, hint="row ids must be unique")
