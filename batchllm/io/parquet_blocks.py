@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-BLOCK_BYTES = 16 << 20  # decoded size a block aims at
-CACHE_BYTES = 64 << 20  # decoded blocks kept for re-reads (the newest is kept whatever its size)
+BLOCK_BYTES = 8 << 20  # decoded size a block aims at (~50,000 rows of 150-character prompts)
+CACHE_BYTES = 32 << 20  # decoded blocks kept for re-reads (the newest is kept whatever its size)
 MIN_BLOCK_ROWS, MAX_BLOCK_ROWS = 1_024, 262_144
 OPEN_CURSORS = 4
 PROBE_ROWS = 1_024
