@@ -72,7 +72,8 @@ def run(
         console.print(progress.summary_table())
         if result.report is not None and result.report.stages:
             r = result.report
-            console.print(f"{len(r.stages)} stages ({r.method}): {r.wall_s:.1f} s, estimated {r.estimated_s:.1f} s; "
+            estimate = f", estimated {r.estimated_s:.1f} s" if r.estimated_s is not None else ""
+            console.print(f"{len(r.stages)} stages ({r.method}): {r.wall_s:.1f} s{estimate}; "
                           f"orchestration overhead {r.overhead_s:.1f} s ({r.overhead_s / r.wall_s:.1%}); details in {out / 'run.json'}")
     for name, path in result.outputs.items():
         typer.echo(f"{name}: {path}")

@@ -120,21 +120,23 @@ def test_no_replicas_is_an_error():
         order_requests(PROMPTS, block_size=2, replicas=0)
 
 
-def test_the_runtime_sends_ready_requests_in_prefix_order():
+def test_the_runtime_prepares_requests_tokenized_and_in_prefix_order():
     from batchllm.engines.protocol import EngineRequest
-    from batchllm.runtime import request_ordering
+    from batchllm.runtime.prepare import RequestPreparer
 
     class CharacterTokenizer:  # one token per character
-        def token_ids(self, request):
-            return [ord(c) for c in (request.system or "") + request.prompt]
+        def token_ids_many(self, requests):
+            return [[ord(c) for c in (r.system or "") + r.prompt] for r in requests]
 
-    ordering = request_ordering.PrefixOrdering(lambda model_dir: CharacterTokenizer())
+    preparer = RequestPreparer(prefix_order=True, tokenizer_for=lambda model_dir: CharacterTokenizer())
     texts = ["zz question 1", "shared document, question a", "zz question 2", "shared document, question b"]
-    requests = [EngineRequest(request_id=str(i), prompt=t, system=None, chat=False, max_tokens=4, temperature=0.0,
-                              top_p=1.0, seed=None, n=1) for i, t in enumerate(texts)]
-    ordered = ordering("node", requests, "model-dir", 4)
-    assert [r.request_id for r in ordered] == ["1", "3", "0", "2"]
+    requests = [EngineRequest(request_id=str(i), prompt=t, chat=False, max_tokens=4) for i, t in enumerate(texts)]
+    window = preparer.submit(requests, "model-dir", 4, 1).result(timeout=30)
+    assert [r.request_id for r in window.replicas[0]] == ["1", "3", "0", "2"]
+    assert window.replicas[0][0].prompt_token_ids == tuple(ord(c) for c in texts[1])  # the engine need not tokenize
     # "shared document, question " is 26 characters: 6 whole blocks of 4; "zz question " 12: 3 blocks
-    assert ordering.ideal_cached_tokens("node", 4) == 24 + 12
-    ordering.split("node", requests[:2], "model-dir", 4, replicas=2)  # split again: counted once
-    assert ordering.ideal_cached_tokens("node", 4) == 24 + 12
+    assert window.ideal_cached_tokens == 24 + 12 and window.prompt_tokens == sum(map(len, texts))
+    two = preparer.submit(requests, "model-dir", 4, 2).result(timeout=30)
+    # the shared-document group is the heaviest: cut at its branch, the "zz" group beside one half
+    assert [[r.request_id for r in part] for part in two.replicas] == [["1", "0", "2"], ["3"]]
+    preparer.close()

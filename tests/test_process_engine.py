@@ -80,7 +80,7 @@ def test_engines_started_side_by_side_stay_alive_and_serve():
             engines.submit(config, requests(2))
         done, deadline = [], time.monotonic() + 30
         while len(done) < 4 and time.monotonic() < deadline:
-            polled = engines.poll(timeout_s=0.5)
+            polled = engines.poll(timeout_s=0.5, busy=lambda slot: True)
             assert polled.losses == []
             done += polled.results
         assert len(done) == 4

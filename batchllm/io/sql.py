@@ -6,7 +6,7 @@ import duckdb
 import pyarrow as pa
 
 from batchllm.errors import UserError
-from batchllm.io.inputs import ROW_ID
+from batchllm.io.input_source import ROW_ID
 
 
 def where_row_ids(rows: pa.Table, upstream: dict[str, pa.Array], predicate: str, *, where: str,

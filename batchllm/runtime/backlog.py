@@ -7,7 +7,8 @@ gives the node more (or fewer) replicas, only what waits here can move: it is sp
 again over the new replicas. Without this, a node that grows keeps all its work queued
 in its old engines and the added replicas idle.
 
-Invariant: a request is in exactly one place: here, in one engine, or committed.
+Invariant: what waits here are the payloads (rendered, tokenized requests) of units the
+ledger has QUEUED, each once; the ledger, not this queue, says where a unit is.
 """
 
 from __future__ import annotations

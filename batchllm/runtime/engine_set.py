@@ -1,37 +1,36 @@
-"""The engines running now: one per replica (model + engine settings + devices).
+"""The engines running now: one per replica (model + engine settings + devices), each
+with a slot number that the ledger records for the units it runs.
 
-A stage says which replicas it wants; `reconcile` stops the others (their requests in
-flight are handed back to be queued again) and starts the missing ones side by side.
+A stage says which replicas it wants; `reconcile` stops the others (the ledger hands
+their units back to be queued again, by slot) and starts the missing ones side by side.
 An engine serves whichever node the stage gives it: a node that takes over an idle
 engine of its model and devices pays no start, and results of a node that lost its
 engine to another node of the same model still arrive and are kept.
 
-Invariant: a request id is in flight on at most one engine, from `submit` until its
-result is taken by `poll` or its engine is stopped or lost.
+Invariant: a slot number names one engine for the whole run (never reused), so a unit
+the ledger has RUNNING on a slot is in that engine until its result is polled or the
+engine is reported lost.
 """
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from batchllm.engines.process_engine import Engine, EngineFactory, EngineFailed
 from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunningEngine:
     engine: Engine
-    in_flight: dict[str, float] = field(default_factory=dict)  # request id -> estimated work
+    slot: int
 
     @property
     def config(self) -> EngineConfig:
         return self.engine.config
-
-    @property
-    def queued_work(self) -> float:
-        return sum(self.in_flight.values())
 
 
 @dataclass(frozen=True)
@@ -43,21 +42,15 @@ class EngineStart:
 @dataclass(frozen=True)
 class EngineLoss:
     config: EngineConfig
-    request_ids: tuple[str, ...]  # in flight when it was stopped or died
+    slot: int
     cause: str | None  # None: stopped on purpose
 
 
 @dataclass(frozen=True)
 class Polled:
-    results: list[tuple[EngineConfig, EngineResult]]
+    results: list[EngineResult]
     steps: list[tuple[EngineConfig, StepRecord]]
     losses: list[EngineLoss]
-
-
-def request_work(request: EngineRequest) -> float:
-    """Rough work of a request for balancing replicas: prompt tokens (4 characters each)
-    plus the most tokens it may generate."""
-    return len(request.prompt) / 4 + len(request.system or "") / 4 + request.max_tokens * request.n
 
 
 class EngineSet:
@@ -65,6 +58,7 @@ class EngineSet:
         self._factory = factory
         self.running: dict[tuple, RunningEngine] = {}
         self.starts: list[EngineStart] = []
+        self._next_slot = 0
 
     def get(self, config: EngineConfig) -> RunningEngine | None:
         return self.running.get(config.sharing_key())
@@ -86,9 +80,10 @@ class EngineSet:
                     outcome.stop()
                     outcome = failure
             if isinstance(outcome, EngineFailed):
-                failed.append(EngineLoss(config, (), str(outcome)))
+                failed.append(EngineLoss(config, -1, str(outcome)))
             else:
-                self.running[config.sharing_key()] = RunningEngine(outcome)
+                self.running[config.sharing_key()] = RunningEngine(outcome, self._next_slot)
+                self._next_slot += 1
                 # the worker times its engine's load; the driver also sees process start and imports
                 self.starts.append(EngineStart(config, max(outcome.ready.load_time_s, time.monotonic() - launched_at)))
         return stopped, failed
@@ -103,28 +98,23 @@ class EngineSet:
     def _stop(self, key: tuple, cause: str | None) -> EngineLoss:
         running = self.running.pop(key)
         running.engine.stop()
-        return EngineLoss(running.config, tuple(running.in_flight), cause)
+        return EngineLoss(running.config, running.slot, cause)
 
     def submit(self, config: EngineConfig, requests: list[EngineRequest]) -> None:
-        running = self.running[config.sharing_key()]
-        for request in requests:
-            running.in_flight[request.request_id] = request_work(request)
-        running.engine.submit(requests)
+        self.running[config.sharing_key()].engine.submit(requests)
 
-    def poll(self, timeout_s: float) -> Polled:
-        """Results and step records of every engine; an engine that died is dropped and
-        reported with the requests it held."""
+    def poll(self, timeout_s: float, busy: Callable[[int], bool]) -> Polled:
+        """Results and step records of every engine, waiting only on `busy` slots; an
+        engine that died is dropped and reported."""
         results, steps, losses = [], [], []
         wait_s = timeout_s / max(len(self.running), 1)
         for key, running in list(self.running.items()):
             try:
-                batch = running.engine.poll(timeout_s=wait_s if running.in_flight else 0.0)
+                batch = running.engine.poll(timeout_s=wait_s if busy(running.slot) else 0.0)
             except EngineFailed as failure:
                 losses.append(self._stop(key, cause=str(failure)))
                 continue
-            for result in batch:
-                running.in_flight.pop(result.request_id, None)
-                results.append((running.config, result))
+            results.extend(batch)
             steps.extend((running.config, step) for step in running.engine.drain_steps())
         if not self.running:
             time.sleep(min(timeout_s, 0.05))
@@ -136,7 +126,7 @@ class EngineSet:
         if stopping:
             with ThreadPoolExecutor(max_workers=len(stopping), thread_name_prefix="engine-stop") as pool:
                 list(pool.map(lambda running: running.engine.stop(), stopping))
-        return [EngineLoss(running.config, tuple(running.in_flight), None) for running in stopping]
+        return [EngineLoss(running.config, running.slot, None) for running in stopping]
 
     def stop_all(self) -> list[EngineLoss]:
         return self._stop_many(list(self.running))

@@ -1,4 +1,4 @@
-"""`batchllm run` without the command line: validate, plan, execute, report."""
+"""`batchllm run` without the command line: validate, choose how stages are picked, execute."""
 
 from __future__ import annotations
 
@@ -6,25 +6,24 @@ from pathlib import Path
 
 from rich.console import Console
 
+from batchllm.dag.checks import check_dag
+from batchllm.dag.loader import load_dag
+from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet
 from batchllm.engines.process_engine import EngineFactory, start_vllm_engine
-from batchllm.errors import UserError
+from batchllm.errors import RunIncomplete, UserError
 from batchllm.io.input_source import InputSource
-from batchllm.io.inputs import load_inputs
 from batchllm.models.registry import batchllm_home
 from batchllm.planner.cluster import local_cluster
 from batchllm.planner.from_dag import dag_workloads
 from batchllm.planner.plan_file import PROFILES_ROOT
 from batchllm.planner.problem import build_problem
+from batchllm.runtime.executor import Executor, RunResult
+from batchllm.runtime.prepare import RequestPreparer
 from batchllm.runtime.progress import RunProgress
-from batchllm.runtime.request_ordering import PrefixOrdering
 from batchllm.runtime.run_dir import RunDir
-from batchllm.runtime.sequential import RunResult, SequentialRunner
+from batchllm.runtime.sequential_stages import SequentialStages
 from batchllm.runtime.stage_planner import SCHEDULE_METHODS, StagePlanner
-from batchllm.runtime.staged import StagedRunner
-from batchllm.dag.checks import check_dag
-from batchllm.dag.loader import load_dag
-from batchllm.dag.model import DagSpec
 
 SCHEDULES = (*SCHEDULE_METHODS, "sequential")
 
@@ -36,31 +35,34 @@ def run_dag_file(dag_path: Path, out: Path, devices: DeviceSet, *, fresh: bool =
     """Validate everything first (nothing is written on bad input), then run.
 
     `schedule`: `plan` (batchllm's stages, re-planned at every stage boundary), `max` or
-    `min` (the heuristics, for comparison), or `sequential` (node by node on all devices;
-    also what `plan` falls back to when a model has no profile for these devices)."""
+    `min` (the heuristics, for comparison), or `sequential` (node by node, one engine on
+    all devices; also what `plan` falls back to when a model has no profile here)."""
     if schedule not in SCHEDULES:
         raise UserError(f"unknown schedule {schedule!r}", where="--schedule", hint=f"use one of {', '.join(SCHEDULES)}")
     home = home or batchllm_home()
     dag = load_dag(dag_path)
     sources = check_dag(dag, home)
-    planner = None
+    stages = None
     if schedule != "sequential":
-        planner, why_not = _stage_planner(dag, sources, devices, schedule, profiles_root)
-        if planner is None:
+        stages, why_not = _stage_planner(dag, sources, devices, schedule, profiles_root)
+        if stages is None:
             console.print(f"[yellow]no plan:[/yellow] {why_not}; running node by node on all devices")
-    # TEMPORARY adapter (issue 13): the old runners still take whole in-memory tables; this
-    # line goes when the new executor, which reads `sources` in windows, replaces them.
-    tables = load_inputs(dag.inputs)
+    stages = stages or SequentialStages(devices, dag.topological_order())
     run_dir = RunDir(out)
     run_dir.open(fresh=fresh)
     try:
-        with RunProgress(console) as progress:
-            factory, ordering = engine_factory or start_vllm_engine, PrefixOrdering() if prefix_order else None
-            if planner is None:
-                runner = SequentialRunner(dag, tables, run_dir, devices, factory, progress, home, ordering)
-            else:
-                runner = StagedRunner(dag, tables, run_dir, devices, factory, progress, home, planner, ordering)
-            result = runner.run()
+        with RunProgress(console, status_path=run_dir.status_path) as progress:
+            executor = Executor(dag, sources, run_dir, devices, engine_factory or start_vllm_engine, progress, home, stages,
+                                RequestPreparer(prefix_order))
+            try:
+                result = executor.run()
+            except KeyboardInterrupt:
+                progress.close("interrupted")
+                raise
+            except RunIncomplete:
+                progress.close("incomplete")
+                raise
+            progress.close("finished")
         return result, progress
     finally:
         run_dir.close()

@@ -38,7 +38,7 @@ class NodeStats:
 
 
 class RunProgress:
-    def __init__(self, console: Console):
+    def __init__(self, console: Console, status_path=None):
         self.console = console
         self._bars = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -67,12 +67,18 @@ class RunProgress:
             self.stats[node].units_total = units_total
             self._bars.update(self._tasks[node], total=units_total)
 
-    def advance(self, node: str, prompt_tokens: int, output_tokens: int) -> None:
+    def tick(self) -> None:
+        """Called every loop turn of the executor (interim: nothing periodic yet)."""
+
+    def close(self, state: str) -> None:
+        """The run ended: finished, incomplete or interrupted (interim: nothing to write yet)."""
+
+    def advance(self, node: str, prompt_tokens: int, output_tokens: int, *, units: int = 1, failed: int = 0) -> None:
         stats = self.stats[node]
-        stats.units_done_now += 1
+        stats.units_done_now += units
         stats.prompt_tokens += prompt_tokens
         stats.output_tokens += output_tokens
-        self._bars.update(self._tasks[node], advance=1, rate=f"{stats.output_tokens_per_s:,.0f} tok/s")
+        self._bars.update(self._tasks[node], advance=units, rate=f"{stats.output_tokens_per_s:,.0f} tok/s")
 
     def count_steps(self, node: str, steps) -> None:
         stats = self.stats[node]

@@ -2,7 +2,8 @@
 
     <out>/<output>.parquet         final data sets
     <out>/nodes/<node>.parquet     every (row, step) result of a node
-    <out>/.batchllm/journal/       the commit logs that make resume exact
+    <out>/.batchllm/journal/<node>/  the commit log that makes resume exact (Parquet segments + a JSONL tail)
+    <out>/.batchllm/status.json    what `batchllm status` reads while the run goes and after
     <out>/.batchllm/logs/          engine logs
 """
 
@@ -21,8 +22,12 @@ class RunDir:
         self.state = root / ".batchllm"
         self._lock_file = None
 
-    def journal_path(self, node: str) -> Path:
-        return self.state / "journal" / f"{node}.jsonl"
+    def journal_folder(self, node: str) -> Path:
+        return self.state / "journal" / node
+
+    @property
+    def status_path(self) -> Path:
+        return self.state / "status.json"
 
     def node_path(self, node: str) -> Path:
         return self.root / "nodes" / f"{node}.parquet"

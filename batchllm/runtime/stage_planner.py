@@ -52,8 +52,8 @@ class RunningPlan:
 @dataclass(frozen=True)
 class StageChoice:
     stage: StageRecord  # plans and device indices of the stage to run now
-    rest_s: float  # estimated time to the end of the run, from now
-    schedule: Schedule  # the whole plan of the rest of the run
+    rest_s: float | None  # estimated time to the end of the run, from now (None: no cost model)
+    schedule: Schedule | None  # the whole plan of the rest of the run (None: no cost model)
     search_s: float
 
 

@@ -1,0 +1,298 @@
+"""A node's journal: the commit log that makes runs resumable, at any size.
+
+Layout of `<out>/.batchllm/journal/<node>/`:
+
+    header.json          the node and its fingerprint (results of a changed node are refused)
+    tail-000007.jsonl    the part being appended to: one JSON line per committed (row, step)
+    seg-000003.parquet   a compacted part: the records of tail-000003, sorted by (row, step),
+                         with its record count and token sums in the file's metadata
+
+A line is committed once it ends in a newline and was flushed to the OS (that survives
+`kill -9` of the process); a torn last line is cut off at reopen. Every `segment_records`
+records the tail is compacted: its segment is written beside it and renamed into place,
+then the tail file is deleted, and appends go to the next part.
+
+Invariant: every committed record is in exactly one part k: in seg-k if that file exists
+(then a leftover tail-k, from a crash between rename and delete, is dropped at reopen),
+else in tail-k. So a crash at any moment leaves each record exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from batchllm.errors import UserError
+
+STEP_BITS = 20  # a (row, step) key is row << STEP_BITS | step: up to a million steps a row
+STATS_KEY = b"batchllm.stats"
+
+
+@dataclass(frozen=True)
+class ResultRecord:
+    row: int  # the row's position in its input
+    step: int
+    texts: tuple[str, ...]
+    num_prompt_tokens: int
+    num_output_tokens: int
+    finish_reason: str
+
+    @property
+    def text(self) -> str:
+        return self.texts[0]
+
+
+@dataclass(frozen=True)
+class JournalStats:
+    committed: int = 0
+    failed: int = 0  # finish_reason "error: ..."
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+    def plus(self, other: "JournalStats") -> "JournalStats":
+        return JournalStats(self.committed + other.committed, self.failed + other.failed,
+                            self.prompt_tokens + other.prompt_tokens, self.output_tokens + other.output_tokens)
+
+    @classmethod
+    def of(cls, records: Sequence[ResultRecord]) -> "JournalStats":
+        return cls(len(records), sum(1 for r in records if r.finish_reason.startswith("error:")),
+                   sum(r.num_prompt_tokens for r in records), sum(r.num_output_tokens for r in records))
+
+
+def segment_schema(samples: int) -> pa.Schema:
+    fields = [("row", pa.int64()), ("step", pa.int32()), ("text", pa.string()), ("num_prompt_tokens", pa.int64()),
+              ("num_output_tokens", pa.int64()), ("finish_reason", pa.string())]
+    if samples > 1:
+        fields.append(("texts", pa.list_(pa.string())))
+    return pa.schema(fields)
+
+
+def key_of(rows: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    return (np.asarray(rows, np.int64) << STEP_BITS) | np.asarray(steps, np.int64)
+
+
+class ResultJournal:
+    """Opened for appending; recovers what an earlier run committed."""
+
+    FSYNC_EVERY = 4096  # records between fsyncs (a flush alone survives a process crash)
+
+    def __init__(self, folder: Path, fingerprint: str, node: str, *, samples: int = 1, segment_records: int = 50_000):
+        self.folder, self.node, self.samples, self.segment_records = folder, node, samples, segment_records
+        self.schema = segment_schema(samples)
+        folder.mkdir(parents=True, exist_ok=True)
+        self._check_header(fingerprint)
+        self._segments: list[Path] = []
+        self._segment_stats = JournalStats()
+        self._tail: dict[int, ResultRecord] = {}  # key -> record, in the current tail part
+        self._cache: tuple[Path, np.ndarray, pa.Array] | None = None  # the last segment texts() read
+        self._part = self._recover()
+        self._file = open(self._tail_path(self._part), "a", encoding="utf-8")
+        self._unsynced = 0
+
+    # -- opening -------------------------------------------------------------------------
+    def _check_header(self, fingerprint: str) -> None:
+        header = self.folder / "header.json"
+        if header.exists():
+            if json.loads(header.read_text()).get("fingerprint") != fingerprint:
+                raise UserError(
+                    f"the results already in {str(self.folder.parent.parent.parent)!r} were made by a different version "
+                    f"of node {self.node!r} (its prompt, model, sampling, routing or input data changed)",
+                    where=f"nodes.{self.node}", hint="pass --fresh to discard the old results, or choose another --out")
+            return
+        _write_atomically(header, json.dumps({"node": self.node, "fingerprint": fingerprint}) + "\n")
+
+    def _tail_path(self, part: int) -> Path:
+        return self.folder / f"tail-{part:06d}.jsonl"
+
+    def _segment_path(self, part: int) -> Path:
+        return self.folder / f"seg-{part:06d}.parquet"
+
+    def _recover(self) -> int:
+        """Drop what a crash left half-done; load the tail; returns the part to append to."""
+        for stale in self.folder.glob("*.tmp"):
+            stale.unlink()
+        segments = {int(p.stem[4:]): p for p in self.folder.glob("seg-*.parquet")}
+        tails = {int(p.stem[5:]): p for p in self.folder.glob("tail-*.jsonl")}
+        for part in set(tails) & set(segments):  # compacted; the delete did not happen
+            tails.pop(part).unlink()
+        self._segments = [segments[k] for k in sorted(segments)]
+        for path in self._segments:
+            stats = pq.read_schema(path).metadata[STATS_KEY]
+            self._segment_stats = self._segment_stats.plus(JournalStats(**json.loads(stats)))
+        if len(tails) > 1:
+            raise RuntimeError(f"{self.folder}: more than one uncompacted part ({sorted(tails)}): journal is corrupt")
+        if not tails:
+            return max(segments, default=-1) + 1
+        part, path = next(iter(tails.items()))
+        data = path.read_bytes()
+        committed_end = data.rfind(b"\n") + 1
+        for number, line in enumerate(data[:committed_end].decode("utf-8").splitlines(), start=1):
+            item = json.loads(line)
+            record = ResultRecord(item["row"], item["step"], tuple(item["texts"]), item["num_prompt_tokens"],
+                                  item["num_output_tokens"], item["finish_reason"])
+            key = int(key_of(record.row, record.step))
+            if key in self._tail:
+                raise RuntimeError(f"{path}:{number}: duplicate result for row {record.row} step {record.step}: journal is corrupt")
+            self._tail[key] = record
+        if committed_end < len(data):  # the torn end of an interrupted write
+            with open(path, "r+b") as handle:
+                handle.truncate(committed_end)
+        return part
+
+    # -- reading ---------------------------------------------------------------------------
+    def committed_keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, steps) of every committed record; reads only those two columns."""
+        rows = [pq.read_table(p, columns=["row"]).column("row").to_numpy() for p in self._segments]
+        steps = [pq.read_table(p, columns=["step"]).column("step").to_numpy() for p in self._segments]
+        rows.append(np.fromiter((r.row for r in self._tail.values()), np.int64, len(self._tail)))
+        steps.append(np.fromiter((r.step for r in self._tail.values()), np.int64, len(self._tail)))
+        return np.concatenate(rows).astype(np.int64), np.concatenate(steps).astype(np.int32)
+
+    def texts(self, rows: np.ndarray, steps: np.ndarray) -> list[str | None]:
+        """The main text of each (row, step), None where nothing is committed."""
+        keys = key_of(rows, steps)
+        found: list[str | None] = [None] * len(keys)
+        missing = []
+        for k, key in enumerate(keys.tolist()):
+            record = self._tail.get(key)
+            if record is None:
+                missing.append(k)
+            else:
+                found[k] = record.text
+        if missing:
+            wanted = keys[missing]
+            low, high = int(wanted.min()), int(wanted.max())
+            for path in self._segments:
+                segment_keys, texts = self._segment_texts(path, low, high)
+                if segment_keys is None:
+                    continue
+                at = np.searchsorted(segment_keys, wanted).clip(max=len(segment_keys) - 1)
+                hit = segment_keys[at] == wanted
+                for k, position in zip(np.asarray(missing)[hit].tolist(), at[hit].tolist()):
+                    found[k] = texts[position].as_py()
+        return found
+
+    def _segment_texts(self, path: Path, low: int, high: int) -> tuple[np.ndarray | None, pa.Array | None]:
+        """A segment's sorted keys and texts, if its key range meets [low, high]."""
+        if self._cache is not None and self._cache[0] == path:
+            _, keys, texts = self._cache
+        else:
+            metadata = pq.read_metadata(path)
+            first, last = _key_range(metadata)
+            if last < low or first > high:
+                return None, None
+            table = pq.read_table(path, columns=["row", "step", "text"])
+            keys = key_of(table.column("row").to_numpy(), table.column("step").to_numpy())
+            texts = table.column("text").combine_chunks()
+            self._cache = (path, keys, texts)
+        if keys[-1] < low or keys[0] > high:
+            return None, None
+        return keys, texts
+
+    def stats(self) -> JournalStats:
+        return self._segment_stats.plus(JournalStats.of(list(self._tail.values())))
+
+    def segment_paths(self) -> list[Path]:
+        return list(self._segments)
+
+    # -- writing ---------------------------------------------------------------------------
+    def append_many(self, records: Sequence[ResultRecord]) -> None:
+        lines = []
+        for record in records:
+            key = int(key_of(record.row, record.step))
+            if key in self._tail:
+                raise RuntimeError(f"node {self.node!r}: row {record.row} step {record.step} was already committed")
+            self._tail[key] = record
+            lines.append(json.dumps({"row": record.row, "step": record.step, "texts": list(record.texts),
+                                     "num_prompt_tokens": record.num_prompt_tokens,
+                                     "num_output_tokens": record.num_output_tokens,
+                                     "finish_reason": record.finish_reason}, ensure_ascii=False))
+        if not lines:
+            return
+        self._file.write("\n".join(lines) + "\n")
+        self._file.flush()
+        self._unsynced += len(lines)
+        if self._unsynced >= self.FSYNC_EVERY:
+            self.sync()
+        if len(self._tail) >= self.segment_records:
+            self.compact()
+
+    def compact(self) -> None:
+        """The tail becomes a sorted Parquet segment (see the module's invariant)."""
+        if not self._tail:
+            return
+        self.sync()
+        records = [self._tail[k] for k in sorted(self._tail)]
+        columns = {"row": [r.row for r in records], "step": [r.step for r in records], "text": [r.text for r in records],
+                   "num_prompt_tokens": [r.num_prompt_tokens for r in records],
+                   "num_output_tokens": [r.num_output_tokens for r in records],
+                   "finish_reason": [r.finish_reason for r in records]}
+        if self.samples > 1:
+            columns["texts"] = [list(r.texts) for r in records]
+        stats = JournalStats.of(records)
+        schema = self.schema.with_metadata({STATS_KEY: json.dumps(stats.__dict__).encode()})
+        segment = self._segment_path(self._part)
+        temporary = segment.with_name(segment.name + ".tmp")
+        pq.write_table(pa.table(columns, schema=schema), temporary, row_group_size=8192)
+        with open(temporary, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, segment)
+        self._file.close()
+        self._tail_path(self._part).unlink()
+        self._segments.append(segment)
+        self._segment_stats = self._segment_stats.plus(stats)
+        self._tail = {}
+        self._part += 1
+        self._file = open(self._tail_path(self._part), "a", encoding="utf-8")
+
+    def sync(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._unsynced = 0
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self.sync()
+            self._file.close()
+
+
+def _key_range(metadata: pq.FileMetaData) -> tuple[int, int]:
+    """The first and last (row, step) key of a sorted segment, from its statistics."""
+    first_group, last_group = metadata.row_group(0), metadata.row_group(metadata.num_row_groups - 1)
+    row_min, row_max = first_group.column(0).statistics.min, last_group.column(0).statistics.max
+    return int(row_min) << STEP_BITS, (int(row_max) << STEP_BITS) | ((1 << STEP_BITS) - 1)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def read_records(folder: Path) -> pa.Table:
+    """Every committed record of a journal folder, read without opening it for writing
+    (for tests and tools): segments and the tail's complete lines."""
+    tables = [pq.read_table(p) for p in sorted(folder.glob("seg-*.parquet"))]
+    compacted = {int(p.stem[4:]) for p in folder.glob("seg-*.parquet")}
+    for tail in sorted(folder.glob("tail-*.jsonl")):
+        if int(tail.stem[5:]) in compacted:
+            continue
+        data = tail.read_bytes()
+        lines = [json.loads(line) for line in data[:data.rfind(b"\n") + 1].decode().splitlines()]
+        if lines:
+            tables.append(pa.table({"row": [x["row"] for x in lines], "step": [x["step"] for x in lines],
+                                    "text": [x["texts"][0] for x in lines],
+                                    "num_prompt_tokens": [x["num_prompt_tokens"] for x in lines],
+                                    "num_output_tokens": [x["num_output_tokens"] for x in lines],
+                                    "finish_reason": [x["finish_reason"] for x in lines]}))
+    columns = ["row", "step", "text", "num_prompt_tokens", "num_output_tokens", "finish_reason"]
+    tables = [t.select(columns).cast(segment_schema(1)) for t in tables]
+    return pa.concat_tables(tables) if tables else segment_schema(1).empty_table()

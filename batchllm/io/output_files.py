@@ -1,0 +1,138 @@
+"""Output files, written by streaming joins in DuckDB (bounded memory at any size):
+
+- `<out>/nodes/<node>.parquet`: every committed (row, step) of a node, sorted by the row's
+  position and step, with the row's id from the input;
+- `<out>/<output>.parquet`: one row per input row, in input order: `row_id` and the
+  columns an output names (input columns, node results, merges), null where a node has
+  no final output for the row.
+
+Each file is written beside its destination and renamed into place, so a reader (or a
+crash) sees the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from batchllm.dag.model import OutputSpec
+from batchllm.io.input_source import ROW_ID
+from batchllm.io.node_journal import ResultJournal
+
+MEMORY_LIMIT = "512MB"
+NODE_COLUMNS = ("step", "text", "num_prompt_tokens", "num_output_tokens", "finish_reason")
+NODE_SCHEMA = pa.schema([(ROW_ID, pa.string()), ("step", pa.int32()), ("text", pa.string()),
+                         ("num_prompt_tokens", pa.int64()), ("num_output_tokens", pa.int64()), ("finish_reason", pa.string())])
+
+
+@dataclass(frozen=True)
+class FinalSource:
+    """Which record of a node is a row's final output."""
+
+    journal: ResultJournal
+    last_step_column: str | None  # None: step 0; else the input's list column whose length - 1 is the last step
+
+
+@dataclass(frozen=True)
+class InputFile:
+    path: Path
+    id_column: str | None
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    return "'" + str(text).replace("'", "''") + "'"
+
+
+def _connect(spill_dir: Path) -> duckdb.DuckDBPyConnection:
+    connection = duckdb.connect(config={"memory_limit": MEMORY_LIMIT, "threads": 2, "preserve_insertion_order": True})
+    connection.execute(f"SET temp_directory = {_literal(str(spill_dir))}")
+    return connection
+
+
+def _row_id(input_alias: str, source: InputFile) -> str:
+    if source.id_column:
+        return f"CAST({input_alias}.{_quote(source.id_column)} AS VARCHAR)"
+    return f"CAST({input_alias}.file_row_number AS VARCHAR)"
+
+
+def _segments_sql(journal: ResultJournal) -> str:
+    return "read_parquet([" + ", ".join(_literal(str(p)) for p in journal.segment_paths()) + "])"
+
+
+def _write(connection: duckdb.DuckDBPyConnection, query: str, path: Path, empty_schema: pa.Schema | None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        if empty_schema is not None:
+            pq.write_table(empty_schema.empty_table(), temporary)
+        else:
+            connection.execute(f"COPY ({query}) TO {_literal(str(temporary))} (FORMAT parquet, ROW_GROUP_SIZE 65536)")
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def write_node_file(journal: ResultJournal, source: InputFile, path: Path) -> None:
+    """Every committed result of the node (the journal's tail is compacted first)."""
+    journal.compact()
+    schema = NODE_SCHEMA.append(pa.field("texts", pa.list_(pa.string()))) if journal.samples > 1 else NODE_SCHEMA
+    if not journal.segment_paths():
+        _write(None, "", path, schema)
+        return
+    extra = ", s.texts" if journal.samples > 1 else ""
+    columns = ", ".join(f"s.{c}" for c in NODE_COLUMNS)
+    query = (f"SELECT {_row_id('i', source)} AS {ROW_ID}, {columns}{extra} FROM {_segments_sql(journal)} s "
+             f"JOIN read_parquet({_literal(str(source.path))}, file_row_number = true) i ON i.file_row_number = s.row "
+             f"ORDER BY s.row, s.step")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".spill-") as spill:
+        connection = _connect(Path(spill))
+        try:
+            _write(connection, query, path, None)
+        finally:
+            connection.close()
+
+
+def write_output_set(spec: OutputSpec, source: InputFile, finals: dict[str, FinalSource],
+                     merges: dict[str, tuple[str, ...]], path: Path) -> None:
+    """One row per input row: `row_id` and the spec's columns, in input order."""
+    for final in finals.values():
+        final.journal.compact()
+    nodes = sorted({member for ref in spec.columns.values() if ref.node
+                    for member in merges.get(ref.node, (ref.node,))})
+    joins, selects = [], [f"{_row_id('i', source)} AS {ROW_ID}"]
+    aliases = {node: f"n{k}" for k, node in enumerate(nodes)}
+    for node in nodes:
+        final, alias = finals[node], aliases[node]
+        step = f"len(i.{_quote(final.last_step_column)}) - 1" if final.last_step_column else "0"
+        table = (_segments_sql(final.journal) if final.journal.segment_paths()
+                 else "(SELECT NULL::BIGINT AS row, NULL::INTEGER AS step, NULL::VARCHAR AS text, NULL::BIGINT AS "
+                      "num_prompt_tokens, NULL::BIGINT AS num_output_tokens, NULL::VARCHAR AS finish_reason WHERE false)")
+        joins.append(f"LEFT JOIN {table} {alias} ON {alias}.row = i.file_row_number AND {alias}.step = {step}")
+    for name, ref in spec.columns.items():
+        if ref.node is None:
+            selects.append(f"i.{_quote(ref.field)} AS {_quote(name)}")
+            continue
+        kind = "VARCHAR" if ref.field in ("text", "finish_reason") else "BIGINT"
+        members = merges.get(ref.node, (ref.node,))
+        cases = " ".join(f"WHEN {aliases[m]}.row IS NOT NULL THEN {aliases[m]}.{ref.field}" for m in members)
+        selects.append(f"CAST(CASE {cases} END AS {kind}) AS {_quote(name)}")
+    query = (f"SELECT {', '.join(selects)} FROM read_parquet({_literal(str(source.path))}, file_row_number = true) i "
+             f"{' '.join(joins)} ORDER BY i.file_row_number")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".spill-") as spill:
+        connection = _connect(Path(spill))
+        try:
+            _write(connection, query, path, None)
+        finally:
+            connection.close()

@@ -1,0 +1,346 @@
+"""The executor: runs a DAG in execution stages of (node, plan) pairs on disjoint devices.
+
+A stage chooser (`StagePlanner` for `plan`/`max`/`min`, `SequentialStages` for
+`sequential`) names each stage from what actually happened so far. Per stage: engines
+are reconciled replica by replica (kept, handed over, stopped, started side by side);
+each node's feed finds ready units a window at a time, renders them, and the preparer
+tokenizes them and splits them over the node's replicas in prefix order, off the main
+loop; the backlog hands each engine what it runs at once; results are committed to the
+node's journal and the ledger. A consumer in the same stage as its producer takes rows
+as they are committed. The stage ends when one of its nodes finishes (or fails).
+
+Loop, three calls a turn: feed (ready units -> prepared requests -> engines), collect
+(results -> journal + ledger), settle (nodes finished or failed).
+
+Invariant: the ledger is the one record of where each (node, row, step) is; a unit is
+committed to its journal only from RUNNING, so at most once, and a unit lost with its
+engine is READY again. With the journals' own exactly-once recovery, every unit is
+committed exactly once across crashes and resumes.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from batchllm.dag.model import DagSpec
+from batchllm.engines.devices import DeviceSet, Replica
+from batchllm.engines.process_engine import EngineFactory
+from batchllm.engines.protocol import EngineConfig, EngineResult
+from batchllm.errors import RunIncomplete
+from batchllm.io.input_source import InputSource
+from batchllm.io.node_journal import ResultJournal, ResultRecord
+from batchllm.io.output_files import FinalSource, InputFile, write_node_file, write_output_set
+from batchllm.runtime.backlog import Backlog
+from batchllm.runtime.engine_configs import engine_config
+from batchllm.runtime.engine_set import EngineLoss, EngineSet
+from batchllm.runtime.fingerprint import node_fingerprints
+from batchllm.runtime.ledger import Ledger, NodeLedger
+from batchllm.runtime.node_feed import MergedUpstream, NodeFeed, Upstream, parse_request_id
+from batchllm.runtime.prepare import PreparedWindow, RequestPreparer, split, work_of
+from batchllm.runtime.progress import NodeStats, RunProgress
+from batchllm.runtime.run_dir import RunDir
+from batchllm.runtime.run_gantt import write_run_html
+from batchllm.runtime.run_report import RunReport, StageLog, engine_label
+from batchllm.runtime.stage_planner import NodeProgress, RunningPlan
+
+POLL_S = 0.05
+MAX_ENGINE_RESTARTS = 2
+FIRST_WINDOW_UNITS = 1_024  # the first window of a node is small, so its engines get work at once
+WINDOW_UNITS = 8_192  # later windows: large enough for the prefix order to find what is shared
+
+
+@dataclass(frozen=True)
+class RunResult:
+    engines_started: int
+    nodes_failed: dict[str, str]  # node -> cause
+    outputs: dict[str, Path]
+    report: RunReport
+    first_request_s: float | None  # engines ready -> first request sent, in the first stage
+
+
+class Executor:
+    def __init__(self, dag: DagSpec, sources: dict[str, InputSource], run_dir: RunDir, devices: DeviceSet,
+                 engine_factory: EngineFactory, progress: RunProgress, home: Path, stages, preparer: RequestPreparer):
+        self.dag, self.sources, self.run_dir, self.devices = dag, sources, run_dir, devices
+        self.engines = EngineSet(engine_factory)
+        self.progress, self.home, self.stages, self.preparer = progress, home, stages, preparer
+        self.order = dag.topological_order()
+        self.finished: set[str] = set()
+        self.failed: dict[str, str] = {}
+        self.restarts: dict[str, int] = {}
+        self.assigned: dict[str, list[EngineConfig]] = {}  # node -> its replicas in the current stage
+        self.running_plans: dict[str, RunningPlan] = {}
+        self.plan_since_s: dict[str, float] = {}  # node -> clock when its current plan's engines were ready
+        self.backlogs = {n: Backlog(work_of) for n in dag.nodes}
+        self.preparing: dict[str, tuple[Future, bool]] = {}  # node -> window being prepared, fresh units?
+        self.block_size_tokens = 16
+        self._started = time.monotonic()
+        self._first_request_s: float | None = None
+        self._ready_at_s: float | None = None
+        self.report = RunReport(dag.name, str(devices), stages.method, models={n: s.model for n, s in dag.nodes.items()})
+
+    # -- the run ------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        prints = node_fingerprints(self.dag, self.sources)
+        self.journals = {n: ResultJournal(self.run_dir.journal_folder(n), prints[n], n, samples=self.dag.nodes[n].sampling.n)
+                         for n in self.order}
+        self.ledger = Ledger({n: self._node_ledger(n) for n in self.order})
+        self.feeds = {}
+        for index, name in enumerate(self.order):
+            node = self.dag.nodes[name]
+            self.feeds[name] = NodeFeed(node, index, self.ledger[name], self.sources[node.input_name], self.journals[name],
+                                        self._upstream_of(name))
+        self._started = started = time.monotonic()
+        try:
+            self._settle()
+            while self._unfinished():
+                self._run_stage()
+        finally:
+            self.engines.stop_all()
+            self.preparer.close()
+            for journal in self.journals.values():
+                journal.sync()
+            self.report.finish(time.monotonic() - started)
+            if self.report.stages:
+                self.report.write(self.run_dir.root / "run.json")
+                write_run_html(self.report, self.devices.ids, self.run_dir.root / "run.html")
+        try:
+            outputs = self._write_outputs()
+        finally:
+            for journal in self.journals.values():
+                journal.close()
+        if self.failed:
+            raise RunIncomplete("; ".join(f"node {n}: {cause.splitlines()[0]}" for n, cause in self.failed.items()))
+        return RunResult(len(self.engines.starts), dict(self.failed), outputs, self.report, self._first_request_s)
+
+    def _upstream_of(self, name: str) -> dict[str, Upstream | MergedUpstream]:
+        """What the node's templates read by name: upstream nodes, and merges of them."""
+        node, merges = self.dag.nodes[name], self.dag.merges
+        producer = lambda u: Upstream(self.ledger[u], self.journals[u])  # noqa: E731
+        merged = {m: MergedUpstream([producer(u) for u in merges[m]]) for m in node.merges_read}
+        direct = {u: producer(u) for u in node.upstream if not any(u in merges[m] for m in node.merges_read)}
+        return {**direct, **merged}
+
+    def _node_ledger(self, name: str) -> NodeLedger:
+        node = self.dag.nodes[name]
+        source = self.sources[node.input_name]
+        steps = source.list_lengths(node.iterate.over) if node.iterate else None
+        ledger = NodeLedger(name, source.num_rows, steps)
+        rows, steps_done = self.journals[name].committed_keys()
+        ledger.restore_committed(rows, steps_done)
+        return ledger
+
+    def _unfinished(self) -> list[str]:
+        return [n for n in self.order if n not in self.finished and n not in self.failed]
+
+    def _settle(self) -> None:
+        """Mark nodes finished (every producer finished, every unit committed or skipped)
+        or failed (a producer failed)."""
+        for name in self._unfinished():
+            node, ledger = self.dag.nodes[name], self.ledger[name]
+            blocked = [u for u in node.upstream if u in self.failed]
+            if blocked:
+                self.failed[name] = f"upstream node {blocked[0]!r} failed"
+                continue
+            if not all(u in self.finished for u in node.upstream):
+                continue
+            if not ledger.is_settled() and name not in self.assigned:
+                self.feeds[name].admit_all()  # rows no upstream output reaches need no engine
+            if ledger.is_settled():
+                self.finished.add(name)
+                self._start_progress(name)
+                self.progress.finish_node(name)
+
+    # -- one stage ------------------------------------------------------------------------
+    def _clock_s(self) -> float:
+        return time.monotonic() - self._started
+
+    def _run_stage(self) -> None:
+        now_s = self._clock_s()
+        choice = self.stages.choose(self._progress(now_s), {n: r for n, r in self.running_plans.items() if n not in self.failed})
+        stage = choice.stage
+        if choice.schedule is not None:
+            self.report.plan_made(choice.schedule, self.devices.ids)
+        log = StageLog(len(self.report.stages), now_s, stage.duration_s, choice.rest_s, choice.search_s)
+        self.assigned = {}
+        for name, plan in stage.plans.items():
+            size = plan.shape.devices
+            ids = [self.devices.ids[i] for i in stage.placement[name]]
+            replicas = [Replica(self.devices.kind, tuple(ids[k * size:(k + 1) * size]), plan.shape.tp) for k in range(plan.dp)]
+            self.assigned[name] = [engine_config(self.dag, self.dag.nodes[name].model, r, self.run_dir, self.home) for r in replicas]
+            log.add_node(name, str(plan), ids, self.ledger[name].committed_units)
+            self._start_progress(name)
+            self.preparer.preload(self.assigned[name][0].model)
+        kept = {n for n, p in stage.plans.items() if self.running_plans.get(n) == RunningPlan(p, stage.placement[n])}
+        self.running_plans = {n: RunningPlan(p, stage.placement[n]) for n, p in stage.plans.items()}
+        self._reconcile(log)
+        self.plan_since_s = {n: self.plan_since_s[n] if n in kept else self._clock_s() for n in stage.plans}
+        if self._ready_at_s is None:
+            self._ready_at_s = time.monotonic()
+        for name, configs in self.assigned.items():
+            self.backlogs[name].regroup(len(configs), lambda batch, parts: split(batch, parts, self.block_size_tokens,
+                                                                                  self.preparer.prefix_order).replicas)
+        while not any(n in self.finished or n in self.failed for n in stage.plans):
+            for name in [n for n in stage.plans if n in self.assigned]:
+                self._feed(name)
+                self._top_up(name)
+            self._collect(log)
+            self.progress.tick()
+        log.end(self._clock_s(), {n: self.ledger[n].committed_units for n in stage.plans})
+        self.report.stages.append(log)
+
+    def _progress(self, now_s: float) -> dict[str, NodeProgress]:
+        """Each unfinished node's units done, and how long it has run on its current plan."""
+        return {n: NodeProgress(self.ledger[n].committed_units, self.ledger[n].total_units,
+                                all(u in self.finished for u in self.dag.nodes[n].upstream),
+                                now_s - self.plan_since_s[n] if n in self.running_plans else 0.0)
+                for n in self._unfinished()}
+
+    def _reconcile(self, log: StageLog) -> None:
+        """Bring the engines to what the stage assigns; engines that fail to start count
+        as restarts of their node, which fails after MAX_ENGINE_RESTARTS."""
+        while True:
+            starts_before = len(self.engines.starts)
+            stopped, failed = self.engines.reconcile([c for configs in self.assigned.values() for c in configs])
+            self._release(stopped)
+            for start in self.engines.starts[starts_before:]:
+                node = self._node_of(start.config)
+                log.add_start(node, engine_label(start.config), start.load_time_s)
+                if node is not None:
+                    self.progress.stats[node].engine_load_s += start.load_time_s
+            for config in (c for configs in self.assigned.values() for c in configs):
+                running = self.engines.get(config)
+                if running is not None:
+                    self.block_size_tokens = running.engine.ready.block_size_tokens
+            if not failed:
+                return
+            self._count_failures(failed)
+
+    def _count_failures(self, losses: list[EngineLoss]) -> None:
+        for loss in losses:
+            node = self._node_of(loss.config)
+            if node is None:
+                continue
+            self.restarts[node] = self.restarts.get(node, 0) + 1
+            if self.restarts[node] > MAX_ENGINE_RESTARTS:
+                self.failed[node] = loss.cause or "engine lost"
+                self.assigned.pop(node, None)
+                self.progress.note(f"[red]node {node} failed:[/red] {loss.cause}")
+            else:
+                self.progress.note(f"[yellow]engine for {node} lost; restarting ({self.restarts[node]}/{MAX_ENGINE_RESTARTS})[/yellow]")
+        self._settle()
+
+    def _node_of(self, config: EngineConfig) -> str | None:
+        return next((n for n, configs in self.assigned.items() if config in configs), None)
+
+    def _release(self, losses: list[EngineLoss]) -> None:
+        """Units on stopped or lost engines are READY again."""
+        for loss in losses:
+            for node, units in self.ledger.release(loss.slot).items():
+                self.feeds[node].requeue(units)
+
+    # -- feeding ----------------------------------------------------------------------------
+    def _feed(self, name: str) -> None:
+        """Keep the node's backlog ahead of its engines: take a prepared window when it is
+        ready, and start preparing the next when what waits runs low."""
+        configs, backlog = self.assigned[name], self.backlogs[name]
+        if name in self.preparing:
+            future, fresh = self.preparing[name]
+            if not future.done():
+                return
+            del self.preparing[name]
+            window: PreparedWindow = future.result()
+            if len(window.replicas) != len(configs):  # the replicas changed while it was prepared
+                window = split([r for part in window.replicas for r in part], len(configs), self.block_size_tokens,
+                               self.preparer.prefix_order)
+            backlog.add(window.replicas, [self._engine_load(c) for c in configs])
+            if fresh:
+                self.progress.stats[name].ideal_cached_tokens = (self.progress.stats[name].ideal_cached_tokens or 0) + window.ideal_cached_tokens
+        low_water = sum(self.engines.get(c).engine.ready.max_num_seqs for c in configs)
+        feed = self.feeds[name]
+        if len(backlog) >= low_water or not feed.has_more():
+            return
+        fresh = not feed.retry
+        size = WINDOW_UNITS if self.ledger[name].committed_units else FIRST_WINDOW_UNITS
+        units = feed.take_ready(max(size, 2 * low_water))
+        if len(units):
+            requests = feed.render(units)
+            self.preparing[name] = (self.preparer.submit(requests, configs[0].model, self.block_size_tokens, len(configs)), fresh)
+
+    def _engine_load(self, config: EngineConfig) -> float:
+        return float(self.ledger.running_on[self.engines.get(config).slot])
+
+    def _top_up(self, name: str) -> None:
+        """Hand each of the node's engines waiting requests up to what it runs at once."""
+        backlog = self.backlogs[name]
+        for index, config in enumerate(self.assigned[name]):
+            if not len(backlog):
+                return
+            running = self.engines.get(config)
+            batch = backlog.take(index, running.engine.ready.max_num_seqs - self.ledger.running_on[running.slot])
+            if batch:
+                units = np.fromiter((parse_request_id(r.request_id)[1] for r in batch), np.int64, len(batch))
+                self.ledger.send(name, units, running.slot)
+                self.engines.submit(config, batch)
+                if self._first_request_s is None:
+                    self._first_request_s = time.monotonic() - self._ready_at_s
+
+    # -- collecting ---------------------------------------------------------------------------
+    def _collect(self, log: StageLog) -> None:
+        """Commit what the engines finished."""
+        polled = self.engines.poll(POLL_S, busy=lambda slot: self.ledger.running_on[slot] > 0)
+        by_node: dict[int, list[EngineResult]] = {}
+        for result in polled.results:
+            by_node.setdefault(parse_request_id(result.request_id)[0], []).append(result)
+        for index, results in by_node.items():
+            self._commit(self.order[index], results, log)
+        for config, step in polled.steps:
+            node = self._node_of(config)
+            log.add_step(engine_label(config), step.wall_s)
+            if node is not None:
+                self.progress.count_steps(node, [step])
+        if polled.losses:
+            self._release(polled.losses)
+            self._count_failures([loss for loss in polled.losses if loss.cause])
+            self._reconcile(log)
+        for name in self.assigned:
+            if name in self.progress.stats:
+                self.progress.set_total(name, self.ledger[name].total_units)
+        self._settle()
+
+    def _commit(self, name: str, results: list[EngineResult], log: StageLog) -> None:
+        units = np.fromiter((parse_request_id(r.request_id)[1] for r in results), np.int64, len(results))
+        rows, steps = self.ledger[name].row_step_of(units)
+        self.journals[name].append_many([
+            ResultRecord(row, step, r.texts, r.num_prompt_tokens, r.num_output_tokens, r.finish_reason)
+            for row, step, r in zip(rows.tolist(), steps.tolist(), results)])
+        self.feeds[name].requeue(self.ledger.commit(name, units))
+        prompt_tokens = sum(r.num_prompt_tokens for r in results)
+        output_tokens = sum(r.num_output_tokens for r in results)
+        failed = sum(1 for r in results if r.finish_reason.startswith("error:"))
+        self._start_progress(name)
+        self.progress.advance(name, units=len(results), prompt_tokens=prompt_tokens, output_tokens=output_tokens, failed=failed)
+        log.add_tokens(name, prompt_tokens, output_tokens)
+
+    def _start_progress(self, name: str) -> None:
+        if name not in self.progress.stats:
+            ledger = self.ledger[name]
+            self.progress.start_node(NodeStats(name, self.dag.nodes[name].model, ledger.total_units, ledger.committed_units))
+
+    # -- outputs ------------------------------------------------------------------------------
+    def _write_outputs(self) -> dict[str, Path]:
+        files = {name: InputFile(source.path, source.id_column) for name, source in self.sources.items()}
+        for name in self.order:
+            write_node_file(self.journals[name], files[self.dag.nodes[name].input_name], self.run_dir.node_path(name))
+        finals = {n: FinalSource(self.journals[n], self.dag.nodes[n].iterate.over if self.dag.nodes[n].iterate else None)
+                  for n in self.order}
+        written = {}
+        for name, spec in self.dag.outputs.items():
+            written[name] = self.run_dir.output_path(name)
+            write_output_set(spec, files[spec.input_name], finals, self.dag.merges, written[name])
+        return written

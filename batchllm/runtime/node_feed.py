@@ -1,0 +1,205 @@
+"""A node's feed: finds its units that are ready and renders them into requests, a window
+of rows at a time, so memory stays bounded whatever the data set's size.
+
+Admission: a row takes part once every upstream node it reads has its final output
+committed (checked over the ledger, a window of rows at once) and its `where:` holds
+(DuckDB over the window's columns and upstream texts); a row an upstream node has no
+output for never takes part. Rendering reads only the rows it renders: input columns
+from the input source, upstream texts and an iterating node's previous step from the
+journals.
+
+Invariant: every row before `cursor` is decided (admitted or skipped), and every READY
+unit before it is in `retry` (requeued after an engine was lost, or the next step of an
+iterating row); so a scan from `cursor` plus `retry` finds every READY unit.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pyarrow as pa
+
+from batchllm.dag.context import template_context
+from batchllm.dag.model import NodeSpec
+from batchllm.dag.templates import compile_template, render_checked
+from batchllm.engines.protocol import EngineRequest
+from batchllm.io.input_source import ROW_ID, InputSource
+from batchllm.io.node_journal import ResultJournal
+from batchllm.io.sql import where_row_ids
+from batchllm.runtime.ledger import FinalState, NodeLedger, RowState, UnitStatus
+
+WINDOW_ROWS = 16_384  # rows admitted per scan step
+SCAN_WINDOWS = 8  # past the cursor, windows one call looks at for ready units
+POSITION = "__batchllm_position"
+
+
+def request_id(node_index: int, unit: int) -> str:
+    return f"{node_index}:{unit}"
+
+
+def parse_request_id(text: str) -> tuple[int, int]:
+    node_index, unit = text.split(":")
+    return int(node_index), int(unit)
+
+
+class Upstream:
+    """A producer as its consumers see it: its ledger (what is final) and its journal (the texts)."""
+
+    def __init__(self, ledger: NodeLedger, journal: ResultJournal):
+        self.ledger, self.journal = ledger, journal
+
+    def final_state(self, start_row: int, stop_row: int) -> np.ndarray:
+        return self.ledger.final_state(start_row, stop_row)
+
+    def texts(self, rows: np.ndarray) -> list[str | None]:
+        return self.journal.texts(rows, self.ledger.final_steps(rows))
+
+
+class MergedUpstream:
+    """A merge (`merges:`) as its readers see it: decided once every member is; its text
+    is that of the first member, in the order listed, that has an output for the row."""
+
+    def __init__(self, members: list[Upstream]):
+        self.members = members
+
+    def final_state(self, start_row: int, stop_row: int) -> np.ndarray:
+        states = np.stack([m.final_state(start_row, stop_row) for m in self.members])
+        merged = np.full(stop_row - start_row, FinalState.NONE, np.int8)
+        merged[(states == FinalState.COMMITTED).any(axis=0)] = FinalState.COMMITTED
+        merged[(states == FinalState.PENDING).any(axis=0)] = FinalState.PENDING
+        return merged
+
+    def texts(self, rows: np.ndarray) -> list[str | None]:
+        texts: list[str | None] = [None] * len(rows)
+        for member in self.members:
+            missing = np.array([k for k, t in enumerate(texts) if t is None], np.int64)
+            if not len(missing):
+                break
+            committed = missing[member.ledger.final_state_of(rows[missing]) == FinalState.COMMITTED]
+            for k, text in zip(committed.tolist(), member.texts(rows[committed]) if len(committed) else []):
+                texts[k] = text
+        return texts
+
+
+class NodeFeed:
+    def __init__(self, node: NodeSpec, index: int, ledger: NodeLedger, source: InputSource, journal: ResultJournal,
+                 upstream: dict[str, Upstream | MergedUpstream]):
+        self.node, self.index, self.ledger, self.source, self.journal = node, index, ledger, source, journal
+        self.upstream = upstream
+        self.cursor = 0
+        self.retry: deque[np.ndarray] = deque()
+        self._all_decided = False
+        self._prompt = compile_template(node.prompt, where=f"nodes.{node.name}.prompt", first_line=None)
+        self._system = compile_template(node.system, where=f"nodes.{node.name}.system", first_line=None) if node.system else None
+        used = set(node.columns_used) | ({node.iterate.over} if node.iterate else set())
+        self._columns = [c for c in source.schema.names if c in used and c != ROW_ID]
+
+    # -- finding ready units -----------------------------------------------------------
+    def requeue(self, units: np.ndarray) -> None:
+        """READY units behind the cursor: lost with an engine, or an iterating row's next step."""
+        if len(units):
+            self.retry.append(np.asarray(units, np.int64))
+
+    def has_more(self) -> bool:
+        """Something may still become ready here (rows undecided or units ready)."""
+        return bool(self.retry) or self.cursor < self.ledger.rows
+
+    def take_ready(self, limit: int) -> np.ndarray:
+        """Up to `limit` READY units, marked QUEUED: retried ones first, then in row order."""
+        taken: list[np.ndarray] = []
+        count = 0
+        while self.retry and count < limit:
+            units = self.retry.popleft()
+            units = units[self.ledger.status[units] == UnitStatus.READY]
+            if len(units) > limit - count:
+                self.retry.appendleft(units[limit - count:])
+                units = units[:limit - count]
+            taken.append(units)
+            count += len(units)
+        start, windows = self.cursor, 0
+        while count < limit and start < self.ledger.rows and windows < SCAN_WINDOWS:
+            stop = min(start + WINDOW_ROWS, self.ledger.rows)
+            self.admit(start, stop)
+            first, last = self.ledger.unit_range(start, stop)
+            ready = first + np.flatnonzero(self.ledger.status[first:last] == UnitStatus.READY)
+            take = min(len(ready), limit - count)
+            taken.append(ready[:take])
+            count += take
+            decided = not (self.ledger.row_state[start:stop] == RowState.PENDING).any()
+            if start == self.cursor and decided and take == len(ready):
+                self.cursor = stop
+            start, windows = stop, windows + 1
+        units = np.concatenate(taken) if taken else np.zeros(0, np.int64)
+        self.ledger.queue(units)
+        return units
+
+    def admit(self, start: int, stop: int) -> None:
+        """Decide the window's undecided rows whose upstream outputs are all there."""
+        pending = start + np.flatnonzero(self.ledger.row_state[start:stop] == RowState.PENDING)
+        if not len(pending):
+            return
+        candidates = pending
+        if self.upstream:
+            states = np.stack([u.final_state(start, stop)[pending - start] for u in self.upstream.values()])
+            missing = (states == FinalState.NONE).any(axis=0)
+            self.ledger.skip(pending[missing])
+            candidates = pending[~missing & (states == FinalState.COMMITTED).all(axis=0)]
+        if self.node.where and len(candidates):
+            kept = self._where(candidates)
+            self.ledger.skip(np.setdiff1d(candidates, kept, assume_unique=True))
+            candidates = kept
+        self.ledger.admit(candidates)
+
+    def admit_all(self) -> None:
+        """Decide every row (the producers have finished): rows no upstream output reaches
+        are skipped without the node ever running. Once: later calls do nothing."""
+        if self._all_decided:
+            return
+        for start in range(self.cursor, self.ledger.rows, WINDOW_ROWS):
+            self.admit(start, min(start + WINDOW_ROWS, self.ledger.rows))
+        self._all_decided = True
+
+    def _where(self, rows: np.ndarray) -> np.ndarray:
+        table = self._rows_table(rows)
+        texts = {name: pa.array(u.texts(rows), pa.string()) for name, u in self.upstream.items()}
+        table = table.append_column(POSITION, pa.array(rows, pa.int64()))
+        kept = where_row_ids(table, texts, self.node.where, where=f"nodes.{self.node.name}.where", key=POSITION)
+        return np.sort(np.asarray(kept, np.int64))
+
+    def _rows_table(self, rows: np.ndarray) -> pa.Table:
+        """The input columns the node reads, plus `row_id`, for these (sorted) rows."""
+        columns = list(self._columns)
+        if self.source.id_column and self.source.id_column not in columns:
+            columns.append(self.source.id_column)
+        table = self.source.take(rows, columns)
+        ids = (table.column(self.source.id_column).cast(pa.string()) if self.source.id_column
+               else pa.array([str(r) for r in rows.tolist()], pa.string()))
+        table = table.select(self._columns)
+        return table.append_column(ROW_ID, ids)
+
+    # -- rendering ---------------------------------------------------------------------
+    def render(self, units: np.ndarray) -> list[EngineRequest]:
+        """Requests for QUEUED units, in the given order."""
+        if not len(units):
+            return []
+        rows, steps = self.ledger.row_step_of(units)
+        unique_rows, where_in = np.unique(rows, return_inverse=True)
+        data = self._rows_table(unique_rows).to_pylist()
+        upstream = {name: u.texts(unique_rows) for name, u in self.upstream.items()}
+        previous: list[str | None] = [None] * len(units)
+        later = np.flatnonzero(steps > 0)
+        if len(later):
+            for k, text in zip(later.tolist(), self.journal.texts(rows[later], steps[later] - 1)):
+                previous[k] = text
+        node, s = self.node, self.node.sampling
+        requests = []
+        for k, (unit, step) in enumerate(zip(units.tolist(), steps.tolist())):
+            i = int(where_in[k])
+            context = template_context(node, data[i], {n: t[i] for n, t in upstream.items()}, step, previous[k])
+            where = f"nodes.{node.name} (row {data[i][ROW_ID]!r}, step {step})"
+            requests.append(EngineRequest(
+                request_id=request_id(self.index, unit), prompt=render_checked(self._prompt, context, where=where),
+                system=render_checked(self._system, context, where=where) if self._system else None, chat=node.chat,
+                max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=s.seed, n=s.n, output=node.output))
+        return requests

@@ -1,0 +1,37 @@
+"""`--schedule sequential`: stages without a cost model. Each stage is the first node (in
+topological order) whose producers have all finished, alone on one engine over all the
+devices; a node that follows another of the same model keeps its engine.
+
+It needs no profile, so it is also what `--schedule plan` falls back to when a model has
+none for these devices. It answers the executor as StagePlanner does, without estimates.
+"""
+
+from __future__ import annotations
+
+import time
+
+from batchllm.costmodel.estimator import ExecutionPlan
+from batchllm.costmodel.profile import ReplicaShape
+from batchllm.engines.devices import DeviceSet, whole_set_replica
+from batchllm.planner.timeline import StageRecord
+from batchllm.runtime.stage_planner import NodeProgress, RunningPlan, StageChoice
+
+
+class SequentialStages:
+    method = "sequential"
+
+    def __init__(self, devices: DeviceSet, order: list[str]):
+        replica = whole_set_replica(devices)
+        self._plan = ExecutionPlan(1, ReplicaShape(len(replica.device_ids), replica.tp))
+        self._devices = tuple(range(len(devices.ids)))
+        self._order = order
+
+    def choose(self, progress: dict[str, NodeProgress], running: dict[str, RunningPlan]) -> StageChoice:
+        started = time.perf_counter()
+        ready = [n for n in self._order if n in progress and progress[n].total_known]
+        if not ready:
+            raise ValueError(f"no node of {sorted(progress)} is ready: every one waits on an unfinished producer")
+        name = ready[0]
+        stage = StageRecord(index=0, start_s=0.0, duration_s=0.0, plans={name: self._plan},
+                            placement={name: self._devices}, start_costs_s={name: 0.0}, finished=(name,), requests_left={})
+        return StageChoice(stage, None, None, time.perf_counter() - started)

@@ -1,0 +1,246 @@
+"""The one executor with a scripted engine: sequential and planned stages, engine sharing
+and hand-over, exactly-once results across driver crashes and engine deaths, run.json."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from rich.console import Console
+
+from batchllm.engines.devices import DeviceSet, hardware_name
+from batchllm.errors import RunIncomplete, UserError
+from batchllm.runtime.launch import run_dag_file
+from tests.conftest import ENSEMBLE_DAG, QUESTIONS
+from tests.fakes import DriverCrash, FakeEngineFactory
+
+CPU2 = DeviceSet("cpu", (0, 1))
+REPO = Path(__file__).resolve().parent.parent
+ORDER = ["a", "b", "judge"]  # ENSEMBLE_DAG's nodes in topological order: a request id is "<index>:<unit>"
+ALL_KEYS = [(q, 0) for q, _ in QUESTIONS]
+
+
+@pytest.fixture
+def profiles(tmp_path) -> Path:
+    """The embedded model's measured CPU profile, filed for the fake model directory."""
+    root = tmp_path / "profiles"
+    shutil.copytree(REPO / "profiles" / "cpu-intel-xeon" / "smollm2-135m", root / hardware_name("cpu") / "tiny-model",
+                    ignore=shutil.ignore_patterns("logs"))
+    return root
+
+
+def run(workspace, factory, schedule="sequential", dag_text=ENSEMBLE_DAG, out=None, fresh=False, profiles=None):
+    """The fake model directory has no tokenizer, so requests go in the given order here;
+    the prefix order is tested in test_prefix_order.py and by the real-engine tests."""
+    kwargs = {"profiles_root": profiles} if profiles else {}
+    return run_dag_file(workspace.dag(dag_text), out or workspace.out, CPU2, console=Console(quiet=True), fresh=fresh,
+                        engine_factory=factory, prefix_order=False, schedule=schedule, **kwargs)
+
+
+def node_keys(out: Path, node: str) -> list[tuple[str, int]]:
+    table = pq.read_table(out / "nodes" / f"{node}.parquet", columns=["row_id", "step"])
+    return list(zip(table.column("row_id").to_pylist(), table.column("step").to_pylist()))
+
+
+def sent(factory: FakeEngineFactory) -> list[tuple[str, str]]:
+    """(node, row_id) of every request the engines were given."""
+    return [(ORDER[int(r.request_id.split(":")[0])], QUESTIONS[int(r.request_id.split(":")[1])][0]) for r in factory.requests]
+
+
+# -- sequential ----------------------------------------------------------------------------
+def test_ensemble_outputs_and_one_shared_engine(workspace):
+    factory = FakeEngineFactory()
+    result, _ = run(workspace, factory)
+    assert result.engines_started == 1  # three nodes, one model: loaded once
+    judged = pq.read_table(workspace.out / "judged.parquet").to_pylist()
+    assert judged[0] == {"row_id": "q1", "question": "What is a prime number?",
+                         "verdict": "<J <A What is a prime number?> | <B What is a prime number?>>",
+                         "a_tokens": len("<A What is a prime number?>")}
+    nodes = pq.read_table(workspace.out / "nodes" / "a.parquet")
+    assert nodes.column_names == ["row_id", "step", "text", "num_prompt_tokens", "num_output_tokens", "finish_reason"]
+    assert node_keys(workspace.out, "a") == ALL_KEYS
+    report = json.loads((workspace.out / "run.json").read_text())
+    assert [list(s["nodes"]) for s in report["stages"]] == [["a"], ["b"], ["judge"]]
+    assert report["schedule"] == "sequential"
+
+
+def test_a_finished_run_starts_no_engine_when_run_again(workspace):
+    run(workspace, FakeEngineFactory())
+    again = FakeEngineFactory()
+    result, _ = run(workspace, again)
+    assert result.engines_started == 0 and again.started == []
+
+
+def test_resume_after_a_driver_crash_is_exactly_once(workspace):
+    with pytest.raises(DriverCrash):
+        run(workspace, FakeEngineFactory(crash_after_results=6))  # dies inside node b
+    resumed = FakeEngineFactory()
+    run(workspace, resumed)
+    assert sorted(sent(resumed)) == [("b", "q3"), ("b", "q4")] + [("judge", q) for q, _ in QUESTIONS]
+    for node in ORDER:
+        assert node_keys(workspace.out, node) == ALL_KEYS, node
+
+
+def test_engine_death_is_retried_then_the_node_fails_and_independent_nodes_finish(workspace):
+    dag = ENSEMBLE_DAG.replace("judge:\n        model: ./tiny-model", "judge:\n        model: ./other-model")
+    (workspace.root / "other-model").mkdir()
+    (workspace.root / "other-model" / "config.json").write_text("{}")
+    # a: its first engine dies after 1 result, the second after 1 more, the third after 1 more
+    # -> node a fails; b gets a fresh engine and succeeds; judge needs a, so it fails too.
+    factory = FakeEngineFactory(die_after=[1, 1, 1])
+    with pytest.raises(RunIncomplete, match="node a: fake engine died; node judge: upstream node 'a' failed"):
+        run(workspace, factory, dag_text=dag)
+    assert len(node_keys(workspace.out, "a")) == 3
+    assert node_keys(workspace.out, "b") == ALL_KEYS
+    judged = pq.read_table(workspace.out / "judged.parquet").to_pylist()
+    assert [row["verdict"] for row in judged] == [None] * 4
+
+
+def test_a_changed_node_refuses_old_results_unless_fresh(workspace):
+    run(workspace, FakeEngineFactory())
+    changed = ENSEMBLE_DAG.replace('"B {{ question }}"', '"B2 {{ question }}"')
+    with pytest.raises(UserError, match="different version of node 'b'"):
+        run(workspace, FakeEngineFactory(), dag_text=changed)
+    factory = FakeEngineFactory()
+    run(workspace, factory, dag_text=changed, fresh=True)
+    assert len(factory.requests) == 12
+
+
+def test_sampling_n_keeps_every_completion(workspace):
+    factory = FakeEngineFactory()
+    run(workspace, factory, dag_text=ENSEMBLE_DAG.replace('prompt: "A {{ question }}"',
+                                                          'prompt: "A {{ question }}"\n        sampling: {n: 2, seed: 3}'))
+    table = pq.read_table(workspace.out / "nodes" / "a.parquet")
+    assert table.column("texts").to_pylist()[0] == ["<A What is a prime number?>"] * 2
+    assert {r.seed for r in factory.requests if r.request_id.startswith("0:")} == {3}
+
+
+def test_ctrl_c_keeps_committed_results_and_says_how_to_resume(workspace, monkeypatch):
+    from typer.testing import CliRunner
+
+    from batchllm import cli
+    from batchllm.runtime import launch
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch, "run_dag_file", interrupted)
+    result = CliRunner().invoke(cli.app, ["run", str(workspace.dag(ENSEMBLE_DAG)), "--out", str(workspace.out)])
+    assert result.exit_code == 130
+    assert result.output == "interrupted: finished results are kept; run the same command again to resume.\n"
+
+
+ROUTED_DAG = """
+    inputs:
+      questions: {path: questions.parquet, id_column: id}
+    nodes:
+      route: {model: ./tiny-model, prompt: "{{ question }}"}
+      expert:
+        model: ./tiny-model
+        where: "route LIKE '%SQL%' OR row_id = 'q1'"
+        prompt: "E {{ question }}"
+      nobody:
+        model: ./tiny-model
+        where: "route = 'never'"
+        prompt: "N {{ question }}"
+      judge:
+        model: ./tiny-model
+        prompt: "J {{ expert }}"
+"""
+
+
+def test_where_routes_rows_and_a_node_no_row_reaches_starts_no_work(workspace):
+    factory = FakeEngineFactory()
+    result, progress = run(workspace, factory, dag_text=ROUTED_DAG)
+    assert node_keys(workspace.out, "expert") == [("q1", 0), ("q4", 0)]
+    assert node_keys(workspace.out, "judge") == [("q1", 0), ("q4", 0)]
+    assert node_keys(workspace.out, "nobody") == []
+    report = json.loads((workspace.out / "run.json").read_text())
+    assert [list(s["nodes"]) for s in report["stages"]] == [["route"], ["expert"], ["judge"]]
+    assert progress.stats["nobody"].units_total == 0  # listed in the summary, with nothing to do
+
+
+def test_iterating_node_runs_each_rows_steps_in_order_with_the_previous_output(workspace):
+    factory = FakeEngineFactory()
+    run(workspace, factory, dag_text="""
+        inputs:
+          documents: {path: documents.parquet, id_column: doc_id}
+        nodes:
+          summarize:
+            model: ./tiny-model
+            iterate: {over: chunks, as: chunk}
+            prompt: "{{ previous or '' }}+{{ chunk }}@{{ step }}"
+        outputs:
+          summaries: {columns: {summary: summarize}}
+        """)
+    assert node_keys(workspace.out, "summarize") == [("d1", 0), ("d1", 1), ("d1", 2), ("d2", 0)]
+    summaries = pq.read_table(workspace.out / "summaries.parquet").to_pylist()
+    assert summaries == [{"row_id": "d1", "summary": "<<<+alpha one@0>+alpha two@1>+alpha three@2>"},
+                         {"row_id": "d2", "summary": "<+beta one@0>"}, {"row_id": "d3", "summary": None}]
+
+
+# -- planned stages -----------------------------------------------------------------------
+def test_plan_runs_the_two_generators_side_by_side_then_the_judge(workspace, profiles):
+    factory = FakeEngineFactory()
+    run(workspace, factory, schedule="plan", profiles=profiles)
+    report = json.loads((workspace.out / "run.json").read_text())
+    first = report["stages"][0]["nodes"]
+    assert set(first) == {"a", "b"} and first["a"]["devices"] != first["b"]["devices"]
+    assert {d for n in first.values() for d in n["devices"]} == {0, 1}
+    assert report["schedule"] == "plan" and report["estimated_s"] > 0
+    judged = pq.read_table(workspace.out / "judged.parquet").to_pylist()
+    assert judged[0]["verdict"] == "<J <A What is a prime number?> | <B What is a prime number?>>"
+    for node in ORDER:
+        assert node_keys(workspace.out, node) == ALL_KEYS
+    # every engine ran on one core, and the judge took over the generators' engines
+    assert all(len(e.config.replica.device_ids) == 1 for e in factory.started)
+    assert len(factory.started) == 2
+
+
+def test_max_heuristic_runs_one_node_at_a_time_on_both_cores(workspace, profiles):
+    run(workspace, FakeEngineFactory(), schedule="max", profiles=profiles)
+    report = json.loads((workspace.out / "run.json").read_text())
+    assert [list(s["nodes"]) for s in report["stages"]] == [["a"], ["b"], ["judge"]]
+    assert all(n["devices"] == [0, 1] for s in report["stages"] for n in s["nodes"].values())
+
+
+def test_driver_killed_at_random_points_then_resumed_gives_an_uninterrupted_runs_output(workspace, profiles, tmp_path):
+    clean = tmp_path / "clean"
+    run(workspace, FakeEngineFactory(), schedule="plan", profiles=profiles, out=clean)
+    rng = random.Random(5)
+    crashes = 0
+    while True:  # killed after 1-3 results of some engine, again and again, until a run gets through
+        try:
+            run(workspace, FakeEngineFactory(crash_after_results=rng.randint(1, 3)), schedule="plan", profiles=profiles)
+            break
+        except DriverCrash:
+            crashes += 1
+    assert crashes >= 3
+    for node in ORDER:
+        assert node_keys(workspace.out, node) == ALL_KEYS, node
+    assert pq.read_table(workspace.out / "judged.parquet").equals(pq.read_table(clean / "judged.parquet"))
+
+
+def test_a_worker_that_dies_mid_stage_is_restarted_and_nothing_is_lost_or_repeated(workspace, profiles):
+    factory = FakeEngineFactory(die_after=[1])  # the first engine started dies after one result
+    run(workspace, factory, schedule="plan", profiles=profiles)
+    for node in ORDER:
+        assert node_keys(workspace.out, node) == ALL_KEYS, node
+    assert len(factory.started) == 3  # one restart
+
+
+def test_an_engine_is_handed_no_more_requests_than_it_runs_at_once(workspace, profiles):
+    rows = 40
+    pq.write_table(pa.table({"id": [f"r{i:02d}" for i in range(rows)], "question": [f"Question {i}?" for i in range(rows)]}),
+                   workspace.root / "questions.parquet")
+    factory = FakeEngineFactory()
+    run(workspace, factory, schedule="plan", profiles=profiles)
+    assert {e.ready.max_num_seqs for e in factory.started} == {8}
+    assert max(e.most_queued for e in factory.started) == 8  # the rest waited in the driver's backlog
+    for node in ORDER:
+        assert node_keys(workspace.out, node) == [(f"r{i:02d}", 0) for i in range(rows)]
