@@ -1,0 +1,119 @@
+"""The node journal: appends, compaction into sorted segments, lookups, and exactly-once
+recovery from a crash at every point of its protocol."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import batchllm.io.node_journal as node_journal
+from batchllm.errors import UserError
+from batchllm.io.node_journal import JournalStats, ResultJournal, ResultRecord, read_records
+
+
+def record(row: int, step: int = 0, text: str | None = None, reason: str = "stop") -> ResultRecord:
+    return ResultRecord(row, step, (text or f"t{row}.{step}",), 10 + row, 2, reason)
+
+
+def keys(journal: ResultJournal) -> list[tuple[int, int]]:
+    rows, steps = journal.committed_keys()
+    return sorted(zip(rows.tolist(), steps.tolist()))
+
+
+def test_records_survive_reopening_and_compaction(tmp_path):
+    journal = ResultJournal(tmp_path / "a", "fp", "a", segment_records=3)
+    journal.append_many([record(5), record(1), record(3, 1)])  # the third record compacts the part
+    journal.append_many([record(2)])
+    journal.close()
+    assert [p.name for p in sorted((tmp_path / "a").iterdir())] == ["header.json", "seg-000000.parquet", "tail-000001.jsonl"]
+    reopened = ResultJournal(tmp_path / "a", "fp", "a", segment_records=3)
+    assert keys(reopened) == [(1, 0), (2, 0), (3, 1), (5, 0)]
+    assert reopened.texts(np.array([5, 2, 3, 3, 9]), np.array([0, 0, 1, 0, 0])) == ["t5.0", "t2.0", "t3.1", None, None]
+    assert reopened.stats() == JournalStats(committed=4, failed=0, prompt_tokens=10 * 4 + 5 + 1 + 3 + 2, output_tokens=8)
+
+
+def test_a_torn_last_line_is_cut_off(tmp_path):
+    journal = ResultJournal(tmp_path / "a", "fp", "a")
+    journal.append_many([record(0), record(1)])
+    journal.close()
+    tail = tmp_path / "a" / "tail-000000.jsonl"
+    tail.write_bytes(tail.read_bytes() + b'{"row": 2, "step": 0, "te')
+    reopened = ResultJournal(tmp_path / "a", "fp", "a")
+    assert keys(reopened) == [(0, 0), (1, 0)]
+    assert tail.read_bytes().endswith(b"}\n")
+
+
+def test_appending_a_key_twice_is_an_error(tmp_path):
+    journal = ResultJournal(tmp_path / "a", "fp", "a")
+    journal.append_many([record(0)])
+    with pytest.raises(RuntimeError, match="row 0 step 0 was already committed"):
+        journal.append_many([record(0)])
+
+
+def test_results_of_a_changed_node_are_refused(tmp_path):
+    ResultJournal(tmp_path / "a", "fp", "a").close()
+    with pytest.raises(UserError, match="different version of node 'a'"):
+        ResultJournal(tmp_path / "a", "other", "a")
+
+
+class Crash(BaseException):
+    """Stands in for kill -9 between two steps of the compaction protocol."""
+
+
+@pytest.mark.parametrize("step", ["write", "fsync-segment", "rename", "delete-tail", "open-next"])
+def test_a_crash_at_any_step_of_compaction_leaves_every_record_exactly_once(tmp_path, monkeypatch, step):
+    journal = ResultJournal(tmp_path / "a", "fp", "a", segment_records=4)
+    journal.append_many([record(r) for r in range(3)])
+    real = {"write": node_journal.pq.write_table, "fsync-segment": node_journal.os.fsync, "rename": node_journal.os.replace}
+    calls = {"fsync": 0}
+
+    def crash_on(name):
+        def crashing(*args, **kwargs):
+            raise Crash()
+        return crashing
+
+    if step == "write":
+        monkeypatch.setattr(node_journal.pq, "write_table", crash_on(step))
+    elif step == "fsync-segment":
+        def fsync(fd):
+            calls["fsync"] += 1
+            if calls["fsync"] == 2:  # the first flushes the tail, the second the segment
+                raise Crash()
+            return real["fsync-segment"](fd)
+        monkeypatch.setattr(node_journal.os, "fsync", fsync)
+    elif step == "rename":
+        monkeypatch.setattr(node_journal.os, "replace", crash_on(step))
+    elif step == "delete-tail":
+        monkeypatch.setattr(node_journal.Path, "unlink", crash_on(step))
+    else:
+        original = journal._tail_path
+
+        def tail_path(part):
+            if part == 1:  # opening the next part, after the old tail was deleted
+                raise Crash()
+            return original(part)
+        monkeypatch.setattr(journal, "_tail_path", tail_path)
+    with pytest.raises(Crash):
+        journal.append_many([record(3)])
+    monkeypatch.undo()
+    reopened = ResultJournal(tmp_path / "a", "fp", "a", segment_records=4)
+    assert keys(reopened) == [(r, 0) for r in range(4)]
+    assert reopened.stats().committed == 4
+    reopened.append_many([record(4)])  # and it goes on
+    reopened.close()
+    assert sorted(read_records(tmp_path / "a").column("row").to_pylist()) == [0, 1, 2, 3, 4]
+
+
+def test_three_hundred_thousand_records_in_segments(tmp_path):
+    journal = ResultJournal(tmp_path / "big", "fp", "big", segment_records=50_000)
+    rows = np.random.default_rng(1).permutation(300_000)
+    for start in range(0, len(rows), 1000):
+        journal.append_many([record(int(r), reason="error: x" if r % 1000 == 0 else "stop") for r in rows[start:start + 1000]])
+    journal.close()
+    reopened = ResultJournal(tmp_path / "big", "fp", "big", segment_records=50_000)
+    assert len(reopened.segment_paths()) == 6
+    found_rows, _ = reopened.committed_keys()
+    assert np.array_equal(np.sort(found_rows), np.arange(300_000))
+    window = np.arange(120_000, 120_010)
+    assert reopened.texts(window, np.zeros(10, np.int64)) == [f"t{r}.0" for r in window]
+    assert reopened.stats().failed == 300
