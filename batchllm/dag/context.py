@@ -2,7 +2,7 @@
 runtime (rendering requests), the checks (dry render) and the planner (prompt sizes).
 
 - the input row's columns, and `row_id`;
-- each upstream node's final text, under the node's name;
+- the final text of each upstream node or merge it reads, under that name;
 - iterating nodes: the list element under `iterate.as`, `step` (0-based) and `previous`
   (the step before's output; None at step 0).
 """
@@ -17,7 +17,7 @@ from batchllm.dag.model import NodeSpec
 def template_context(node: NodeSpec, row: Mapping[str, object], upstream: Mapping[str, str], step: int = 0,
                      previous: str | None = None) -> dict[str, object]:
     context = dict(row)
-    context.update((name, upstream[name]) for name in node.upstream)
+    context.update(upstream)
     if node.iterate:
         items = row.get(node.iterate.over) or []
         context.update({node.iterate.item_name: items[step] if step < len(items) else "", "step": step,
