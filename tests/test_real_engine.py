@@ -6,7 +6,6 @@ The in-process tests share one engine for the whole session; the CLI tests run
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -20,6 +19,7 @@ from rich.console import Console
 
 from batchllm.engines.devices import parse_devices
 from batchllm.engines.process_engine import start_vllm_engine
+from batchllm.io.node_journal import read_records
 from batchllm.runtime.launch import run_dag_file
 
 pytestmark = pytest.mark.engine
@@ -62,15 +62,15 @@ def shared_engines():
         engine.stop()
 
 
-def journal(out: Path, node: str) -> list[dict]:
-    lines = (out / ".batchllm" / "journal" / f"{node}.jsonl").read_text().splitlines()[1:]
-    return [json.loads(line) for line in lines]
+def results(out: Path, node: str) -> list[dict]:
+    """A finished run's results of a node (its node file: row_id, step, text, tokens, finish_reason)."""
+    return pq.read_table(out / "nodes" / f"{node}.parquet").to_pylist()
 
 
-def lines_written(out: Path, node: str) -> int:
-    """Complete result lines in a node's journal, read while a run may be appending to it."""
-    path = out / ".batchllm" / "journal" / f"{node}.jsonl"
-    return max(path.read_bytes().count(b"\n") - 1, 0) if path.exists() else 0
+def committed(out: Path, node: str) -> int:
+    """Results committed so far, read while a run may be appending to its journal."""
+    folder = out / ".batchllm" / "journal" / node
+    return read_records(folder).num_rows if folder.exists() else 0
 
 
 def expected_units(dag_name: str) -> dict[str, int]:
@@ -93,17 +93,17 @@ def test_example_dag_runs_to_completion(dag_name, tmp_path, model_home, shared_e
 
     spec = load_dag(dag)
     for node in spec.nodes:
-        records = journal(out, node)
+        records = results(out, node)
         keys = [(r["row_id"], r["step"]) for r in records]
-        assert len(keys) == len(set(keys)), f"{node}: a unit was produced twice"
-        assert all(r["texts"][0].strip() for r in records), f"{node}: empty output"
+        assert len(keys) == len(set(keys)) == committed(out, node), f"{node}: a unit was produced twice"
+        assert all(r["text"].strip() for r in records), f"{node}: empty output"
         assert all(r["num_output_tokens"] > 0 for r in records)
         if node in expected_units(dag_name):
             assert len(keys) == expected_units(dag_name)[node], node
     if dag_name == "router":  # every question is answered by exactly one specialist
-        tech = {r["row_id"] for r in journal(out, "tech_expert")}
-        general = {r["row_id"] for r in journal(out, "generalist")}
-        assert not tech & general and len(tech | general) == len(journal(out, "route"))
+        tech = {r["row_id"] for r in results(out, "tech_expert")}
+        general = {r["row_id"] for r in results(out, "generalist")}
+        assert not tech & general and len(tech | general) == len(results(out, "route"))
     for output in spec.outputs:
         assert pq.read_table(out / f"{output}.parquet").num_rows > 0
 
@@ -154,23 +154,22 @@ def test_kill_9_of_the_driver_then_of_a_worker_gives_each_unit_exactly_once(tmp_
     dag = tmp_path / "dag.yaml"
     dag.write_text(KILL_TEST_DAG % (REPO / "examples" / "questions.parquet"))
     driver = cli(["run", str(dag), "--out", str(out), "--devices", "cpu:2"])
-    answers = out / ".batchllm" / "journal" / "answer.jsonl"
     deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and not (answers.exists() and len(answers.read_text().splitlines()) > 5):
+    while time.monotonic() < deadline and committed(out, "answer") < 4:
         assert driver.poll() is None, driver.stderr.read()
         time.sleep(0.05)
     workers = children_of(driver.pid)
     driver.send_signal(signal.SIGKILL)
     driver.wait()
-    committed = len(journal(out, "answer"))
-    assert 4 <= committed < 24, committed
+    answered = committed(out, "answer")
+    assert 4 <= answered < 24, answered
     time.sleep(2)
     assert workers and not any(alive(w) for w in workers), "the engine worker must die with its driver"
 
     # The resumed run loses an engine worker to kill -9 mid-run: it is restarted, and its
     # requests in flight are served again, once.
     resumed = cli(["run", str(dag), "--out", str(out), "--devices", "cpu:2"])
-    done = lambda: lines_written(out, "answer") + lines_written(out, "critique")  # noqa: E731
+    done = lambda: committed(out, "answer") + committed(out, "critique")  # noqa: E731
     before = done()
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and done() < before + 2:
@@ -184,9 +183,8 @@ def test_kill_9_of_the_driver_then_of_a_worker_gives_each_unit_exactly_once(tmp_
     assert resumed.returncode == 0, stderr
     assert "lost; restarting (1/2)" in stderr
     for node in ("answer", "critique"):
-        keys = [(r["row_id"], r["step"]) for r in journal(out, node)]
-        assert len(keys) == 24 and len(set(keys)) == 24, node
-        assert pq.read_table(out / "nodes" / f"{node}.parquet").num_rows == 24
+        keys = [(r["row_id"], r["step"]) for r in results(out, node)]
+        assert len(keys) == 24 and len(set(keys)) == 24 and committed(out, node) == 24, node
     critiqued = pq.read_table(out / "critiqued.parquet").to_pylist()
     assert len(critiqued) == 24 and all(row["answer"] and row["critique"] for row in critiqued)
     assert stdout == f"critiqued: {out}/critiqued.parquet\n"
@@ -212,6 +210,6 @@ def test_a_prompt_longer_than_the_context_fails_its_row_only(tmp_path, model_hom
     )
     result, _ = run_dag_file(dag, tmp_path / "out", parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
     assert result.nodes_failed == {}
-    rows = {r["row_id"]: r for r in journal(tmp_path / "out", "echo")}
-    assert rows["short"]["finish_reason"] in ("stop", "length") and rows["short"]["texts"][0]
+    rows = {r["row_id"]: r for r in results(tmp_path / "out", "echo")}
+    assert rows["short"]["finish_reason"] in ("stop", "length") and rows["short"]["text"]
     assert rows["long"]["finish_reason"].startswith("error: prompt has ") and "max_model_len is 2048" in rows["long"]["finish_reason"]
