@@ -142,8 +142,8 @@ ROUTED_DAG = """
       route: {model: ./tiny-model, prompt: "{{ question }}"}
       expert:
         model: ./tiny-model
-        where: "route LIKE '%SQL%' OR row_id = 'q1'"
-        prompt: "E {{ question }}"
+        where: "question LIKE '%SQL%' OR row_id = 'q1'"
+        prompt: "E {{ route }}"             # `question` is read by `where:` only
       nobody:
         model: ./tiny-model
         where: "route = 'never'"

@@ -27,14 +27,13 @@ from batchllm.dag.model import (
     SamplingSpec,
 )
 from batchllm.dag.templates import compile_template
+from batchllm.io.sql import sql_identifiers
 from batchllm.dag.yaml_lines import LineDict, read_yaml
 
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Names every template may use besides columns and nodes; iteration adds two more.
 ROW_NAMES = frozenset({"row_id"})
 ITERATION_NAMES = frozenset({"step", "previous"})
-_SQL_STRING = re.compile(r"'(?:[^']|'')*'")
-_SQL_WORD = re.compile(r'"([^"]+)"|([A-Za-z_][A-Za-z0-9_]*)')
 
 
 class _Section:
@@ -192,11 +191,6 @@ def _plain(value: object) -> object:
     return value
 
 
-def _sql_identifiers(predicate: str) -> set[str]:
-    without_strings = _SQL_STRING.sub(" ", predicate)
-    return {quoted or bare for quoted, bare in _SQL_WORD.findall(without_strings)}
-
-
 def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges: dict[str, tuple[str, ...]]) -> dict[str, NodeSpec]:
     raw = top.get("nodes", dict, expect="a mapping of node names to LLM stages")
     if not raw:
@@ -228,7 +222,7 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
         locals_ = ITERATION_NAMES | {iterate.item_name} if iterate else frozenset()
         names -= locals_ | ROW_NAMES
         if where_text is not None:
-            names |= _sql_identifiers(where_text) & (set(raw) | set(merges))
+            names |= sql_identifiers(where_text) & (set(raw) | set(merges))
         merges_read = tuple(sorted(n for n in names if n in merges and n not in raw))
         both = sorted(names & {m for merge in merges_read for m in merges[merge]})
         if both:

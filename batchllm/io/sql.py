@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import re
+
 import duckdb
 import pyarrow as pa
 
 from batchllm.errors import UserError
 from batchllm.io.input_source import ROW_ID
+
+_SQL_STRING = re.compile(r"'(?:[^']|'')*'")
+_SQL_WORD = re.compile(r'"([^"]+)"|([A-Za-z_][A-Za-z0-9_]*)')
+
+
+def sql_identifiers(predicate: str) -> set[str]:
+    """Every word of a predicate outside string literals: the names it may read (and its
+    keywords, which match no column)."""
+    without_strings = _SQL_STRING.sub(" ", predicate)
+    return {quoted or bare for quoted, bare in _SQL_WORD.findall(without_strings)}
 
 
 def where_row_ids(rows: pa.Table, upstream: dict[str, pa.Array], predicate: str, *, where: str,

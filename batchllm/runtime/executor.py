@@ -21,6 +21,7 @@ committed exactly once across crashes and resumes.
 from __future__ import annotations
 
 import time
+from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,7 @@ from batchllm.runtime.run_report import RunReport, StageLog, engine_label
 from batchllm.runtime.stage_planner import NodeProgress, RunningPlan
 
 POLL_S = 0.05
+IDLE_S = 0.002  # nothing in an engine and nothing being prepared: the stage is about to end
 MAX_ENGINE_RESTARTS = 2
 FIRST_WINDOW_UNITS = 1_024  # the first window of a node is small, so its engines get work at once
 WINDOW_UNITS = 8_192  # later windows: large enough for the prefix order to find what is shared
@@ -292,7 +294,14 @@ class Executor:
 
     # -- collecting ---------------------------------------------------------------------------
     def _collect(self, log: StageLog) -> None:
-        """Commit what the engines finished."""
+        """Commit what the engines finished. With nothing in an engine, wait for a window
+        being prepared instead (spinning here would starve the preparing thread)."""
+        if not any(self.ledger.running_on.values()):
+            pending = [future for future, _ in self.preparing.values()]
+            if pending:
+                futures.wait(pending, timeout=POLL_S, return_when=futures.FIRST_COMPLETED)
+            else:
+                time.sleep(IDLE_S)
         polled = self.engines.poll(POLL_S, busy=lambda slot: self.ledger.running_on[slot] > 0)
         by_node: dict[int, list[EngineResult]] = {}
         for result in polled.results:

@@ -26,7 +26,7 @@ from batchllm.dag.templates import compile_template, render_checked
 from batchllm.engines.protocol import EngineRequest
 from batchllm.io.input_source import ROW_ID, InputSource
 from batchllm.io.node_journal import ResultJournal
-from batchllm.io.sql import where_row_ids
+from batchllm.io.sql import sql_identifiers, where_row_ids
 from batchllm.runtime.ledger import FinalState, NodeLedger, RowState, UnitStatus
 
 WINDOW_ROWS = 16_384  # rows admitted per scan step
@@ -93,6 +93,7 @@ class NodeFeed:
         self._prompt = compile_template(node.prompt, where=f"nodes.{node.name}.prompt", first_line=None)
         self._system = compile_template(node.system, where=f"nodes.{node.name}.system", first_line=None) if node.system else None
         used = set(node.columns_used) | ({node.iterate.over} if node.iterate else set())
+        used |= sql_identifiers(node.where) if node.where else set()  # `where:` may read columns no template reads
         self._columns = [c for c in source.schema.names if c in used and c != ROW_ID]
 
     # -- finding ready units -----------------------------------------------------------
