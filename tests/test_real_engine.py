@@ -213,3 +213,21 @@ def test_a_prompt_longer_than_the_context_fails_its_row_only(tmp_path, model_hom
     rows = {r["row_id"]: r for r in results(tmp_path / "out", "echo")}
     assert rows["short"]["finish_reason"] in ("stop", "length") and rows["short"]["text"]
     assert rows["long"]["finish_reason"].startswith("error: prompt has ") and "max_model_len is 2048" in rows["long"]["finish_reason"]
+
+
+def test_prompt_tokens_without_transformers_equal_transformers_on_the_embedded_model(model_home):
+    from transformers import AutoTokenizer
+
+    from batchllm.engines.protocol import EngineRequest
+    from batchllm.models.embedded import SMOLLM2_135M
+    from batchllm.models.tokens import PromptTokenizer
+
+    model_dir = SMOLLM2_135M.prepare(model_home)
+    fast, reference = PromptTokenizer(model_dir), AutoTokenizer.from_pretrained(str(model_dir))
+    assert fast.loads_without_transformers
+    questions = pq.read_table(REPO / "examples" / "questions.parquet").column("question").to_pylist()
+    requests = [EngineRequest(str(i), q, system="Be brief." if i % 2 else None) for i, q in enumerate(questions)]
+    expected = [reference.apply_chat_template(([{"role": "system", "content": r.system}] if r.system else [])
+                                              + [{"role": "user", "content": r.prompt}], add_generation_prompt=True, tokenize=True)
+                for r in requests]
+    assert fast.token_ids_many(requests) == [list(e if isinstance(e, list) else e["input_ids"]) for e in expected]
