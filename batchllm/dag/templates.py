@@ -25,9 +25,39 @@ class PromptTemplate:
     source: str
     compiled: jinja2.Template
     names: frozenset[str]
+    # A template of only text and `{{ name }}` renders as text + str(value) joined, which is
+    # what Jinja renders for it (no autoescape, strict undefined), without its per-call
+    # context set-up: (is_name, text or name) per part. None: render with Jinja.
+    parts: tuple[tuple[bool, str], ...] | None = None
 
     def render(self, context: dict[str, object]) -> str:
-        return self.compiled.render(context)
+        if self.parts is None:
+            return self.compiled.render(context)
+        pieces = []
+        for is_name, text in self.parts:
+            if not is_name:
+                pieces.append(text)
+            elif text in context:
+                pieces.append(str(context[text]))
+            else:
+                raise jinja2.exceptions.UndefinedError(f"'{text}' is undefined")
+        return "".join(pieces)
+
+
+def _simple_parts(tree: nodes.Template) -> tuple[tuple[bool, str], ...] | None:
+    """The parts of a template that is only text and plain variable outputs, else None."""
+    if not all(isinstance(node, nodes.Output) for node in tree.body):
+        return None
+    parts = []
+    for output in tree.body:
+        for node in output.nodes:
+            if isinstance(node, nodes.TemplateData):
+                parts.append((False, node.data))
+            elif isinstance(node, nodes.Name) and node.ctx == "load":
+                parts.append((True, node.name))
+            else:
+                return None
+    return tuple(parts)
 
 
 def compile_template(source: str, *, where: str, first_line: int | None) -> PromptTemplate:
@@ -54,6 +84,7 @@ def compile_template(source: str, *, where: str, first_line: int | None) -> Prom
         source=source,
         compiled=_ENVIRONMENT.from_string(tree),
         names=frozenset(meta.find_undeclared_variables(tree)),
+        parts=_simple_parts(tree),
     )
 
 

@@ -138,7 +138,7 @@ class ResultJournal:
             item = json.loads(line)
             record = ResultRecord(item["row"], item["step"], tuple(item["texts"]), item["num_prompt_tokens"],
                                   item["num_output_tokens"], item["finish_reason"])
-            key = int(key_of(record.row, record.step))
+            key = record.row << STEP_BITS | record.step
             if key in self._tail:
                 raise RuntimeError(f"{path}:{number}: duplicate result for row {record.row} step {record.step}: journal is corrupt")
             self._tail[key] = record
@@ -207,7 +207,7 @@ class ResultJournal:
     def append_many(self, records: Sequence[ResultRecord]) -> None:
         lines = []
         for record in records:
-            key = int(key_of(record.row, record.step))
+            key = record.row << STEP_BITS | record.step
             if key in self._tail:
                 raise RuntimeError(f"node {self.node!r}: row {record.row} step {record.step} was already committed")
             self._tail[key] = record

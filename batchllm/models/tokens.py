@@ -63,7 +63,8 @@ class _RustTokenizer:
         return self._template.render(messages=messages, add_generation_prompt=True, tools=None, documents=None, **self._special)
 
     def encode(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
-        return [e.ids for e in self._tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)]
+        encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)  # no offsets: faster
+        return [e.ids for e in encode(texts, add_special_tokens=add_special_tokens)]
 
 
 class _TransformersTokenizer:
