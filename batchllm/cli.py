@@ -69,7 +69,10 @@ def run(
     if result.engines_started == 0:
         console.print(f"Nothing to do: every node's results in {out} are complete; no engine was started.")
     else:
-        console.print(progress.summary_table())
+        from batchllm.runtime.run_summary import summary_lines
+
+        for line in summary_lines(progress.stats, progress.clock()):
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
         if result.report is not None and result.report.stages:
             r = result.report
             estimate = f", estimated {r.estimated_s:.1f} s" if r.estimated_s is not None else ""
@@ -129,6 +132,33 @@ def _this_machine_devices() -> str:
 
     local = parse_devices("auto")
     return f"{len(local.ids)}x{hardware_name('gpu')}" if local.kind == "gpu" else f"cpu:{len(local.ids)}"
+
+
+@app.command()
+def status(
+    out: Path = typer.Argument(..., help="The --out folder of a run (going, interrupted or finished).", show_default=False),
+    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+) -> None:
+    """Show how far a run is: per node, results committed / total, failed, tokens, time left.
+
+    Works while the run goes (it rewrites its status every few seconds), after it was
+    interrupted (run the same command again to resume), and after it finished.
+
+    Example: batchllm status runs/demo --json
+    """
+    import json
+
+    from batchllm.runtime.status import read_status, status_json, status_lines
+
+    try:
+        current = read_status(out)
+    except UserError as error:
+        _fail(error)
+    if as_json:
+        typer.echo(json.dumps(status_json(current), indent=2))
+        return
+    for line in status_lines(out, current):
+        typer.echo(line)
 
 
 @app.command()

@@ -1,0 +1,26 @@
+"""The end-of-run summary: a few short lines per node, readable in an 80-column terminal
+and in a log file (the full figures are in `<out>/run.json` and `batchllm status --json`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from batchllm.runtime.progress import NodeStats
+
+
+def summary_lines(stats: dict[str, NodeStats], now_s: float) -> list[str]:
+    lines = ["batchllm run summary"]
+    for s in stats.values():
+        head = f"{s.node} ({Path(s.model).name}):"
+        if s.units_total == 0:
+            lines += [f"{head} 0 units, no row reached it", "  (its `where:` held nowhere, or an upstream node had no output)"]
+            continue
+        lines.append(f"{head} {s.units_done:,}/{s.units_total:,} units" + (f", {s.failed:,} failed" if s.failed else ""))
+        elapsed_s = (s.finished_at or now_s) - s.started_at
+        rate = s.output_tokens / elapsed_s if elapsed_s > 0 else 0.0
+        lines.append(f"  tokens: prompt {s.prompt_tokens:,}, output {s.output_tokens:,}, {rate:,.1f} output tok/s")
+        hit_rate = f"{s.prefix_hits / s.prompt_tokens:.0%}" if s.prompt_tokens else "-"
+        ideal = "" if s.ideal_cached_tokens is None else f", ideal {s.ideal_cached_tokens:,}"
+        lines.append(f"  prefix cache: {s.prefix_hits:,} tok ({hit_rate}){ideal}")
+        lines.append(f"  time: load {s.engine_load_s:.1f} s, engine {s.busy_s:.1f} s, total {elapsed_s:.1f} s")
+    return lines
