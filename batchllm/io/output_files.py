@@ -82,6 +82,17 @@ def _write(connection: duckdb.DuckDBPyConnection, query: str, path: Path, empty_
         temporary.unlink(missing_ok=True)
 
 
+def _copy_query(query: str, path: Path) -> None:
+    """The query's rows into `path`, atomically; DuckDB spills beside it if it must."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".spill-") as spill:
+        connection = _connect(Path(spill))
+        try:
+            _write(connection, query, path, None)
+        finally:
+            connection.close()
+
+
 def write_node_file(journal: ResultJournal, source: InputFile, path: Path) -> None:
     """Every committed result of the node (the journal's tail is compacted first)."""
     journal.compact()
@@ -94,13 +105,7 @@ def write_node_file(journal: ResultJournal, source: InputFile, path: Path) -> No
     query = (f"SELECT {_row_id('i', source)} AS {ROW_ID}, {columns}{extra} FROM {_segments_sql(journal)} s "
              f"JOIN read_parquet({_literal(str(source.path))}, file_row_number = true) i ON i.file_row_number = s.row "
              f"ORDER BY s.row, s.step")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".spill-") as spill:
-        connection = _connect(Path(spill))
-        try:
-            _write(connection, query, path, None)
-        finally:
-            connection.close()
+    _copy_query(query, path)
 
 
 def write_output_set(spec: OutputSpec, source: InputFile, finals: dict[str, FinalSource],
@@ -129,10 +134,4 @@ def write_output_set(spec: OutputSpec, source: InputFile, finals: dict[str, Fina
         selects.append(f"CAST(CASE {cases} END AS {kind}) AS {_quote(name)}")
     query = (f"SELECT {', '.join(selects)} FROM read_parquet({_literal(str(source.path))}, file_row_number = true) i "
              f"{' '.join(joins)} ORDER BY i.file_row_number")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".spill-") as spill:
-        connection = _connect(Path(spill))
-        try:
-            _write(connection, query, path, None)
-        finally:
-            connection.close()
+    _copy_query(query, path)
