@@ -7,6 +7,11 @@ On disk, `profiles/<hardware>/<model>/` holds plain files a person can read and 
     output_lengths.csv    the output-length CDF (length, cdf)
     steps-<shape>.csv     the raw step measurements the coefficients were fit on
 
+`profile.json` also records the hardware identity the numbers were measured on
+(`batchllm.engines.hardware`); a profile written before identities were recorded loads
+with an unknown identity. A profile is used even where its hardware or engine settings
+differ from a run's; `mismatches` names every difference, so none goes unsaid.
+
 A replica shape is `w<devices>-tp<tp>`: a replica spanning that many devices with that
 tensor-parallel degree (on GPUs w == tp; on CPUs w cores may serve one rank as threads).
 """
@@ -16,11 +21,12 @@ from __future__ import annotations
 import csv
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from batchllm.costmodel.latency import StepLatencyModel
 from batchllm.costmodel.lengths import LengthDistribution
+from batchllm.engines.hardware import HardwareIdentity, differences
 from batchllm.errors import UserError
 
 # Engine settings that change step times or scheduling; a profile taken with other
@@ -79,6 +85,7 @@ class Profile:
     shapes: dict[str, ShapeProfile]
     lengths: LengthDistribution
     notes: dict[str, object] = field(default_factory=dict)
+    identity: HardwareIdentity | None = None  # what it was measured on; None: not recorded
 
     def shape(self, shape: ReplicaShape) -> ShapeProfile:
         if shape.key not in self.shapes:
@@ -86,10 +93,26 @@ class Profile:
                             hint=f"profiled shapes: {', '.join(self.shapes)}; run `batchllm profile` for more")
         return self.shapes[shape.key]
 
+    def settings_differences(self, engine: dict[str, object]) -> list[str]:
+        """One line per MATCHED_SETTINGS value of a run (`engine`, only the keys it knows)
+        that differs from the profile's."""
+        return [f"{key}: profile {self.engine.get(key, 'not recorded')}, run {engine[key]}"
+                for key in MATCHED_SETTINGS if key in engine and engine[key] != self.engine.get(key)]
+
+    def mismatches(self, here: HardwareIdentity | None, engine: dict[str, object], *, here_label: str = "this machine") -> list[str]:
+        """Every way this profile may not describe a run on `here` (None: hardware not known,
+        not compared) with engine settings `engine`: hardware differences, then settings. An
+        analytic profile is computed for its hardware name, so only its settings are compared;
+        the dtype is compared once, as part of the hardware when both identities are known."""
+        if self.kind == "analytic" or here is None:
+            return self.settings_differences(engine)
+        hardware = differences(self.identity, here, here_label=here_label)
+        settings = {key: value for key, value in engine.items() if key != "dtype" or self.identity is None}
+        return hardware + self.settings_differences(settings)
+
     def check_settings(self, engine: dict[str, object]) -> None:
         """Refuse to estimate a run whose engine settings differ from the profile's."""
-        differ = [f"{key}: profile {self.engine.get(key)!r}, run {engine[key]!r}"
-                  for key in MATCHED_SETTINGS if key in engine and engine[key] != self.engine.get(key)]
+        differ = self.settings_differences(engine)
         if differ:
             raise UserError(f"profile {self.hardware}/{self.model} was taken with other engine settings ({'; '.join(differ)})",
                             hint="re-run `batchllm profile` with these settings, or run with the profiled ones")
@@ -100,6 +123,7 @@ class Profile:
         body = {
             "kind": self.kind, "hardware": self.hardware, "model": self.model, "engine": self.engine,
             "facts": asdict(self.facts), "notes": self.notes, "censored_at": self.lengths.censored_at,
+            **({"identity": self.identity.to_dict()} if self.identity else {}),
             "shapes": {key: {"load_time_s": s.load_time_s, "warmup_s": s.warmup_s, "kv_capacity_tokens": s.kv_capacity_tokens,
                              "latency": s.latency.to_dict(), "fit_median_error": s.fit_median_error}
                        for key, s in self.shapes.items()},
@@ -120,8 +144,11 @@ class Profile:
         shapes = {key: ShapeProfile(s["load_time_s"], s["kv_capacity_tokens"], StepLatencyModel(**s["latency"]),
                                     s.get("fit_median_error"), s.get("warmup_s", 0.0))
                   for key, s in body["shapes"].items()}
+        identity = HardwareIdentity.from_dict(body["identity"]) if "identity" in body else None
+        if identity is not None and identity.dtype is None:
+            identity = replace(identity, dtype=body["engine"].get("dtype"))  # the dtype it ran is in its settings
         return cls(body["kind"], body["hardware"], body["model"], body["engine"], ModelFacts(**body["facts"]), shapes,
-                   LengthDistribution.from_rows(rows, body["censored_at"]), body.get("notes", {}))
+                   LengthDistribution.from_rows(rows, body["censored_at"]), body.get("notes", {}), identity)
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:

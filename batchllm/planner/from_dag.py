@@ -30,7 +30,7 @@ from batchllm.costmodel.profile import Profile
 from batchllm.errors import UserError
 from batchllm.io.input_source import InputSource
 from batchllm.ordering.prefix_tree import PrefixTree
-from batchllm.planner.cluster import Cluster, candidate_plans, cluster_profile
+from batchllm.planner.cluster import Cluster, candidate_plans, cluster_profile, run_settings
 from batchllm.planner.problem import NodeWorkload, too_big
 from batchllm.dag.model import DagSpec, NodeSpec
 from batchllm.dag.templates import compile_template
@@ -52,10 +52,11 @@ def profile_names(model: str) -> list[str]:
     return list(dict.fromkeys([model.replace("/", "_"), base, base.lower()]))
 
 
-def _profile_for(model: str, cluster: Cluster, profiles_root: Path, where: str) -> tuple[Profile, str | None]:
+def _profile_for(model: str, cluster: Cluster, profiles_root: Path, where: str,
+                 settings: dict[str, object]) -> tuple[Profile, tuple[str, ...]]:
     for name in profile_names(model):
         try:
-            return cluster_profile(cluster, name, profiles_root)
+            return cluster_profile(cluster, name, profiles_root, settings)
         except UserError:
             continue
     available = sorted({p.parent.name for p in profiles_root.glob(f"**/{cluster.hardware}/*/profile.json")})
@@ -72,9 +73,8 @@ def dag_workloads(dag: DagSpec, sources: dict[str, InputSource], cluster: Cluste
     for name in dag.topological_order():
         node = dag.nodes[name]
         where = f"{dag.path}, line {node.line}, nodes.{name}"
-        profile, note = _profile_for(node.model, cluster, profiles_root, f"{where}.model")
-        if note and note not in notes:
-            notes.append(note)
+        profile, profile_notes = _profile_for(node.model, cluster, profiles_root, f"{where}.model", run_settings(dag.engine, cluster))
+        notes += [note for note in profile_notes if note not in notes]  # hardware or settings the profile differs in
         if not candidate_plans(profile, cluster):
             raise too_big(node.model, profile, cluster, f"{where}.model")
         profiles[name] = profile

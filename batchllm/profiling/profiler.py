@@ -25,6 +25,7 @@ from batchllm.costmodel.latency import FEATURES, StepFeatures, StepLatencyModel
 from batchllm.costmodel.lengths import LengthDistribution
 from batchllm.costmodel.profile import ModelFacts, Profile, ReplicaShape, ShapeProfile
 from batchllm.engines.devices import DeviceSet, Replica, engine_dtype
+from batchllm.engines.hardware import this_machine
 from batchllm.engines.process_engine import EngineFactory
 from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord
 
@@ -164,7 +165,8 @@ def profile_model(model_name: str, model_dir: Path, devices: DeviceSet, hardware
         shape_profiles[shape.key] = ShapeProfile(ready.load_time_s, ready.kv_capacity_tokens, latency, error, round(warmup_s, 2))
         tables[shape.key] = [{"wall_s": round(s.wall_s, 6), **dict(zip(FEATURES, map(float, f)))} for s, f in zip(steps, features)]
         report(f"[{shape.key}] load {ready.load_time_s:.1f} s + warm-up {warmup_s:.1f} s, KV {ready.kv_capacity_tokens:,} tokens, step fit median error {error:.1%}")
+    identity = dataclasses.replace(this_machine(devices.kind), dtype=engine_settings["dtype"])  # the dtype it ran
     profile = Profile("measured", hardware, model_name, engine_settings, facts, shape_profiles, lengths,
                       notes={"length_prompts": "profiles/prompts/first_turns.parquet", "temperature": 0.0,
-                             "length_cap_tokens": settings.length_cap_tokens})
+                             "length_cap_tokens": settings.length_cap_tokens}, identity=identity)
     return profile, tables

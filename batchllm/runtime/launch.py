@@ -47,6 +47,8 @@ def run_dag_file(dag_path: Path, out: Path, devices: DeviceSet, *, fresh: bool =
         stages, why_not = _stage_planner(dag, sources, devices, schedule, profiles_root)
         if stages is None:
             console.print(f"[yellow]no plan:[/yellow] {why_not}; running node by node on all devices")
+        for note in stages.problem.notes if stages else ():  # e.g. what the profile differs in from this machine
+            console.print(f"plan note: {note}", markup=False, highlight=False)
     stages = stages or SequentialStages(devices, dag.topological_order())
     run_dir = RunDir(out)
     run_dir.open(fresh=fresh)
