@@ -290,7 +290,7 @@ class Executor:
                 self.ledger.send(name, units, running.slot)
                 self.engines.submit(config, batch)
                 if self._first_request_s is None:
-                    self._first_request_s = time.monotonic() - self._ready_at_s
+                    self._first_request_s = self.report.first_request_s = time.monotonic() - self._ready_at_s
 
     # -- collecting ---------------------------------------------------------------------------
     def _collect(self, log: StageLog) -> None:
