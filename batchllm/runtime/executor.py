@@ -62,7 +62,11 @@ class RunResult:
     nodes_failed: dict[str, str]  # node -> cause
     outputs: dict[str, Path]
     report: RunReport
-    first_request_s: float | None  # engines ready -> first request sent, in the first stage
+
+    @property
+    def first_request_s(self) -> float | None:
+        """From the first stage's engines being ready to the first request sent."""
+        return self.report.first_request_s
 
 
 class Executor:
@@ -82,7 +86,6 @@ class Executor:
         self.preparing: dict[str, tuple[Future, bool]] = {}  # node -> window being prepared, fresh units?
         self.block_size_tokens = 16
         self._started = time.monotonic()
-        self._first_request_s: float | None = None
         self._ready_at_s: float | None = None
         self.report = RunReport(dag.name, str(devices), stages.method, models={n: s.model for n, s in dag.nodes.items()})
 
@@ -118,7 +121,7 @@ class Executor:
                 journal.close()
         if self.failed:
             raise RunIncomplete("; ".join(f"node {n}: {cause.splitlines()[0]}" for n, cause in self.failed.items()))
-        return RunResult(len(self.engines.starts), dict(self.failed), outputs, self.report, self._first_request_s)
+        return RunResult(len(self.engines.starts), dict(self.failed), outputs, self.report)
 
     def _upstream_of(self, name: str) -> dict[str, Upstream | MergedUpstream]:
         """What the node's templates read by name: upstream nodes, and merges of them."""
@@ -289,8 +292,8 @@ class Executor:
                 units = np.fromiter((parse_request_id(r.request_id)[1] for r in batch), np.int64, len(batch))
                 self.ledger.send(name, units, running.slot)
                 self.engines.submit(config, batch)
-                if self._first_request_s is None:
-                    self._first_request_s = self.report.first_request_s = time.monotonic() - self._ready_at_s
+                if self.report.first_request_s is None:
+                    self.report.first_request_s = time.monotonic() - self._ready_at_s
 
     # -- collecting ---------------------------------------------------------------------------
     def _collect(self, log: StageLog) -> None:
