@@ -263,7 +263,9 @@ class Executor:
             if len(window.replicas) != len(configs):  # the replicas changed while it was prepared
                 window = split([r for part in window.replicas for r in part], len(configs), self.block_size_tokens,
                                self.preparer.prefix_order)
-            backlog.add(window.replicas, [self._engine_load(c) for c in configs])
+            requests = [r for part in window.replicas for r in part]
+            mean_work = sum(map(work_of, requests)) / max(len(requests), 1)
+            backlog.add(window.replicas, [self._engine_load(c) * mean_work for c in configs])
             if fresh:
                 self.progress.stats[name].ideal_cached_tokens = (self.progress.stats[name].ideal_cached_tokens or 0) + window.ideal_cached_tokens
         low_water = sum(self.engines.get(c).engine.ready.max_num_seqs for c in configs)
@@ -277,8 +279,9 @@ class Executor:
             requests = feed.render(units)
             self.preparing[name] = (self.preparer.submit(requests, configs[0].model, self.block_size_tokens, len(configs)), fresh)
 
-    def _engine_load(self, config: EngineConfig) -> float:
-        return float(self.ledger.running_on[self.engines.get(config).slot])
+    def _engine_load(self, config: EngineConfig) -> int:
+        """Units running in the engine (their work is estimated by the caller)."""
+        return self.ledger.running_on[self.engines.get(config).slot]
 
     def _top_up(self, name: str) -> None:
         """Hand each of the node's engines waiting requests up to what it runs at once."""
