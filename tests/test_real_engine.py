@@ -96,14 +96,21 @@ def test_example_dag_runs_to_completion(dag_name, tmp_path, model_home, shared_e
         records = results(out, node)
         keys = [(r["row_id"], r["step"]) for r in records]
         assert len(keys) == len(set(keys)) == committed(out, node), f"{node}: a unit was produced twice"
-        assert all(r["text"].strip() for r in records), f"{node}: empty output"
+        assert all(r["text"].strip() for r in records), f"{node}: empty output"  # structured output too
         assert all(r["num_output_tokens"] > 0 for r in records)
         if node in expected_units(dag_name):
             assert len(keys) == expected_units(dag_name)[node], node
-    if dag_name == "router":  # every question is answered by exactly one specialist
+    if dag_name == "router":  # every question is answered by exactly one specialist, then judged through the merge
+        routes = {r["row_id"]: r["text"] for r in results(out, "route")}
+        assert set(routes.values()) <= {"code", "other"}, "structured output allows the two labels only"
         tech = {r["row_id"] for r in results(out, "tech_expert")}
         general = {r["row_id"] for r in results(out, "generalist")}
-        assert not tech & general and len(tech | general) == len(results(out, "route"))
+        assert tech == {r for r, label in routes.items() if label == "code"} and not tech & general
+        assert len(tech | general) == len(routes)
+        judged = {r["row_id"]: r["text"] for r in results(out, "judge")}
+        assert set(judged) == tech | general and set(judged.values()) <= {"yes", "no"}
+        routed = pq.read_table(out / "routed.parquet").to_pylist()
+        assert all(row["answer"] and row["verdict"] in ("yes", "no") for row in routed)
     for output in spec.outputs:
         assert pq.read_table(out / f"{output}.parquet").num_rows > 0
 

@@ -81,7 +81,7 @@ def _check_node(dag: DagSpec, node: NodeSpec, first_row: pa.Table) -> None:
             raise UserError(f"iterate.over column {over!r} has type {schema.field(over).type}, but must be a list of strings",
                             where=where, hint="store the chunks of each row as list<string>")
     if node.where:
-        empty = {name: pa.array([], pa.string()) for name in node.upstream}
+        empty = {name: pa.array([], pa.string()) for name in node.reads}
         where_row_ids(first_row.slice(0, 0), empty, node.where, where=f"{where}.where")
     _dry_render(node, first_row, where)
 
@@ -89,7 +89,7 @@ def _check_node(dag: DagSpec, node: NodeSpec, first_row: pa.Table) -> None:
 def _dry_render(node: NodeSpec, first_row: pa.Table, where: str) -> None:
     """Render both templates on the first row at step 0, upstream outputs as empty text."""
     row = first_row.to_pylist()[0]
-    context = template_context(node, row, {name: "" for name in node.upstream})
+    context = template_context(node, row, {name: "" for name in node.reads})
     for key, source in (("prompt", node.prompt), ("system", node.system)):
         if source is not None:
             template = compile_template(source, where=f"{where}.{key}", first_line=None)

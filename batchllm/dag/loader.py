@@ -227,6 +227,7 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
         both = sorted(names & {m for merge in merges_read for m in merges[merge]})
         if both:
             node.fail(None, f"node {name!r} reads a merge and its member {both[0]!r}", "read the merge or its members, not both")
+        reads = tuple(sorted(n for n in names if n in raw or n in merges_read))
         names = (names - set(merges_read)) | {m for merge in merges_read for m in merges[merge]}
         spec = NodeSpec(
             name=name,
@@ -243,6 +244,7 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
             columns_used=tuple(sorted(n for n in names if n not in raw)),
             output=_parse_output(node, path),
             merges_read=merges_read,
+            reads=reads,
         )
         parsed[name] = (node, spec, names)
     for name, (node, spec, _) in parsed.items():

@@ -73,6 +73,7 @@ class NodeSpec:
     columns_used: tuple[str, ...] = ()
     output: OutputConstraint | None = None
     merges_read: tuple[str, ...] = ()  # merges (see DagSpec.merges) its templates or `where` read; their members are in `upstream`
+    reads: tuple[str, ...] = ()  # the upstream texts it reads by name: upstream nodes it names, and merges
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from batchllm.dag.model import DagSpec
 def dag_warnings(dag: DagSpec) -> list[str]:
     warnings = []
     for name, node in dag.nodes.items():
-        direct = [u for u in node.upstream if not any(u in dag.merges[m] for m in node.merges_read)]
+        direct = [u for u in node.reads if u in dag.nodes]
         routes: dict[tuple[str, ...], list[str]] = {}
         for up in direct:
             if dag.nodes[up].where:

@@ -27,15 +27,16 @@ import numpy as np
 
 from batchllm.costmodel.estimator import Workload
 from batchllm.costmodel.profile import Profile
+from batchllm.costmodel.work import CHARS_PER_TOKEN, estimated_tokens
 from batchllm.errors import UserError
 from batchllm.io.input_source import InputSource
 from batchllm.ordering.prefix_tree import PrefixTree
 from batchllm.planner.cluster import Cluster, candidate_plans, cluster_profile, run_settings
 from batchllm.planner.problem import NodeWorkload, too_big
 from batchllm.dag.model import DagSpec, NodeSpec
+from batchllm.dag.context import template_context
 from batchllm.dag.templates import compile_template
 
-CHARS_PER_TOKEN = 4
 CHAT_OVERHEAD_TOKENS = 12  # role markers of a chat template
 SAMPLE_ROWS = 1000
 
@@ -82,10 +83,11 @@ def dag_workloads(dag: DagSpec, sources: dict[str, InputSource], cluster: Cluste
         share = _where_share(dag, node)
         if share < 1:
             notes.append(f"{name}: `where` assumed to keep {share:.0%} of rows (shared with its sibling routes)")
-        rows = min([source.num_rows] + [counts[u] / dag.nodes[u].sampling.n for u in node.upstream]) * share
+        rows = min([source.num_rows] + [_rows_read(dag, r, counts, source.num_rows) for r in node.reads]) * share
         mean_output[name] = min(profile.lengths.mean(), node.sampling.max_tokens)
         sample = source.head_rows(SAMPLE_ROWS).to_pylist()
-        prompts, cached = _prompt_tokens(node, sample, sum(mean_output[u] for u in node.upstream), mean_output[name],
+        upstream_tokens = sum(max(mean_output[m] for m in dag.merges.get(r, (r,))) for r in node.reads)
+        prompts, cached = _prompt_tokens(node, sample, upstream_tokens, mean_output[name],
                                          int(profile.engine.get("block_size_tokens", 16)))
         if node.iterate:
             rounds = tuple(int(round(c * share * node.sampling.n)) for c in _rows_longer(source.list_lengths(node.iterate.over)))
@@ -107,6 +109,13 @@ def _rows_longer(lengths: np.ndarray) -> np.ndarray:
     return len(lengths) - np.cumsum(per_length)[:-1]
 
 
+def _rows_read(dag: DagSpec, name: str, counts: dict[str, float], rows: int) -> float:
+    """Rows with an output of what a node reads: an upstream node's, or a merge's (its
+    members' rows together, at most every row)."""
+    members = dag.merges.get(name, (name,))
+    return min(sum(counts[m] / dag.nodes[m].sampling.n for m in members), rows)
+
+
 def _where_share(dag: DagSpec, node: NodeSpec) -> float:
     if not node.where:
         return 1.0
@@ -122,16 +131,15 @@ def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own
     templates = [compile_template(s, where=f"nodes.{node.name}", first_line=None) for s in (node.system, node.prompt) if s]
     tokens, texts = [], []
     for row in rows:
-        context = dict(row)
-        context.update({u: "" for u in node.upstream})
+        context = template_context(node, row, {r: "" for r in node.reads}, step=1, previous="")
         extra = upstream_tokens
-        if node.iterate:
+        if node.iterate:  # a step's item counts by the mean length of the row's items, in `extra`
             items = row.get(node.iterate.over) or [""]
-            context.update({node.iterate.item_name: "", "step": 1, "previous": ""})
-            extra += sum(len(i) for i in items) / len(items) / CHARS_PER_TOKEN + own_output_tokens * (len(items) - 1) / len(items)
+            context[node.iterate.item_name] = ""
+            extra += estimated_tokens(sum(len(i) for i in items) / len(items)) + own_output_tokens * (len(items) - 1) / len(items)
         text = "".join(t.render(context) for t in templates)
         texts.append(text)
-        tokens.append(len(text) / CHARS_PER_TOKEN + extra + (CHAT_OVERHEAD_TOKENS if node.chat else 0))
+        tokens.append(estimated_tokens(len(text)) + extra + (CHAT_OVERHEAD_TOKENS if node.chat else 0))
     tokens = np.maximum(np.round(tokens), 1).astype(np.int64)
     tree = PrefixTree([[ord(c) for c in t] for t in texts], block_tokens * CHARS_PER_TOKEN)
     cached = np.zeros(len(texts), dtype=np.int64)

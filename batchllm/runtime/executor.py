@@ -125,11 +125,10 @@ class Executor:
 
     def _upstream_of(self, name: str) -> dict[str, Upstream | MergedUpstream]:
         """What the node's templates read by name: upstream nodes, and merges of them."""
-        node, merges = self.dag.nodes[name], self.dag.merges
         producer = lambda u: Upstream(self.ledger[u], self.journals[u])  # noqa: E731
-        merged = {m: MergedUpstream([producer(u) for u in merges[m]]) for m in node.merges_read}
-        direct = {u: producer(u) for u in node.upstream if not any(u in merges[m] for m in node.merges_read)}
-        return {**direct, **merged}
+        merges = self.dag.merges
+        return {n: MergedUpstream([producer(u) for u in merges[n]]) if n in merges else producer(n)
+                for n in self.dag.nodes[name].reads}
 
     def _node_ledger(self, name: str) -> NodeLedger:
         node = self.dag.nodes[name]
