@@ -1,6 +1,6 @@
-"""Progress a person can read anywhere: plain lines when output goes to a file, the status
-file and `batchllm status` for a running, interrupted or finished run, and an end-of-run
-summary that fits 80 columns uncut."""
+"""Progress a person can read anywhere: plain lines when output is not a terminal, the ETA
+over the last minute, the status file the driver writes, and an end-of-run summary that
+fits 80 columns uncut. Every time comes from a fake clock: nothing sleeps."""
 
 from __future__ import annotations
 
@@ -8,13 +8,12 @@ import io
 import json
 import os
 
+import pytest
 from rich.console import Console
-from typer.testing import CliRunner
 
-from batchllm.cli import app
-from batchllm.runtime.progress import NodeStats, RunProgress
+from batchllm.runtime.progress import NodeStats, RunProgress, eta_s
 from batchllm.runtime.run_summary import summary_lines
-from batchllm.runtime.status import RunStatus, write_status
+from batchllm.runtime.status import read_status
 
 
 class Clock:
@@ -25,65 +24,115 @@ class Clock:
         return self.now_s
 
 
-def log_progress(tmp_path) -> tuple[RunProgress, Clock, io.StringIO]:
+def log_progress(tmp_path, terminal: bool = False) -> tuple[RunProgress, Clock, io.StringIO]:
     clock, text = Clock(), io.StringIO()
-    console = Console(file=text, width=80, force_terminal=False)
-    progress = RunProgress(console, tmp_path / ".batchllm" / "status.json", line_interval_s=30.0, clock=clock)
+    console = Console(file=text, width=80, force_terminal=terminal)
+    progress = RunProgress(console, tmp_path / ".batchllm" / "status.json", line_interval_s=30.0, clock=clock,
+                           wall_time=lambda: f"T{clock.now_s:.0f}")
     return progress, clock, text
 
 
-def test_without_a_terminal_a_line_per_node_every_interval_and_at_the_end(tmp_path):
+def test_without_a_terminal_a_line_per_running_node_every_interval_and_at_the_end(tmp_path):
     progress, clock, text = log_progress(tmp_path)
     progress.start_node(NodeStats("gen", "m", units_total=1000, units_done_before=100))
+    progress.start_node(NodeStats("judge", "m", units_total=50, units_done_before=0))
     for second in range(1, 31):
         clock.now_s = 100.0 + second
-        progress.advance("gen", prompt_tokens=10, output_tokens=20, units=10)
+        progress.advance("gen", units=10, prompt_tokens=10, output_tokens=20)
         progress.tick()
-    assert text.getvalue() == "gen: 400/1,000 units (40%), 20 output tok/s, ETA 0:01:00\n"
+    assert text.getvalue() == ("gen: 400/1,000 units (40%), 20 output tok/s, ETA 0:01:00\n"
+                               "judge: 0/50 units (0%), 0 output tok/s, ETA ?\n")
     clock.now_s = 140.0
-    progress.advance("gen", prompt_tokens=0, output_tokens=0, units=600, failed=3)
+    progress.advance("gen", units=600, failed=3)
     progress.finish_node("gen")
+    progress.tick()  # not due yet: the next lines come 30 s after the last ones
+    clock.now_s = 160.0
+    progress.tick()  # due: only the node still running
+    assert text.getvalue().splitlines()[2:] == ["judge: 0/50 units (0%), 0 output tok/s, ETA ?"]
     progress.close("finished")
-    assert text.getvalue().splitlines()[-1] == "gen: 1,000/1,000 units (100%), 15 output tok/s, ETA 0:00:00"
+    assert text.getvalue().splitlines()[3:] == ["gen: 1,000/1,000 units (100%), 15 output tok/s, ETA 0:00:00",
+                                                "judge: 0/50 units (0%), 0 output tok/s, ETA ?"]
 
 
-def test_the_status_file_and_batchllm_status_for_a_running_run(tmp_path):
+def test_the_old_positional_call_still_counts_one_unit(tmp_path):
+    progress, _, _ = log_progress(tmp_path)
+    progress.start_node(NodeStats("gen", "m", units_total=10, units_done_before=0))
+    progress.advance("gen", 7, 9)
+    stats = progress.stats["gen"]
+    assert (stats.units_done, stats.prompt_tokens, stats.output_tokens, stats.failed) == (1, 7, 9, 0)
+
+
+def test_the_eta_follows_the_last_minute_and_is_unknown_when_the_node_stalls(tmp_path):
     progress, clock, _ = log_progress(tmp_path)
-    progress.start_node(NodeStats("gen", "m", units_total=1000, units_done_before=0))
-    for second in range(1, 11):
+    progress.start_node(NodeStats("gen", "m", units_total=10_000, units_done_before=0))
+    for second in range(1, 61):  # 100 units/s for a minute
         clock.now_s = 100.0 + second
-        progress.advance("gen", prompt_tokens=5, output_tokens=7, units=25, failed=1 if second == 3 else 0)
+        progress.advance("gen", units=100)
+    for second in range(61, 121):  # then 1 unit/s
+        clock.now_s = 100.0 + second
+        progress.advance("gen", units=1)
+    stats = progress.stats["gen"]
+    assert eta_s(stats, 220.0) == 3940.0  # 3,940 left at the last minute's 1 unit/s
+    assert eta_s(stats, 400.0) is None  # nothing in the last minute
+    stats.units_done_now = 10_000
+    assert eta_s(stats, 400.0) == 0.0
+
+
+def test_many_calls_within_a_second_keep_one_rate_sample(tmp_path):
+    progress, clock, _ = log_progress(tmp_path)
+    progress.start_node(NodeStats("gen", "m", units_total=100_000, units_done_before=0))
+    for k in range(10_000):
+        clock.now_s = 100.0 + k / 20_000  # 10,000 polls in half a second
+        progress.advance("gen", units=3, output_tokens=2)
+    stats = progress.stats["gen"]
+    assert (len(stats.recent), stats.units_done, stats.output_tokens) == (1, 30_000, 20_000)
+
+
+def test_on_a_terminal_bars_and_no_log_lines(tmp_path):
+    progress, clock, text = log_progress(tmp_path, terminal=True)
+    assert progress.bars_shown
+    progress.start_node(NodeStats("gen", "m", units_total=10, units_done_before=0))
+    clock.now_s = 200.0
+    progress.advance("gen", units=4)
     progress.tick()
-    data = json.loads((tmp_path / ".batchllm" / "status.json").read_text())
-    assert data["state"] == "running" and data["pid"] == os.getpid()
-    assert data["nodes"]["gen"] == {"model": "m", "committed": 250, "total": 1000, "failed": 1, "prompt_tokens": 50,
-                                    "output_tokens": 70, "output_tokens_per_s": 7.0, "eta_s": 30.0}
-    result = CliRunner().invoke(app, ["status", str(tmp_path)])
-    assert result.exit_code == 0
-    assert result.output.splitlines()[1:] == ["  gen  250/1,000 (25%), 1 failed, 70 output tok, ETA 0:00:30"]
-    assert result.output.startswith(f"{tmp_path}: running, 0:00:10 elapsed, updated ")
-    as_json = json.loads(CliRunner().invoke(app, ["status", str(tmp_path), "--json"]).output)
-    assert as_json["state"] == "running" and as_json["nodes"]["gen"]["committed"] == 250
+    progress.close("interrupted")
+    assert "units (" not in text.getvalue()
+    assert read_status(tmp_path).state == "interrupted"
 
 
-def test_a_running_status_whose_driver_is_gone_is_interrupted_and_a_finished_one_says_so(tmp_path):
-    dead = os.fork()
-    if dead == 0:
-        os._exit(0)
-    os.waitpid(dead, 0)
-    write_status(tmp_path / ".batchllm" / "status.json", RunStatus("running", 12.0, {}, pid=dead, updated_at="T"))
-    result = CliRunner().invoke(app, ["status", str(tmp_path)])
-    assert result.output == f"{tmp_path}: interrupted (run the same command again to resume), 0:00:12 elapsed, updated T\n"
-    write_status(tmp_path / ".batchllm" / "status.json", RunStatus("finished", 3661.0, {}, updated_at="T"))
-    assert CliRunner().invoke(app, ["status", str(tmp_path)]).output == f"{tmp_path}: finished, 1:01:01 elapsed, updated T\n"
+def test_the_status_file_from_start_through_ticks_to_the_end(tmp_path):
+    progress, clock, _ = log_progress(tmp_path)
+    path = tmp_path / ".batchllm" / "status.json"
+    with progress:
+        assert json.loads(path.read_text()) == {"state": "running", "elapsed_s": 0.0, "nodes": {}, "pid": os.getpid(),
+                                                "started_at": "T100", "updated_at": "T100"}
+        progress.start_node(NodeStats("gen", "/models/m", units_total=1000, units_done_before=0))
+        clock.now_s = 101.0
+        progress.advance("gen", units=25, prompt_tokens=5, output_tokens=7)
+        progress.tick()  # written every 2 s: not yet
+        assert json.loads(path.read_text())["nodes"] == {}
+        for second in range(2, 11):
+            clock.now_s = 100.0 + second
+            progress.advance("gen", units=25, prompt_tokens=5, output_tokens=7, failed=1 if second == 3 else 0)
+            progress.tick()
+        assert json.loads(path.read_text()) == {
+            "state": "running", "elapsed_s": 10.0, "pid": os.getpid(), "started_at": "T100", "updated_at": "T110",
+            "nodes": {"gen": {"model": "/models/m", "committed": 250, "total": 1000, "failed": 1, "prompt_tokens": 50,
+                              "output_tokens": 70, "output_tokens_per_s": 7.0, "eta_s": 30.0}}}
+        clock.now_s = 111.0
+        progress.advance("gen", units=750)
+        progress.finish_node("gen")
+        progress.close("finished")
+    data = json.loads(path.read_text())
+    assert (data["state"], data["updated_at"], data["nodes"]["gen"]["committed"], data["nodes"]["gen"]["eta_s"]) == (
+        "finished", "T111", 1000, 0.0)
+    assert not (tmp_path / ".batchllm" / "status.json.tmp").exists()
 
 
-def test_status_of_a_folder_without_a_run_is_exit_2_with_what_to_do(tmp_path):
-    result = CliRunner().invoke(app, ["status", str(tmp_path / "nothing")])
-    assert result.exit_code == 2
-    assert " ".join(result.output.split()) == (
-        f"error: OUT: '{tmp_path / 'nothing'}' has no batchllm run. Fix: give the --out folder of a run, "
-        "or start one with `batchllm run DAG --out OUT`.")
+def test_a_run_ends_in_one_of_three_states(tmp_path):
+    progress, _, _ = log_progress(tmp_path)
+    with pytest.raises(ValueError, match="finished, incomplete, interrupted, not 'done'"):
+        progress.close("done")
 
 
 def test_the_summary_fits_80_columns_uncut():

@@ -1,9 +1,13 @@
-"""Progress of a run as it goes: bars on a terminal; one plain line per node every
-`line_interval_s` when the output is a file (CI, nohup, a scheduler); and the status file
-that `batchllm status` reads, rewritten every `status_interval_s` and at the end.
+"""Progress of a run as it goes: bars on a terminal; one plain line per running node every
+`line_interval_s` when the output is not a terminal (CI, nohup, a scheduler, a file); and
+the status file that `batchllm status` reads, rewritten every `status_interval_s` and at
+the end.
 
-The executor calls `advance` once per node per poll of the engines (not per result) and
-`tick` every loop turn; `tick` does nothing until an interval is due, so it costs nothing.
+Invariant: the cost of progress does not grow with the number of results. The executor
+calls `advance` once per node per poll of the engines (a batch of results, not one call
+per result); each node keeps at most one rate sample per `SAMPLE_SPACING_S`; `tick` is
+called every loop turn and does nothing until an interval is due; bars are redrawn by
+rich at a bounded rate, never by `advance`. Every time comes from the injected `clock`.
 """
 
 from __future__ import annotations
@@ -12,14 +16,18 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from batchllm.runtime.status import NodeStatus, RunStatus, format_duration, write_status
+from batchllm.runtime.status import END_STATES, NodeStatus, RunStatus, format_duration, write_status
 
 RATE_WINDOW_S = 60.0  # the ETA uses the rate over this much recent time
+SAMPLE_SPACING_S = 1.0  # at most one (time, units done) sample per node per this long
+MAX_SAMPLES = 256  # > RATE_WINDOW_S / SAMPLE_SPACING_S, so the window is always covered
+BAR_REFRESH_PER_S = 4.0
 
 
 @dataclass
@@ -29,64 +37,79 @@ class NodeStats:
     units_total: int
     units_done_before: int
     units_done_now: int = 0
-    failed: int = 0  # results whose finish_reason is "error: ..."
+    failed: int = 0  # results whose finish_reason starts with "error:"
     prompt_tokens: int = 0
     output_tokens: int = 0
     engine_load_s: float = 0.0
-    started_at: float = field(default_factory=time.monotonic)
+    started_at: float = 0.0  # on the progress clock; set by RunProgress.start_node
     busy_s: float = 0.0  # inside engine steps
     engine_steps: int = 0
     prefix_queries: int = 0  # prompt tokens looked up in the engine's prefix cache
     prefix_hits: int = 0  # of those, served from it
     ideal_cached_tokens: int | None = None  # what a perfect order would serve from an unbounded cache
     finished_at: float | None = None
-    recent: deque = field(default_factory=lambda: deque(maxlen=256))  # (clock, units done) samples
+    recent: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))  # (clock s, units done) samples
 
     @property
     def units_done(self) -> int:
         return self.units_done_before + self.units_done_now
 
-    @property
-    def elapsed_s(self) -> float:
-        return (self.finished_at or time.monotonic()) - self.started_at
+    def elapsed_s(self, now_s: float) -> float:
+        return (self.finished_at if self.finished_at is not None else now_s) - self.started_at
 
-    @property
-    def output_tokens_per_s(self) -> float:
-        return self.output_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+    def output_tokens_per_s(self, now_s: float) -> float:
+        elapsed_s = self.elapsed_s(now_s)
+        return self.output_tokens / elapsed_s if elapsed_s > 0 else 0.0
 
 
 def eta_s(stats: NodeStats, now_s: float) -> float | None:
-    """Units left over the rate of the last RATE_WINDOW_S; None before a rate is known."""
+    """Units left over the rate of the last RATE_WINDOW_S (from the oldest sample in the
+    window to now, so a stalled node's ETA grows); None while no rate is known."""
     left = stats.units_total - stats.units_done
     if left <= 0:
         return 0.0
-    samples = [(t, done) for t, done in stats.recent if t >= now_s - RATE_WINDOW_S]
-    if len(samples) < 2 or samples[-1][0] <= samples[0][0] or samples[-1][1] <= samples[0][1]:
+    since_s = now_s - RATE_WINDOW_S
+    start = next(((t, done) for t, done in stats.recent if t >= since_s), None)
+    if start is None or now_s <= start[0] or stats.units_done <= start[1]:
         return None
-    rate = (samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0])
-    return left / rate
+    return left * (now_s - start[0]) / (stats.units_done - start[1])
+
+
+def progress_line(stats: NodeStats, now_s: float) -> str:
+    """`gen: 400/1,000 units (40%), 20 output tok/s, ETA 0:01:00` (ETA `?` when unknown)."""
+    share = f"{stats.units_done / stats.units_total:.0%}" if stats.units_total else "-"
+    eta = eta_s(stats, now_s)
+    return (f"{stats.node}: {stats.units_done:,}/{stats.units_total:,} units ({share}), "
+            f"{stats.output_tokens_per_s(now_s):,.0f} output tok/s, ETA {'?' if eta is None else format_duration(eta)}")
+
+
+def _wall_time() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 class RunProgress:
     def __init__(self, console: Console, status_path: Path | None = None, *, line_interval_s: float = 30.0,
-                 status_interval_s: float = 2.0, clock: Callable[[], float] = time.monotonic):
-        self.console, self.status_path, self.clock = console, status_path, clock
+                 status_interval_s: float = 2.0, clock: Callable[[], float] = time.monotonic,
+                 wall_time: Callable[[], str] = _wall_time):
+        self.console, self.status_path, self.clock, self.wall_time = console, status_path, clock, wall_time
         self.line_interval_s, self.status_interval_s = line_interval_s, status_interval_s
         self.bars_shown = console.is_terminal
         self._bars = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=console, transient=False,
-            disable=not self.bars_shown,
+            disable=not self.bars_shown, auto_refresh=True, refresh_per_second=BAR_REFRESH_PER_S,
         )
         self._tasks: dict[str, int] = {}
         self.stats: dict[str, NodeStats] = {}
         self.state = "running"
-        self._started_at = clock()
-        self._next_line_s = self._started_at + line_interval_s
-        self._next_status_s = self._started_at
+        self._started_s = clock()
+        self.started_at = wall_time()
+        self._next_line_s = self._started_s + line_interval_s
+        self._next_status_s = self._started_s + status_interval_s
 
     def __enter__(self) -> "RunProgress":
         self._bars.__enter__()
+        self._write_status(self.clock())  # `batchllm status` sees the run before its engines are up
         return self
 
     def __exit__(self, *exc) -> None:
@@ -106,15 +129,18 @@ class RunProgress:
             self.stats[node].units_total = units_total
             self._bars.update(self._tasks[node], total=units_total)
 
-    def advance(self, node: str, prompt_tokens: int, output_tokens: int, *, units: int = 1, failed: int = 0) -> None:
+    def advance(self, node: str, prompt_tokens: int = 0, output_tokens: int = 0, *, units: int = 1, failed: int = 0) -> None:
+        """`units` results of `node` were committed (one call per node per poll), `failed` of them errors."""
         stats = self.stats[node]
         stats.units_done_now += units
         stats.failed += failed
         stats.prompt_tokens += prompt_tokens
         stats.output_tokens += output_tokens
-        stats.recent.append((self.clock(), stats.units_done))
-        if self.bars_shown:
-            self._bars.update(self._tasks[node], advance=units, rate=f"{stats.output_tokens_per_s:,.0f} tok/s")
+        now_s = self.clock()
+        if not stats.recent or now_s - stats.recent[-1][0] >= SAMPLE_SPACING_S:
+            stats.recent.append((now_s, stats.units_done))
+        if self.bars_shown:  # rich redraws at BAR_REFRESH_PER_S; this only sets the numbers
+            self._bars.update(self._tasks[node], advance=units, rate=f"{stats.output_tokens_per_s(now_s):,.0f} tok/s")
 
     def count_steps(self, node: str, steps) -> None:
         stats = self.stats[node]
@@ -129,44 +155,42 @@ class RunProgress:
 
     # -- periodic output -------------------------------------------------------------------
     def tick(self) -> None:
+        """Call every loop turn: prints the log lines and rewrites the status file when due."""
         now_s = self.clock()
-        if not self.bars_shown and now_s >= self._next_line_s:
+        if now_s >= self._next_line_s:
             self._next_line_s = now_s + self.line_interval_s
-            for line in self.progress_lines(now_s, running_only=True):
-                self.console.print(line, highlight=False, markup=False, soft_wrap=True)
-        if self.status_path is not None and now_s >= self._next_status_s:
+            if not self.bars_shown:
+                self._print_lines(now_s, running_only=True)
+        if now_s >= self._next_status_s:
             self._next_status_s = now_s + self.status_interval_s
-            write_status(self.status_path, self.status(now_s))
+            self._write_status(now_s)
 
     def close(self, state: str) -> None:
-        """The run ended: `finished`, `incomplete` or `interrupted`."""
+        """The run ended: `finished`, `incomplete` or `interrupted`. Prints every node's last
+        line (without a terminal) and writes the final status."""
+        if state not in END_STATES:
+            raise ValueError(f"a run ends {', '.join(END_STATES)}, not {state!r}")
         self.state = state
         now_s = self.clock()
         if not self.bars_shown:
-            for line in self.progress_lines(now_s, running_only=False):
-                self.console.print(line, highlight=False, markup=False, soft_wrap=True)
-        if self.status_path is not None:
-            write_status(self.status_path, self.status(now_s))
+            self._print_lines(now_s, running_only=False)
+        self._write_status(now_s)
 
     def progress_lines(self, now_s: float, running_only: bool) -> list[str]:
-        lines = []
-        for s in self.stats.values():
-            if running_only and s.finished_at is not None:
-                continue
-            share = f"{s.units_done / s.units_total:.0%}" if s.units_total else "-"
-            elapsed_s = (s.finished_at or now_s) - s.started_at
-            rate = s.output_tokens / elapsed_s if elapsed_s > 0 else 0.0
-            eta = eta_s(s, now_s)
-            lines.append(f"{s.node}: {s.units_done:,}/{s.units_total:,} units ({share}), {rate:,.0f} output tok/s, "
-                         f"ETA {'?' if eta is None else format_duration(eta)}")
-        return lines
+        return [progress_line(s, now_s) for s in self.stats.values() if not (running_only and s.finished_at is not None)]
 
     def status(self, now_s: float) -> RunStatus:
-        nodes = {}
-        for s in self.stats.values():
-            elapsed_s = (s.finished_at or now_s) - s.started_at
-            nodes[s.node] = NodeStatus(
-                model=s.model, committed=s.units_done, total=s.units_total, failed=s.failed, prompt_tokens=s.prompt_tokens,
-                output_tokens=s.output_tokens, output_tokens_per_s=s.output_tokens / elapsed_s if elapsed_s > 0 else 0.0,
-                eta_s=eta_s(s, now_s))
-        return RunStatus(state=self.state, elapsed_s=now_s - self._started_at, nodes=nodes)
+        nodes = {s.node: NodeStatus(
+            model=s.model, committed=s.units_done, total=s.units_total, failed=s.failed, prompt_tokens=s.prompt_tokens,
+            output_tokens=s.output_tokens, output_tokens_per_s=s.output_tokens_per_s(now_s), eta_s=eta_s(s, now_s))
+            for s in self.stats.values()}
+        return RunStatus(state=self.state, elapsed_s=now_s - self._started_s, nodes=nodes, started_at=self.started_at,
+                         updated_at=self.wall_time())
+
+    def _print_lines(self, now_s: float, running_only: bool) -> None:
+        for line in self.progress_lines(now_s, running_only):
+            self.console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+    def _write_status(self, now_s: float) -> None:
+        if self.status_path is not None:
+            write_status(self.status_path, self.status(now_s))

@@ -1,21 +1,32 @@
-"""The status file of a run (`<out>/.batchllm/status.json`) and `batchllm status`.
+"""The status file of a run (`<out>/.batchllm/status.json`) and what `batchllm status` shows.
 
-The running driver rewrites the file every few seconds and at its end (atomically: a
-reader sees the old file or the new one). A file that says "running" whose driver is
-gone (killed, crashed) describes an interrupted run.
+Invariant: the running driver is the only writer; it rewrites the file every few seconds
+and at its end, atomically (temporary file + os.replace), so a reader sees the old file or
+the new one, never a part. A file that says "running" whose driver process is gone
+(killed, crashed) describes an interrupted run, and is reported so.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from batchllm.errors import UserError
 
 STATUS_FILE = Path(".batchllm") / "status.json"
+END_STATES = ("finished", "incomplete", "interrupted")
+STATES = ("running", *END_STATES)
+ADVICE = {
+    "interrupted": "run the same `batchllm run` command again to resume",
+    "incomplete": "a node failed (its cause was printed); fix it and run the same command again",
+}
+
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)
@@ -23,20 +34,21 @@ class NodeStatus:
     model: str
     committed: int
     total: int
-    failed: int
+    failed: int  # results whose finish_reason starts with "error:"
     prompt_tokens: int
     output_tokens: int
     output_tokens_per_s: float
-    eta_s: float | None
+    eta_s: float | None  # None: no rate known yet
 
 
 @dataclass(frozen=True)
 class RunStatus:
-    state: str  # running | finished | incomplete | interrupted
+    state: str  # one of STATES
     elapsed_s: float
     nodes: dict[str, NodeStatus]
     pid: int = field(default_factory=os.getpid)
-    updated_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    started_at: str = field(default_factory=_now_iso)  # ISO 8601, UTC
+    updated_at: str = field(default_factory=_now_iso)
 
 
 def write_status(path: Path, status: RunStatus) -> None:
@@ -51,45 +63,62 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # exists, someone else's
         return True
     return True
 
 
 def read_status(out: Path) -> RunStatus:
+    """The run's status; "running" becomes "interrupted" when its driver is gone."""
     path = out / STATUS_FILE
     if not path.is_file():
+        if path.parent.is_dir():
+            raise UserError(f"{str(out)!r} holds a batchllm run that has not written {STATUS_FILE} (an older batchllm, or "
+                            "a run stopped before it began)", where="OUT", hint="run the same `batchllm run` command again")
         raise UserError(f"{str(out)!r} has no batchllm run", where="OUT",
                         hint="give the --out folder of a run, or start one with `batchllm run DAG --out OUT`")
-    data = json.loads(path.read_text())
-    nodes = {name: NodeStatus(**node) for name, node in data.pop("nodes").items()}
-    status = RunStatus(**data, nodes=nodes)
+    try:
+        data = json.loads(path.read_text())
+        known = {f.name for f in fields(RunStatus)}
+        nodes = {name: NodeStatus(**node) for name, node in data["nodes"].items()}
+        status = RunStatus(**{k: v for k, v in data.items() if k in known and k != "nodes"}, nodes=nodes)
+        if status.state not in STATES:
+            raise ValueError(f"unknown state {status.state!r}")
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        why = f"no {error.args[0]!r} field" if isinstance(error, KeyError) else str(error)
+        raise UserError(f"{str(path)!r} is not a status file this batchllm can read ({why})", where="OUT",
+                        hint="run the same `batchllm run` command again to rewrite it") from None
     if status.state == "running" and not _alive(status.pid):
         status = replace(status, state="interrupted")
     return status
 
 
 def format_duration(seconds: float) -> str:
+    """h:mm:ss, e.g. 3661 -> 1:01:01."""
     seconds = int(round(seconds))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def status_lines(out: Path, status: RunStatus) -> list[str]:
-    """What `batchllm status` prints: fits 80 columns, one line per node."""
-    advice = {"interrupted": " (run the same command again to resume)", "incomplete": " (a node failed; fix it and run again)"}
-    lines = [f"{out}: {status.state}{advice.get(status.state, '')}, {format_duration(status.elapsed_s)} elapsed, "
-             f"updated {status.updated_at}"]
-    width = max((len(n) for n in status.nodes), default=4)
+    """What `batchllm status` prints: a head line, then two short lines per node (80 columns)."""
+    lines = [f"{out}: {status.state}, {format_duration(status.elapsed_s)} elapsed (updated {status.updated_at})"]
+    if status.state in ADVICE:
+        lines.append(f"  {ADVICE[status.state]}")
     for name, node in status.nodes.items():
-        share = f"{node.committed / node.total:.0%}" if node.total else "-"
-        eta = "" if status.state != "running" else f", ETA {'?' if node.eta_s is None else format_duration(node.eta_s)}"
+        share = f" ({node.committed / node.total:.0%})" if node.total else ""
         failed = f", {node.failed:,} failed" if node.failed else ""
-        lines.append(f"  {name:<{width}}  {node.committed:,}/{node.total:,} ({share}){failed}, "
-                     f"{node.output_tokens:,} output tok{eta}")
+        eta = "" if status.state != "running" else f", ETA {'?' if node.eta_s is None else format_duration(node.eta_s)}"
+        lines.append(f"{name}: {node.committed:,}/{node.total:,} units{share}{failed}{eta}")
+        lines.append(f"  tokens: prompt {node.prompt_tokens:,}, output {node.output_tokens:,}, "
+                     f"{node.output_tokens_per_s:,.0f} output tok/s")
     return lines
 
 
 def status_json(status: RunStatus) -> dict:
-    return {"state": status.state, "elapsed_s": status.elapsed_s, "updated_at": status.updated_at,
-            "nodes": {name: {"committed": n.committed, "total": n.total, "failed": n.failed, "prompt_tokens": n.prompt_tokens,
-                             "output_tokens": n.output_tokens, "eta_s": n.eta_s} for name, n in status.nodes.items()}}
+    """What `batchllm status --json` prints."""
+    return {"state": status.state, "started_at": status.started_at, "updated_at": status.updated_at,
+            "elapsed_s": status.elapsed_s, "pid": status.pid,
+            "nodes": {name: {"model": n.model, "committed": n.committed, "total": n.total, "failed": n.failed,
+                             "prompt_tokens": n.prompt_tokens, "output_tokens": n.output_tokens,
+                             "output_tokens_per_s": n.output_tokens_per_s, "eta_s": n.eta_s}
+                      for name, n in status.nodes.items()}}
