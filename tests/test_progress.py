@@ -156,3 +156,38 @@ def test_the_summary_fits_80_columns_uncut():
         "nobody (smollm2-135m): 0 units, no row reached it",
         "  (its `where:` held nowhere, or an upstream node had no output)",
     ]
+
+
+def test_the_summary_shows_the_cost_at_the_dags_prices(workspace):
+    from batchllm.dag.loader import load_dag
+    from batchllm.dag.model import Price
+
+    dag = load_dag(workspace.dag("""
+        inputs:
+          questions: {path: questions.parquet, id_column: id}
+        prices:
+          ./tiny-model: {prompt_per_1m: 0.5, output_per_1m: 2}
+        nodes:
+          a: {model: ./tiny-model, prompt: "{{ question }}"}
+        """))
+    assert dag.prices == {"./tiny-model": Price(0.5, 2.0)}
+    stats = {"a": NodeStats("a", "./tiny-model", 10, 0, units_done_now=10, prompt_tokens=2_000_000, output_tokens=500_000,
+                            started_at=0.0, finished_at=10.0, price=dag.prices["./tiny-model"])}
+    assert summary_lines(stats, now_s=10.0)[-1] == "  cost: 2.0000 (prompt 1.0000 + output 1.0000, at the DAG's prices)"
+
+
+def test_prices_for_a_model_no_node_uses_are_refused(workspace):
+    import pytest
+
+    from batchllm.dag.loader import load_dag
+    from batchllm.errors import UserError
+
+    with pytest.raises(UserError, match="unknown key 'gpt-4' in prices"):
+        load_dag(workspace.dag("""
+            inputs:
+              questions: {path: questions.parquet, id_column: id}
+            prices:
+              gpt-4: {prompt_per_1m: 0.5, output_per_1m: 2}
+            nodes:
+              a: {model: ./tiny-model, prompt: "{{ question }}"}
+            """))

@@ -24,6 +24,7 @@ from batchllm.dag.model import (
     NodeSpec,
     OutputConstraint,
     OutputSpec,
+    Price,
     SamplingSpec,
 )
 from batchllm.dag.templates import compile_template
@@ -78,7 +79,7 @@ def _show(value: object) -> str:
 def load_dag(path: Path) -> DagSpec:
     path = Path(path)
     raw = read_yaml(path)
-    top = _Section(path, raw, "the DAG", 1, {"name", "inputs", "nodes", "merges", "outputs", "engine"})
+    top = _Section(path, raw, "the DAG", 1, {"name", "inputs", "nodes", "merges", "outputs", "engine", "prices"})
     inputs = _parse_inputs(top, path)
     merges = _parse_merges(top, path)
     nodes = _parse_nodes(top, path, inputs, merges)
@@ -87,7 +88,23 @@ def load_dag(path: Path) -> DagSpec:
     outputs = _parse_outputs(top, path, inputs, nodes, merges)
     name = top.get("name", str, default=path.stem, expect="a string")
     return DagSpec(path=path, name=name, inputs=inputs, nodes=nodes, outputs=outputs, engine=_parse_engine(top, path),
-                   merges=merges)
+                   merges=merges, prices=_parse_prices(top, path, nodes))
+
+
+def _parse_prices(top: _Section, path: Path, nodes: dict[str, NodeSpec]) -> dict[str, Price]:
+    """`prices: {<model>: {prompt_per_1m: 0.05, output_per_1m: 0.2}}`: costs in the run summary."""
+    if "prices" not in top.mapping:
+        return {}
+    raw = top.get("prices", dict, expect="a mapping of models to {prompt_per_1m, output_per_1m}")
+    models = {node.model for node in nodes.values()}
+    section = _Section(path, raw, "prices", top.line("prices"), models)
+    prices = {}
+    for model, body in raw.items():
+        item = _Section(path, body, f"prices.{model}", section.line(model), {"prompt_per_1m", "output_per_1m"})
+        number = dict(check=lambda v: v >= 0, expect="a number >= 0")
+        prices[model] = Price(float(item.get("prompt_per_1m", (int, float), **number)),
+                              float(item.get("output_per_1m", (int, float), **number)))
+    return prices
 
 
 def _parse_merges(top: _Section, path: Path) -> dict[str, tuple[str, ...]]:

@@ -103,6 +103,17 @@ class EngineSpec:
 
 
 @dataclass(frozen=True)
+class Price:
+    """What a model's tokens cost, per million (any currency), for the run summary."""
+
+    prompt_per_1m: float
+    output_per_1m: float
+
+    def cost(self, prompt_tokens: int, output_tokens: int) -> float:
+        return (prompt_tokens * self.prompt_per_1m + output_tokens * self.output_per_1m) / 1e6
+
+
+@dataclass(frozen=True)
 class DagSpec:
     path: Path
     name: str
@@ -113,6 +124,7 @@ class DagSpec:
     # A merge names the output of whichever of its member nodes produced one for a row (the
     # first listed that did): routed branches joined again, e.g. {"answer": ("tech", "general")}.
     merges: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    prices: dict[str, Price] = field(default_factory=dict)  # model (as nodes name it) -> its price
 
     def topological_order(self) -> list[str]:
         """Node names, every node after all of its upstream nodes (stable by file order)."""

@@ -344,7 +344,9 @@ class Executor:
     def _start_progress(self, name: str) -> None:
         if name not in self.progress.stats:
             ledger = self.ledger[name]
-            self.progress.start_node(NodeStats(name, self.dag.nodes[name].model, ledger.total_units, ledger.committed_units))
+            model = self.dag.nodes[name].model
+            self.progress.start_node(NodeStats(name, model, ledger.total_units, ledger.committed_units,
+                                               price=self.dag.prices.get(model)))
 
     # -- outputs ------------------------------------------------------------------------------
     def _write_outputs(self) -> dict[str, Path]:

@@ -20,6 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
+
+from batchllm.dag.model import Price
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from batchllm.runtime.status import END_STATES, NodeStatus, RunStatus, format_duration, write_status
@@ -47,6 +49,7 @@ class NodeStats:
     prefix_queries: int = 0  # prompt tokens looked up in the engine's prefix cache
     prefix_hits: int = 0  # of those, served from it
     ideal_cached_tokens: int | None = None  # what a perfect order would serve from an unbounded cache
+    price: Price | None = None  # the model's price per 1M tokens, when the DAG gives one
     finished_at: float | None = None
     recent: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))  # (clock s, units done) samples
 

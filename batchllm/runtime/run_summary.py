@@ -23,4 +23,7 @@ def summary_lines(stats: dict[str, NodeStats], now_s: float) -> list[str]:
         ideal = "" if s.ideal_cached_tokens is None else f", ideal {s.ideal_cached_tokens:,}"
         lines.append(f"  prefix cache: {s.prefix_hits:,} tok ({hit_rate}){ideal}")
         lines.append(f"  time: load {s.engine_load_s:.1f} s, engine {s.busy_s:.1f} s, total {elapsed_s:.1f} s")
+        if s.price is not None:
+            prompt, output = s.price.cost(s.prompt_tokens, 0), s.price.cost(0, s.output_tokens)
+            lines.append(f"  cost: {prompt + output:,.4f} (prompt {prompt:,.4f} + output {output:,.4f}, at the DAG's prices)")
     return lines
