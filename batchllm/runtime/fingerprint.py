@@ -1,6 +1,6 @@
 """Node fingerprints: a hash of everything that decides a node's results.
 
-A node's fingerprint covers its own spec, its input file's bytes (sha256, streamed: the file
+A node's fingerprint covers its own spec (the fields that decide results), its input file's bytes (sha256, streamed: the file
 is never held in memory) and its upstream nodes' fingerprints, so a change anywhere upstream
 invalidates stored results below.
 """
@@ -9,12 +9,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict
+from dataclasses import MISSING, asdict, fields
 
-from batchllm.dag.model import DagSpec
+from batchllm.dag.model import DagSpec, NodeSpec
 from batchllm.io.input_source import InputSource, file_digest
 
 __all__ = ["file_digest", "node_fingerprints"]
+
+# Where a node stands in the file, and what the loader derives from its templates: never
+# part of its results.
+NOT_DECISIVE = ("line", "columns_used", "reads", "merges_read")
+
+
+def _decisive_fields(node: NodeSpec) -> dict:
+    """The node's fields that decide its results, leaving out those at their default: a
+    field added to NodeSpec later (with a default) leaves earlier runs resumable."""
+    defaults = {f.name: f.default for f in fields(NodeSpec) if f.default is not MISSING}
+    return {key: value for key, value in asdict(node).items()
+            if key not in NOT_DECISIVE and not (key in defaults and value == defaults[key])}
 
 
 def node_fingerprints(dag: DagSpec, sources: dict[str, InputSource] | None = None) -> dict[str, str]:
@@ -26,8 +38,9 @@ def node_fingerprints(dag: DagSpec, sources: dict[str, InputSource] | None = Non
         inputs = {name: file_digest(spec.path) + (spec.id_column or "") for name, spec in dag.inputs.items()}
     prints: dict[str, str] = {}
     for name in dag.topological_order():
-        node = asdict(dag.nodes[name])
-        node.pop("line")
+        node = _decisive_fields(dag.nodes[name])
+        if dag.nodes[name].merges_read:  # which nodes a merge joins, in which order, decides the text read
+            node["merges"] = {m: list(dag.merges[m]) for m in dag.nodes[name].merges_read}
         payload = {"node": node, "input": inputs[dag.nodes[name].input_name],
                    "upstream": [prints[u] for u in dag.nodes[name].upstream]}
         prints[name] = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]

@@ -1,0 +1,31 @@
+"""Node fingerprints change with what decides results, and only with that."""
+
+from __future__ import annotations
+
+from batchllm.dag.loader import load_dag
+from batchllm.runtime.fingerprint import node_fingerprints
+from tests.conftest import ENSEMBLE_DAG
+
+
+def test_a_node_moved_in_the_file_keeps_its_fingerprint_and_a_changed_prompt_does_not(workspace):
+    before = node_fingerprints(load_dag(workspace.dag(ENSEMBLE_DAG)))
+    moved = node_fingerprints(load_dag(workspace.dag("\n\n# a comment\n" + ENSEMBLE_DAG, "moved.yaml")))
+    assert moved == before
+    changed = node_fingerprints(load_dag(workspace.dag(ENSEMBLE_DAG.replace('"B {{ question }}"', '"B2 {{ question }}"'), "b.yaml")))
+    assert changed["a"] == before["a"] and changed["b"] != before["b"] and changed["judge"] != before["judge"]
+
+
+def test_the_order_of_a_merge_decides_the_readers_fingerprint(workspace):
+    dag = """
+        inputs:
+          questions: {path: questions.parquet, id_column: id}
+        merges:
+          answer: [%s]
+        nodes:
+          a: {model: ./tiny-model, prompt: "A {{ question }}"}
+          b: {model: ./tiny-model, prompt: "B {{ question }}"}
+          judge: {model: ./tiny-model, prompt: "J {{ answer }}"}
+    """
+    ab = node_fingerprints(load_dag(workspace.dag(dag % "a, b", "ab.yaml")))
+    ba = node_fingerprints(load_dag(workspace.dag(dag % "b, a", "ba.yaml")))
+    assert ab["a"] == ba["a"] and ab["judge"] != ba["judge"]
