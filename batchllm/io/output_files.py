@@ -25,7 +25,8 @@ from batchllm.dag.model import OutputSpec
 from batchllm.io.input_source import ROW_ID
 from batchllm.io.node_journal import ResultJournal
 
-MEMORY_LIMIT = "512MB"
+MEMORY_LIMIT = "256MB"
+ROW_GROUP_ROWS = 65_536
 NODE_COLUMNS = ("step", "text", "num_prompt_tokens", "num_output_tokens", "finish_reason")
 NODE_SCHEMA = pa.schema([(ROW_ID, pa.string()), ("step", pa.int32()), ("text", pa.string()),
                          ("num_prompt_tokens", pa.int64()), ("num_output_tokens", pa.int64()), ("finish_reason", pa.string())])
@@ -69,28 +70,25 @@ def _segments_sql(journal: ResultJournal) -> str:
     return "read_parquet([" + ", ".join(_literal(str(p)) for p in journal.segment_paths()) + "])"
 
 
-def _write(connection: duckdb.DuckDBPyConnection, query: str, path: Path, empty_schema: pa.Schema | None) -> None:
+def _copy_query(query: str | None, path: Path, schema: pa.Schema) -> None:
+    """The query's rows (none if None) into `path`, atomically, with exactly `schema`'s types
+    (DuckDB's own COPY marks a column `not null` when the data happens to have no null, and
+    names list items `element`); DuckDB spills beside it if it must, Python holds one batch."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        if empty_schema is not None:
-            pq.write_table(empty_schema.empty_table(), temporary)
-        else:
-            connection.execute(f"COPY ({query}) TO {_literal(str(temporary))} (FORMAT parquet, ROW_GROUP_SIZE 65536)")
+        with tempfile.TemporaryDirectory(dir=path.parent, prefix=".spill-") as spill, \
+                pq.ParquetWriter(temporary, schema) as writer:
+            if query is not None:
+                connection = _connect(Path(spill))
+                try:
+                    for batch in connection.sql(query).to_arrow_reader(ROW_GROUP_ROWS):
+                        writer.write_batch(batch.cast(schema))
+                finally:
+                    connection.close()
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
-
-
-def _copy_query(query: str, path: Path) -> None:
-    """The query's rows into `path`, atomically; DuckDB spills beside it if it must."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".spill-") as spill:
-        connection = _connect(Path(spill))
-        try:
-            _write(connection, query, path, None)
-        finally:
-            connection.close()
 
 
 def write_node_file(journal: ResultJournal, source: InputFile, path: Path) -> None:
@@ -98,14 +96,14 @@ def write_node_file(journal: ResultJournal, source: InputFile, path: Path) -> No
     journal.compact()
     schema = NODE_SCHEMA.append(pa.field("texts", pa.list_(pa.string()))) if journal.samples > 1 else NODE_SCHEMA
     if not journal.segment_paths():
-        _write(None, "", path, schema)
+        _copy_query(None, path, schema)
         return
     extra = ", s.texts" if journal.samples > 1 else ""
     columns = ", ".join(f"s.{c}" for c in NODE_COLUMNS)
     query = (f"SELECT {_row_id('i', source)} AS {ROW_ID}, {columns}{extra} FROM {_segments_sql(journal)} s "
              f"JOIN read_parquet({_literal(str(source.path))}, file_row_number = true) i ON i.file_row_number = s.row "
              f"ORDER BY s.row, s.step")
-    _copy_query(query, path)
+    _copy_query(query, path, schema)
 
 
 def write_output_set(spec: OutputSpec, source: InputFile, finals: dict[str, FinalSource],
@@ -116,6 +114,7 @@ def write_output_set(spec: OutputSpec, source: InputFile, finals: dict[str, Fina
     nodes = sorted({member for ref in spec.columns.values() if ref.node
                     for member in merges.get(ref.node, (ref.node,))})
     joins, selects = [], [f"{_row_id('i', source)} AS {ROW_ID}"]
+    input_schema, fields = pq.read_schema(source.path), [pa.field(ROW_ID, pa.string())]
     aliases = {node: f"n{k}" for k, node in enumerate(nodes)}
     for node in nodes:
         final, alias = finals[node], aliases[node]
@@ -127,11 +126,13 @@ def write_output_set(spec: OutputSpec, source: InputFile, finals: dict[str, Fina
     for name, ref in spec.columns.items():
         if ref.node is None:
             selects.append(f"i.{_quote(ref.field)} AS {_quote(name)}")
+            fields.append(pa.field(name, input_schema.field(ref.field).type))
             continue
         kind = "VARCHAR" if ref.field in ("text", "finish_reason") else "BIGINT"
         members = merges.get(ref.node, (ref.node,))
         cases = " ".join(f"WHEN {aliases[m]}.row IS NOT NULL THEN {aliases[m]}.{ref.field}" for m in members)
         selects.append(f"CAST(CASE {cases} END AS {kind}) AS {_quote(name)}")
+        fields.append(pa.field(name, pa.string() if kind == "VARCHAR" else pa.int64()))
     query = (f"SELECT {', '.join(selects)} FROM read_parquet({_literal(str(source.path))}, file_row_number = true) i "
              f"{' '.join(joins)} ORDER BY i.file_row_number")
-    _copy_query(query, path)
+    _copy_query(query, path, pa.schema(fields))
