@@ -50,6 +50,20 @@ def test_appending_a_key_twice_is_an_error(tmp_path):
         journal.append_many([record(0)])
 
 
+def test_a_refused_batch_takes_none_of_its_records(tmp_path):
+    journal = ResultJournal(tmp_path / "a", "fp", "a")
+    journal.append_many([record(0)])
+    with pytest.raises(RuntimeError, match="row 0 step 0 was already committed"):
+        journal.append_many([record(1), record(0)])
+    with pytest.raises(RuntimeError, match="row 2 step 0 was already committed"):
+        journal.append_many([record(2), record(2)])
+    assert keys(journal) == [(0, 0)]
+    assert journal.texts(np.array([1, 2]), np.array([0, 0])) == [None, None]
+    journal.append_many([record(1)])  # not taken before, so not a duplicate now
+    journal.close()
+    assert keys(ResultJournal(tmp_path / "a", "fp", "a")) == [(0, 0), (1, 0)]
+
+
 def test_results_of_a_changed_node_are_refused(tmp_path):
     ResultJournal(tmp_path / "a", "fp", "a").close()
     with pytest.raises(UserError, match="different version of node 'a'"):

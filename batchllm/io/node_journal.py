@@ -149,12 +149,19 @@ class ResultJournal:
 
     # -- reading ---------------------------------------------------------------------------
     def committed_keys(self) -> tuple[np.ndarray, np.ndarray]:
-        """(rows, steps) of every committed record; reads only those two columns."""
-        rows = [pq.read_table(p, columns=["row"]).column("row").to_numpy() for p in self._segments]
-        steps = [pq.read_table(p, columns=["step"]).column("step").to_numpy() for p in self._segments]
-        rows.append(np.fromiter((r.row for r in self._tail.values()), np.int64, len(self._tail)))
-        steps.append(np.fromiter((r.step for r in self._tail.values()), np.int64, len(self._tail)))
-        return np.concatenate(rows).astype(np.int64), np.concatenate(steps).astype(np.int32)
+        """(rows, steps) of every committed record; reads only those two columns, a segment at a
+        time, into arrays of the final size (no other copy: 120 MB at 10M records)."""
+        total = self._segment_stats.committed + len(self._tail)
+        rows, steps = np.empty(total, np.int64), np.empty(total, np.int32)
+        at = 0
+        for path in self._segments:
+            table = pq.read_table(path, columns=["row", "step"])
+            rows[at:at + table.num_rows] = table.column("row").to_numpy()
+            steps[at:at + table.num_rows] = table.column("step").to_numpy()
+            at += table.num_rows
+        rows[at:] = np.fromiter((r.row for r in self._tail.values()), np.int64, len(self._tail))
+        steps[at:] = np.fromiter((r.step for r in self._tail.values()), np.int32, len(self._tail))
+        return rows, steps
 
     def texts(self, rows: np.ndarray, steps: np.ndarray) -> list[str | None]:
         """The main text of each (row, step), None where nothing is committed."""
@@ -205,12 +212,12 @@ class ResultJournal:
 
     # -- writing ---------------------------------------------------------------------------
     def append_many(self, records: Sequence[ResultRecord]) -> None:
-        lines = []
+        lines, batch = [], {}
         for record in records:
             key = record.row << STEP_BITS | record.step
-            if key in self._tail:
+            if key in self._tail or key in batch:  # refused whole: nothing of the batch is taken
                 raise RuntimeError(f"node {self.node!r}: row {record.row} step {record.step} was already committed")
-            self._tail[key] = record
+            batch[key] = record
             lines.append(json.dumps({"row": record.row, "step": record.step, "texts": list(record.texts),
                                      "num_prompt_tokens": record.num_prompt_tokens,
                                      "num_output_tokens": record.num_output_tokens,
@@ -219,6 +226,7 @@ class ResultJournal:
             return
         self._file.write("\n".join(lines) + "\n")
         self._file.flush()
+        self._tail.update(batch)
         self._unsynced += len(lines)
         if self._unsynced >= self.FSYNC_EVERY:
             self.sync()
