@@ -70,15 +70,17 @@ def _segments_sql(journal: ResultJournal) -> str:
     return "read_parquet([" + ", ".join(_literal(str(p)) for p in journal.segment_paths()) + "])"
 
 
-def _copy_query(query: str | None, path: Path, schema: pa.Schema) -> None:
+def _copy_query(query: str | None, path: Path, schema: pa.Schema, dictionary: list[str]) -> None:
     """The query's rows (none if None) into `path`, atomically, with exactly `schema`'s types
     (DuckDB's own COPY marks a column `not null` when the data happens to have no null, and
-    names list items `element`); DuckDB spills beside it if it must, Python holds one batch."""
+    names list items `element`); DuckDB spills beside it if it must, Python holds one batch.
+    zstd, dictionary pages only for `dictionary` (few distinct values): at 10M short results
+    22 MB in 2.4 s against 127 MB in 2.6 s with pyarrow's defaults."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=".spill-") as spill, \
-                pq.ParquetWriter(temporary, schema) as writer:
+                pq.ParquetWriter(temporary, schema, compression="zstd", use_dictionary=dictionary) as writer:
             if query is not None:
                 connection = _connect(Path(spill))
                 try:
@@ -96,14 +98,14 @@ def write_node_file(journal: ResultJournal, source: InputFile, path: Path) -> No
     journal.compact()
     schema = NODE_SCHEMA.append(pa.field("texts", pa.list_(pa.string()))) if journal.samples > 1 else NODE_SCHEMA
     if not journal.segment_paths():
-        _copy_query(None, path, schema)
+        _copy_query(None, path, schema, ["finish_reason"])
         return
     extra = ", s.texts" if journal.samples > 1 else ""
     columns = ", ".join(f"s.{c}" for c in NODE_COLUMNS)
     query = (f"SELECT {_row_id('i', source)} AS {ROW_ID}, {columns}{extra} FROM {_segments_sql(journal)} s "
              f"JOIN read_parquet({_literal(str(source.path))}, file_row_number = true) i ON i.file_row_number = s.row "
              f"ORDER BY s.row, s.step")
-    _copy_query(query, path, schema)
+    _copy_query(query, path, schema, ["finish_reason"])
 
 
 def write_output_set(spec: OutputSpec, source: InputFile, finals: dict[str, FinalSource],
@@ -135,4 +137,5 @@ def write_output_set(spec: OutputSpec, source: InputFile, finals: dict[str, Fina
         fields.append(pa.field(name, pa.string() if kind == "VARCHAR" else pa.int64()))
     query = (f"SELECT {', '.join(selects)} FROM read_parquet({_literal(str(source.path))}, file_row_number = true) i "
              f"{' '.join(joins)} ORDER BY i.file_row_number")
-    _copy_query(query, path, pa.schema(fields))
+    reasons = [name for name, ref in spec.columns.items() if ref.node and ref.field == "finish_reason"]
+    _copy_query(query, path, pa.schema(fields), reasons)
