@@ -15,6 +15,8 @@ import networkx as nx
 
 from batchllm.errors import UserError
 from batchllm.dag.model import (
+    INPUT_FORMATS,
+    OUTPUT_FORMATS,
     RESULT_FIELDS,
     ColumnRef,
     DagSpec,
@@ -144,18 +146,19 @@ def _check_name(section: _Section, key: str, kind: str) -> None:
 
 
 def _parse_inputs(top: _Section, path: Path) -> dict[str, InputSpec]:
-    raw = top.get("inputs", dict, expect="a mapping of input names to {path, id_column}")
+    raw = top.get("inputs", dict, expect="a mapping of input names to {path, id_column, format}")
     if not raw:
-        top.fail("inputs", "the DAG declares no inputs", "add at least one Parquet input under `inputs:`")
+        top.fail("inputs", "the DAG declares no inputs", "add at least one input under `inputs:`")
     section = _Section(path, raw, "inputs", top.line("inputs"), set(raw))
     inputs = {}
     for name, body in raw.items():
         _check_name(section, name, "input")
-        item = _Section(path, body, f"inputs.{name}", section.line(name), {"path", "id_column"})
-        file = item.get("path", str, expect="a path to a Parquet file")
+        item = _Section(path, body, f"inputs.{name}", section.line(name), {"path", "id_column", "format"})
+        file = item.get("path", str, expect="a path to a file, a folder or a glob")
         id_column = item.get("id_column", str, default=None, expect="a column name")
+        file_format = item.get("format", str, default=None, check=lambda v: v in INPUT_FORMATS, expect=f"one of {', '.join(INPUT_FORMATS)}")
         resolved = (path.parent / file).resolve() if not Path(file).is_absolute() else Path(file)
-        inputs[name] = InputSpec(name=name, path=resolved, id_column=id_column, line=section.line(name))
+        inputs[name] = InputSpec(name=name, path=resolved, id_column=id_column, line=section.line(name), format=file_format)
     return inputs
 
 
@@ -304,7 +307,7 @@ def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], node
     outputs = {}
     for name, body in raw.items():
         _check_name(section, name, "output")
-        out = _Section(path, body, f"outputs.{name}", section.line(name), {"input", "columns"})
+        out = _Section(path, body, f"outputs.{name}", section.line(name), {"input", "columns", "format"})
         columns_raw = out.get("columns", dict, expect="a mapping of column names to `column`, `node` or `node.field`")
         columns = {}
         for column, ref in columns_raw.items():
@@ -325,7 +328,8 @@ def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], node
             out.fail("input", f"outputs.{name}.input names unknown input {input_name!r}", f"declared inputs: {', '.join(inputs)}")
         if node_inputs - {input_name}:
             out.fail("columns", f"outputs.{name} mixes nodes of different inputs", "make one output per input")
-        outputs[name] = OutputSpec(name=name, input_name=input_name, columns=columns, line=section.line(name))
+        file_format = out.get("format", str, "parquet", check=lambda v: v in OUTPUT_FORMATS, expect=f"one of {', '.join(OUTPUT_FORMATS)}")
+        outputs[name] = OutputSpec(name=name, input_name=input_name, columns=columns, line=section.line(name), format=file_format)
     return outputs
 
 

@@ -12,6 +12,9 @@ from pathlib import Path
 
 # Fields of a node's result that an output column may name as `node.field`.
 RESULT_FIELDS = ("text", "num_prompt_tokens", "num_output_tokens", "finish_reason")
+# What an input may be read from (`io.input_formats`), and what an output data set may be written as.
+INPUT_FORMATS = ("parquet", "jsonl", "csv", "hf")
+OUTPUT_FORMATS = ("parquet", "jsonl")
 
 
 @dataclass(frozen=True)
@@ -26,9 +29,10 @@ class SamplingSpec:
 @dataclass(frozen=True)
 class InputSpec:
     name: str
-    path: Path
+    path: Path  # a file, a folder or a glob
     id_column: str | None
     line: int
+    format: str | None = None  # one of INPUT_FORMATS; None: from the extension (see io.input_formats)
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class OutputSpec:
     input_name: str
     columns: dict[str, ColumnRef]
     line: int
+    format: str = "parquet"  # one of OUTPUT_FORMATS: `<out>/<name>.<format>`
 
 
 @dataclass(frozen=True)

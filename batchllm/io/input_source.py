@@ -1,5 +1,7 @@
 """Input data sets: Parquet files read in windows, rows addressed by position, never held whole.
 
+Every format is read as one Parquet file (`io.input_formats`: the user's own, or the source
+converted once into a cache), whose path is `InputSource.path`; messages name the user's.
 Invariant: a row is its 0-based position in its file. Its string id (`row_id`), written only
 with outputs, is the `id_column` cast to string, else the position in decimal. `open_input`
 refuses a file whose ids would not be unique and non-null, before anything runs, without
@@ -22,6 +24,7 @@ import pyarrow.parquet as pq
 
 from batchllm.dag.model import InputSpec
 from batchllm.errors import UserError
+from batchllm.io.input_formats import parquet_input
 from batchllm.io.parquet_blocks import BlockReader
 
 ROW_ID = "row_id"
@@ -32,12 +35,14 @@ LENGTH_BATCH_ROWS = 65_536
 class InputSource:
     """One input data set, read in batches; never held whole in memory. Built by `open_input`."""
 
-    def __init__(self, spec: InputSpec, metadata: pq.FileMetaData):
-        self.spec, self.path, self.id_column = spec, spec.path, spec.id_column
-        self._reader = BlockReader(spec.path, metadata)
+    def __init__(self, spec: InputSpec, metadata: pq.FileMetaData, path: Path | None = None, digest: str | None = None):
+        """`path`: the Parquet file holding the rows (default `spec.path`); `digest`: what the
+        fingerprint names the data by (default: that file's sha256, computed when asked)."""
+        self.spec, self.path, self.id_column = spec, path or spec.path, spec.id_column
+        self._reader = BlockReader(self.path, metadata)
         self.num_rows: int = self._reader.num_rows
         self.schema: pa.Schema = self._reader.schema  # the file's columns (no row_id added)
-        self._digest: str | None = None
+        self._digest: str | None = digest
 
     def read(self, start: int, stop: int, columns: Sequence[str]) -> pa.Table:
         """Rows [start, stop) in file order (stop past the end reads to the end), only `columns`."""
@@ -80,8 +85,9 @@ class InputSource:
         return pc.cast(column, pa.string()).combine_chunks()
 
     def fingerprint(self) -> str:
-        """What about the data decides results: the file's sha256 and the id column (computed
-        once per source; ~0.8 s a GB here, streamed in fixed buffers)."""
+        """What about the data decides results: the file's sha256 (a converted input: the
+        digest of its source, see `io.input_formats`) and the id column (computed once per
+        source; ~0.8 s a GB here, streamed in fixed buffers)."""
         if self._digest is None:
             self._digest = file_digest(self.path)
         return self._digest + (self.id_column or "")
@@ -96,12 +102,20 @@ def file_digest(path: Path) -> str:
 
 
 def open_input(spec: InputSpec) -> InputSource:
-    """Open and validate one input; every problem is a UserError naming the file."""
+    """Open and validate one input, of any format; every problem is a UserError naming the
+    user's file, and a refused input leaves nothing behind (not even a converted copy)."""
     where = f"inputs.{spec.name}"
-    if not spec.path.is_file():
-        raise UserError(f"input file {str(spec.path)!r} does not exist", where=where, hint="fix `path:` (relative paths start at the DAG file's folder)")
+    parquet, metadata = parquet_input(spec, lambda path: _validated(spec, path, where))
     try:
-        metadata = pq.read_metadata(spec.path)
+        return InputSource(spec, metadata, parquet.path, parquet.digest)
+    except (pa.ArrowException, OSError) as exc:
+        raise UserError(f"{str(spec.path)!r} is not a readable Parquet file: {exc}", where=where) from None
+
+
+def _validated(spec: InputSpec, path: Path, where: str) -> pq.FileMetaData:
+    """The Parquet file's metadata, once its rows and ids are fit to run on."""
+    try:
+        metadata = pq.read_metadata(path)
         schema = metadata.schema.to_arrow_schema()
     except (pa.ArrowException, OSError) as exc:
         raise UserError(f"{str(spec.path)!r} is not a readable Parquet file: {exc}", where=where) from None
@@ -114,18 +128,15 @@ def open_input(spec: InputSpec) -> InputSource:
         if spec.id_column not in schema.names:
             raise UserError(f"id_column {spec.id_column!r} is not a column of {str(spec.path)!r}", where=where,
                             hint=f"columns: {', '.join(schema.names)}")
-        _check_ids(spec, where)
-    try:
-        return InputSource(spec, metadata)
-    except (pa.ArrowException, OSError) as exc:
-        raise UserError(f"{str(spec.path)!r} is not a readable Parquet file: {exc}", where=where) from None
+        _check_ids(spec, path, where)
+    return metadata
 
 
 def open_inputs(specs: dict[str, InputSpec]) -> dict[str, InputSource]:
     return {name: open_input(spec) for name, spec in specs.items()}
 
 
-def _check_ids(spec: InputSpec, where: str) -> None:
+def _check_ids(spec: InputSpec, path: Path, where: str) -> None:
     """No null and no duplicate id, in DuckDB: bounded memory, spilling to a temporary folder."""
     column = '"' + spec.id_column.replace('"', '""') + '"'
     with tempfile.TemporaryDirectory(prefix="batchllm-ids-") as spill:
@@ -134,12 +145,12 @@ def _check_ids(spec: InputSpec, where: str) -> None:
                                             "autoinstall_known_extensions": False})
         try:
             nulls = connection.execute(f"SELECT count(*) FILTER (WHERE {column} IS NULL) FROM read_parquet(?)",
-                                       [str(spec.path)]).fetchone()[0]
+                                       [str(path)]).fetchone()[0]
             if nulls:
                 raise UserError(f"id_column {spec.id_column!r} has {nulls} null values", where=where, hint="every row needs an id")
             duplicate = connection.execute(
                 f"SELECT CAST({column} AS VARCHAR), count(*) FROM read_parquet(?) GROUP BY {column} HAVING count(*) > 1 LIMIT 1",
-                [str(spec.path)]).fetchone()
+                [str(path)]).fetchone()
         except duckdb.Error as exc:
             raise UserError(f"{str(spec.path)!r} is not a readable Parquet file: {str(exc).splitlines()[0]}", where=where) from None
         finally:

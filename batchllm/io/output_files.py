@@ -4,7 +4,8 @@
   position and step, with the row's id from the input;
 - `<out>/<output>.parquet`: one row per input row, in input order: `row_id` and the
   columns an output names (input columns, node results, merges), null where a node has
-  no final output for the row.
+  no final output for the row; `<out>/<output>.jsonl` (`format: jsonl`): the same rows as
+  JSON lines, one object per row (keys in column order, null where the Parquet has null).
 
 Each file is written beside its destination and renamed into place, so a reader (or a
 crash) sees the old file or the new one, never half of one.
@@ -93,6 +94,23 @@ def _copy_query(query: str | None, path: Path, schema: pa.Schema, dictionary: li
         temporary.unlink(missing_ok=True)
 
 
+def _copy_query_jsonl(query: str, path: Path) -> None:
+    """The query's rows into `path` as JSON lines, atomically, by DuckDB's COPY (streaming;
+    spills beside it if it must)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with tempfile.TemporaryDirectory(dir=path.parent, prefix=".spill-") as spill:
+            connection = _connect(Path(spill))
+            try:
+                connection.execute(f"COPY ({query}) TO {_literal(str(temporary))} (FORMAT json)")
+            finally:
+                connection.close()
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
 def write_node_file(journal: ResultJournal, source: InputFile, path: Path) -> None:
     """Every committed result of the node (the journal's tail is compacted first)."""
     journal.compact()
@@ -137,5 +155,8 @@ def write_output_set(spec: OutputSpec, source: InputFile, finals: dict[str, Fina
         fields.append(pa.field(name, pa.string() if kind == "VARCHAR" else pa.int64()))
     query = (f"SELECT {', '.join(selects)} FROM read_parquet({_literal(str(source.path))}, file_row_number = true) i "
              f"{' '.join(joins)} ORDER BY i.file_row_number")
+    if spec.format == "jsonl":
+        _copy_query_jsonl(query, path)
+        return
     reasons = [name for name, ref in spec.columns.items() if ref.node and ref.field == "finish_reason"]
     _copy_query(query, path, pa.schema(fields), reasons)

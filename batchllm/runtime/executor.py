@@ -357,6 +357,6 @@ class Executor:
                   for n in self.order}
         written = {}
         for name, spec in self.dag.outputs.items():
-            written[name] = self.run_dir.output_path(name)
+            written[name] = self.run_dir.output_path(name, spec.format)
             write_output_set(spec, files[spec.input_name], finals, self.dag.merges, written[name])
         return written

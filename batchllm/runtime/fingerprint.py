@@ -12,6 +12,7 @@ import json
 from dataclasses import MISSING, asdict, fields
 
 from batchllm.dag.model import DagSpec, NodeSpec
+from batchllm.io.input_formats import input_digest
 from batchllm.io.input_source import InputSource, file_digest
 
 __all__ = ["file_digest", "node_fingerprints"]
@@ -35,7 +36,7 @@ def node_fingerprints(dag: DagSpec, sources: dict[str, InputSource] | None = Non
     if sources is not None:
         inputs = {name: sources[name].fingerprint() for name in dag.inputs}
     else:
-        inputs = {name: file_digest(spec.path) + (spec.id_column or "") for name, spec in dag.inputs.items()}
+        inputs = {name: input_digest(spec) + (spec.id_column or "") for name, spec in dag.inputs.items()}
     prints: dict[str, str] = {}
     for name in dag.topological_order():
         node = _decisive_fields(dag.nodes[name])

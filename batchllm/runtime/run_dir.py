@@ -1,6 +1,6 @@
 """Layout of a run's output folder, and the lock that keeps two runs out of it.
 
-    <out>/<output>.parquet         final data sets
+    <out>/<output>.parquet         final data sets (`.jsonl` for an output with `format: jsonl`)
     <out>/nodes/<node>.parquet     every (row, step) result of a node
     <out>/.batchllm/journal/<node>/  the commit log that makes resume exact (Parquet segments + a JSONL tail)
     <out>/.batchllm/status.json    what `batchllm status` reads while the run goes and after
@@ -32,8 +32,8 @@ class RunDir:
     def node_path(self, node: str) -> Path:
         return self.root / "nodes" / f"{node}.parquet"
 
-    def output_path(self, name: str) -> Path:
-        return self.root / f"{name}.parquet"
+    def output_path(self, name: str, file_format: str = "parquet") -> Path:
+        return self.root / f"{name}.{file_format}"
 
     def log_path(self, label: str) -> Path:
         return self.state / "logs" / f"{label}.log"
