@@ -112,7 +112,8 @@ def _convert_with_duckdb(source: InputFiles, target: Path) -> None:
                                             "preserve_insertion_order": True, "autoload_known_extensions": False,
                                             "autoinstall_known_extensions": False})
         try:
-            reader = connection.execute(f"SELECT * FROM {relation}", [names]).to_arrow_reader(BATCH_ROWS)
+            connection.execute("SET enable_progress_bar = false")
+            reader = connection.sql(f"SELECT * FROM {relation}", params=[names]).to_arrow_reader(BATCH_ROWS)
             writer = _RowGroupWriter(target, reader.schema)
             try:
                 for batch in reader:
