@@ -58,6 +58,7 @@ def _literal(text: str) -> str:
 def _connect(spill_dir: Path) -> duckdb.DuckDBPyConnection:
     connection = duckdb.connect(config={"memory_limit": MEMORY_LIMIT, "threads": 2, "preserve_insertion_order": True})
     connection.execute(f"SET temp_directory = {_literal(str(spill_dir))}")
+    connection.execute("SET enable_progress_bar = false")  # else DuckDB draws one on the terminal after 2 s
     return connection
 
 
