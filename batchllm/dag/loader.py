@@ -1,7 +1,8 @@
-"""YAML file -> DagSpec: structure, types, templates, references and the graph.
+"""YAML file or mapping -> DagSpec: structure, types, templates, references and the graph.
 
 Checks that need the data (columns, types, rows) or the models live in `spec.checks`.
-Every error is a UserError naming the field and line, raised before anything runs.
+Every error is a UserError naming the field and line (a mapping given in Python, which has
+no lines: the key path, e.g. `nodes.judge.sampling.max_tokens`), raised before anything runs.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import networkx as nx
@@ -45,7 +47,7 @@ class _Section:
     def __init__(self, file: Path, mapping: object, where: str, line: int, allowed: set[str]):
         self.file, self.where = file, where
         if not isinstance(mapping, LineDict):
-            raise UserError(f"{where} must be a mapping, got {_show(mapping)}", where=f"{file}, line {line}")
+            raise UserError(f"{where} must be a mapping, got {_show(mapping)}", where=_place(file, line, where))
         self.mapping = mapping
         for key in mapping:
             if key not in allowed:
@@ -55,7 +57,9 @@ class _Section:
 
     def fail(self, key: str | None, message: str, hint: str | None = None) -> None:
         line = self.mapping.line_of(key) if key else self.mapping.line
-        raise UserError(message, where=f"{self.file}, line {line}", hint=hint)
+        top = self.where == "the DAG"
+        path = ("" if top else self.where) if key is None else (str(key) if top else f"{self.where}.{key}")
+        raise UserError(message, where=_place(self.file, line, path), hint=hint)
 
     def line(self, key: str) -> int:
         return self.mapping.line_of(key)
@@ -73,6 +77,13 @@ class _Section:
         return value
 
 
+def _place(file: Path, line: int, key_path: str) -> str:
+    """Where an error is: its line in a YAML file, else (a mapping from Python) its key path."""
+    if line:
+        return f"{file}, line {line}"
+    return f"{file}, {key_path}" if key_path else str(file)
+
+
 def _show(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -80,7 +91,16 @@ def _show(value: object) -> str:
 
 def load_dag(path: Path) -> DagSpec:
     path = Path(path)
-    raw = read_yaml(path)
+    return load_dag_mapping(read_yaml(path), path.parent, path.name)
+
+
+def load_dag_mapping(mapping: Mapping, base_dir: Path, name: str) -> DagSpec:
+    """A DAG from a mapping of the YAML file's schema (read from YAML, or built in Python).
+
+    Relative paths (inputs, model directories) start at `base_dir`; `name` stands for the
+    file in error messages (`base_dir/name`) and is the DAG's name unless it has `name:`."""
+    path = Path(base_dir) / name
+    raw = _with_lines(mapping)
     top = _Section(path, raw, "the DAG", 1, {"name", "inputs", "nodes", "merges", "outputs", "engine", "prices"})
     inputs = _parse_inputs(top, path)
     merges = _parse_merges(top, path)
@@ -91,6 +111,20 @@ def load_dag(path: Path) -> DagSpec:
     name = top.get("name", str, default=path.stem, expect="a string")
     return DagSpec(path=path, name=name, inputs=inputs, nodes=nodes, outputs=outputs, engine=_parse_engine(top, path),
                    merges=merges, prices=_parse_prices(top, path, nodes))
+
+
+def _with_lines(value: object) -> object:
+    """Plain dicts (a DAG given in Python) -> LineDicts without lines (0: errors name the
+    key path instead); YAML's own LineDicts are kept as they are."""
+    if isinstance(value, LineDict):
+        return value
+    if isinstance(value, Mapping):
+        converted = LineDict({key: _with_lines(item) for key, item in value.items()})
+        converted.line, converted.key_lines, converted.value_lines = 0, {}, {}
+        return converted
+    if isinstance(value, (list, tuple)):
+        return [_with_lines(item) for item in value]
+    return value
 
 
 def _parse_prices(top: _Section, path: Path, nodes: dict[str, NodeSpec]) -> dict[str, Price]:
@@ -287,7 +321,7 @@ def _check_graph(path: Path, nodes: dict[str, NodeSpec]) -> None:
     first = nodes[cycle[0][0]]
     raise UserError(
         f"the nodes form a cycle: {chain}",
-        where=f"{path}, line {first.line}",
+        where=_place(path, first.line, f"nodes.{first.name}"),
         hint="a node cannot read its own output, directly or through others; use `iterate:` for chains",
     )
 
