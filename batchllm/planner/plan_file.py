@@ -26,6 +26,7 @@ from batchllm.planner.schedule import Schedule
 from batchllm.planner.timeline import Timeline
 from batchllm.dag.checks import check_dag
 from batchllm.dag.loader import load_dag
+from batchllm.dag.model import DagSpec
 
 PROFILES_ROOT = Path(__file__).resolve().parent.parent.parent / "profiles"
 
@@ -55,7 +56,10 @@ class PlanReport:
 
 
 def plan_dag_file(path: Path, devices: str, *, profiles_root: Path = PROFILES_ROOT, compare: bool = False) -> PlanReport:
-    dag = load_dag(path)
+    return plan_dag(load_dag(path), devices, profiles_root=profiles_root, compare=compare)
+
+
+def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT, compare: bool = False) -> PlanReport:
     tables = check_dag(dag, batchllm_home(), resolve_models=False)
     cluster = parse_cluster(devices, profiles_root)
     started = time.perf_counter()

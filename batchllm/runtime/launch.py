@@ -28,10 +28,15 @@ from batchllm.runtime.stage_planner import SCHEDULE_METHODS, StagePlanner
 SCHEDULES = (*SCHEDULE_METHODS, "sequential")
 
 
-def run_dag_file(dag_path: Path, out: Path, devices: DeviceSet, *, fresh: bool = False, console: Console,
-                 engine_factory: EngineFactory | None = None, home: Path | None = None,
-                 prefix_order: bool = True, schedule: str = "plan",
-                 profiles_root: Path = PROFILES_ROOT) -> tuple[RunResult, RunProgress]:
+def run_dag_file(dag_path: Path, out: Path, devices: DeviceSet, **options) -> tuple[RunResult, RunProgress]:
+    """`run_dag` on a DAG file (the same options)."""
+    return run_dag(load_dag(dag_path), out, devices, **options)
+
+
+def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False, console: Console,
+            engine_factory: EngineFactory | None = None, home: Path | None = None,
+            prefix_order: bool = True, schedule: str = "plan",
+            profiles_root: Path = PROFILES_ROOT) -> tuple[RunResult, RunProgress]:
     """Validate everything first (nothing is written on bad input), then run.
 
     `schedule`: `plan` (batchllm's stages, re-planned at every stage boundary), `max` or
@@ -40,7 +45,6 @@ def run_dag_file(dag_path: Path, out: Path, devices: DeviceSet, *, fresh: bool =
     if schedule not in SCHEDULES:
         raise UserError(f"unknown schedule {schedule!r}", where="--schedule", hint=f"use one of {', '.join(SCHEDULES)}")
     home = home or batchllm_home()
-    dag = load_dag(dag_path)
     sources = check_dag(dag, home)
     stages = None
     if schedule != "sequential":
