@@ -82,6 +82,53 @@ def run(
         typer.echo(f"{name}: {path}")
 
 
+@app.command("run-batch")
+def run_batch(
+    input_file: Path = typer.Option(..., "--input", "-i", help="OpenAI batch request file (JSONL lines: custom_id, method, url, "
+                                    "body) for /v1/chat/completions and /v1/completions.", show_default=False),
+    output: Path = typer.Option(..., "--output", "-o", help="Results file: one OpenAI batch output line per request, in order.",
+                                show_default=False),
+    model: list[str] = typer.Option(None, "--model", help="NAME=LOCAL: run body.model NAME on LOCAL (an embedded model such as "
+                                    "smollm2-135m, a model directory or a hub id). Repeat for more models."),
+    models: Path = typer.Option(None, "--models", help="YAML file mapping body.model names to local models (NAME: LOCAL)."),
+    run_dir: Path = typer.Option(None, "--run-dir", help="Run folder (results as they commit, node files, logs). "
+                                 "Default: runs/<results file name without extension>."),
+    devices: str = typer.Option("auto", help="Devices to use: auto, cpu:N, gpu:N, or ids such as cpu:0,1."),
+    fresh: bool = typer.Option(False, "--fresh", help="Discard results of an earlier run in the run folder instead of resuming."),
+    schedule: str = typer.Option("plan", help="plan, max, min or sequential, as for `batchllm run`."),
+) -> None:
+    """Run an OpenAI batch file on local models and write OpenAI batch output lines.
+
+    Each line's body.model runs on the local model it is mapped to (an embedded model's own
+    name needs no mapping); lines of different models or sampling become nodes the planner
+    runs side by side. A bad line gets its own error and the others still run. Results are
+    committed as they finish: after a crash or Ctrl-C run the same command again and it
+    resumes, each request computed once. The results file is written at the end.
+
+    Example: batchllm run-batch -i requests.jsonl -o results.jsonl --model gpt-4o-mini=smollm2-135m
+    """
+    from batchllm.openai_batch import model_map, run_batch as run_batch_file
+
+    console = Console(stderr=True)
+    try:
+        mapping = model_map(model or [], models, batchllm_home())
+        done = run_batch_file(input_file, output, mapping, run_dir=run_dir or Path("runs") / output.stem,
+                              devices=parse_devices(devices), fresh=fresh, schedule=schedule, console=console)
+    except UserError as error:
+        _fail(error)
+    except RunIncomplete as incomplete:
+        Console(stderr=True).print(f"[red]run incomplete:[/red] {incomplete}. Fix the cause and run the same command again to resume.")
+        raise typer.Exit(1)
+    except KeyboardInterrupt:
+        Console(stderr=True).print("interrupted: finished results are kept; run the same command again to resume.")
+        raise typer.Exit(130)
+    for line in done.summary:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    failed = ", ".join(f"{count:,} {code}" for code, count in done.counts.failed.items())
+    typer.echo(f"{done.output}: {done.counts.lines:,} lines, {done.counts.succeeded:,} succeeded"
+               + (f", {sum(done.counts.failed.values()):,} failed ({failed})" if failed else ""))
+
+
 @app.command()
 def plan(
     dag: Path = DAG_ARGUMENT,

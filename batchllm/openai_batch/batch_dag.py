@@ -1,0 +1,64 @@
+"""A request file's groups -> the DAG batchllm runs: one node per group, selected by `where:`.
+
+Sampling is per node in batchllm, so lines that differ in model, endpoint, having a system
+message or sampling run in different nodes, which the planner runs side by side. Invariant:
+node names follow only from the groups in order of their first line, so the same request
+file gives the same DAG (and the same journals) on every run.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+INPUT_NAME = "requests"
+DAG_NAME = "openai-batch"
+SLUG_CHARACTERS = 40
+
+
+@dataclass(frozen=True)
+class BatchGroup:
+    """Lines that run in one node."""
+
+    node: str
+    model: str  # body.model as requested
+    local_model: str  # what runs it: an embedded name, a directory or a hub id
+    kind: str  # "chat" | "completion"
+    has_system: bool
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    n: int
+    requests: int  # valid lines in the group
+
+
+def node_names(keys: list[tuple[str, str]]) -> list[str]:
+    """(model, kind) of each group in order of first line -> unique node names such as
+    `gpt_4o_mini_chat`, `gpt_4o_mini_chat_2` for the model's next sampling settings."""
+    names: list[str] = []
+    for model, kind in keys:
+        slug = re.sub(r"[^a-z0-9]+", "_", model.lower()).strip("_")[:SLUG_CHARACTERS] or "model"
+        base = f"{'m_' if slug[0].isdigit() else ''}{slug}_{kind}"
+        name, k = base, 1
+        while name in names:
+            k += 1
+            name = f"{base}_{k}"
+        names.append(name)
+    return names
+
+
+def batch_dag(requests_path: str, groups: tuple[BatchGroup, ...]) -> dict:
+    """The DAG (as a dict of the YAML schema) over the converted request file."""
+    nodes = {}
+    for group in groups:
+        sampling = {"max_tokens": group.max_tokens, "temperature": group.temperature, "top_p": group.top_p, "n": group.n}
+        if group.seed is not None:
+            sampling["seed"] = group.seed
+        node = {"model": group.local_model, "chat": group.kind == "chat", "prompt": "{{ prompt }}",
+                "sampling": sampling, "where": f"node = '{group.node}'"}
+        if group.has_system:
+            node["system"] = "{{ system }}"
+        nodes[group.node] = node
+    return {"name": DAG_NAME, "inputs": {INPUT_NAME: {"path": requests_path, "id_column": "custom_id"}},
+            "nodes": nodes, "outputs": {}}

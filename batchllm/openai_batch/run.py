@@ -1,0 +1,77 @@
+"""`batchllm run-batch` without the command line: request file in, results file out.
+
+The request file is converted once into the run folder (`batch_input`), run as a DAG of one
+node per group of lines (`batch_dag`) through `batchllm.api.run`, and the results file is
+written from the lines and the node files (`results`). Invariant: the run is `batchllm run`'s,
+so its results are committed as they finish and re-running the same command after a crash
+resumes, computing each request exactly once; the results file is written only at the end,
+whole, also when a node failed (its lines say `not_completed`; exit 1, a re-run resumes).
+A bad request file or mapping is a UserError before anything runs, and a run folder this
+call created is removed again then.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from batchllm import api
+from batchllm.engines.devices import DeviceSet
+from batchllm.engines.process_engine import EngineFactory
+from batchllm.errors import RunIncomplete, UserError
+from batchllm.openai_batch.batch_dag import batch_dag
+from batchllm.openai_batch.batch_input import BatchInput, prepare_batch
+from batchllm.openai_batch.results import ResultCounts, write_results
+from batchllm.planner.plan_file import PROFILES_ROOT
+from batchllm.runtime.run_dir import RunDir
+
+
+@dataclass(frozen=True)
+class BatchRun:
+    output: Path  # the results file
+    run_dir: Path
+    batch: BatchInput  # the converted request file and its groups (one node each)
+    counts: ResultCounts
+    summary: tuple[str, ...]  # the run's summary lines (empty when no line could run)
+
+
+def run_batch(requests_file: Path, output: Path, models: Mapping[str, str], *, run_dir: Path,
+              devices: str | DeviceSet = "auto", fresh: bool = False, schedule: str = "plan", prefix_order: bool = True,
+              engine_factory: EngineFactory | None = None, console: Console | None = None,
+              profiles_root: Path = PROFILES_ROOT) -> BatchRun:
+    """`models`: body.model -> local model, as `model_map` checked it. Raises RunIncomplete
+    (after writing the results file) when a node failed."""
+    requests_file, output, run_dir = Path(requests_file), Path(output), Path(run_dir)
+    if output.is_dir():
+        raise UserError(f"the results file {str(output)!r} is a folder", where="-o/--output", hint="name a file, e.g. results.jsonl")
+    if output.exists() and requests_file.exists() and output.resolve() == requests_file.resolve():
+        raise UserError("the results file is the request file", where="-o/--output", hint="write the results to another file")
+    state = RunDir(run_dir).state / "batch"
+    new_run_dir = not run_dir.exists()
+    try:
+        if fresh:
+            shutil.rmtree(state, ignore_errors=True)
+        batch = prepare_batch(requests_file, models, state)
+        incomplete, summary = None, ()
+        if batch.groups:
+            try:
+                ran = api.run(batch_dag(str(batch.requests_path.absolute()), batch.groups), out=run_dir, devices=devices,
+                              schedule=schedule, fresh=fresh, prefix_order=prefix_order, engine_factory=engine_factory,
+                              console=console or Console(stderr=True), profiles_root=profiles_root)
+                summary = ran.summary
+            except RunIncomplete as stopped:
+                incomplete = str(stopped)
+        node_files = {g.node: RunDir(run_dir).node_path(g.node) for g in batch.groups}
+        counts = write_results(batch, node_files, output, created=int(time.time()), incomplete=incomplete)
+    except UserError:
+        if new_run_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    if incomplete is not None:
+        raise RunIncomplete(f"{incomplete}; {counts.failed.get('not_completed', 0):,} lines have no result yet in {output}")
+    return BatchRun(output, run_dir, batch, counts, tuple(summary))
