@@ -192,14 +192,25 @@ def _as_table(name: str, value: object) -> pa.Table | None:
     pandas = sys.modules.get("pandas")  # imported by the caller if it made a DataFrame
     if pandas is not None and isinstance(value, pandas.DataFrame):
         try:
-            return pa.Table.from_pandas(value)  # a named or non-default index becomes a column
+            table = pa.Table.from_pandas(value)  # a named or non-default index becomes a column
         except (pa.ArrowException, TypeError, ValueError) as exc:
             raise UserError(f"inputs[{name!r}]: the DataFrame cannot be converted to Arrow: {exc}", where="inputs=",
                             hint="give each column one type (e.g. strings for prompt columns)") from None
+        return table.cast(pa.schema([_small_offsets(field) for field in table.schema]))
     if isinstance(value, (str, os.PathLike)):
         return None
     raise UserError(f"inputs[{name!r}] must be a path, a pyarrow Table or a pandas DataFrame, got {type(value).__name__}",
                     where="inputs=")
+
+
+def _small_offsets(field: pa.Field) -> pa.Field:
+    """pandas' pyarrow-backed strings arrive as large_string; as string, a frame's columns
+    have the types the same data read from a Parquet or JSONL file has."""
+    if pa.types.is_large_string(field.type):
+        return field.with_type(pa.string())
+    if pa.types.is_large_list(field.type):
+        return field.with_type(pa.list_(_small_offsets(field.type.value_field).type))
+    return field
 
 
 class _Written:

@@ -105,7 +105,7 @@ class ResultJournal:
                 raise UserError(
                     f"the results already in {str(self.folder.parent.parent.parent)!r} were made by a different version "
                     f"of node {self.node!r} (its prompt, model, sampling, routing or input data changed)",
-                    where=f"nodes.{self.node}", hint="pass --fresh to discard the old results, or choose another --out")
+                    where=f"nodes.{self.node}", hint="pass --fresh (Python: fresh=True) to discard the old results, or choose another --out (out=)")
             return
         _write_atomically(header, json.dumps({"node": self.node, "fingerprint": fingerprint}) + "\n")
 

@@ -1,0 +1,188 @@
+"""`batchllm run-batch`: OpenAI batch request lines in, OpenAI batch output lines out.
+
+Orchestration is tested with the scripted fake engine (tests/fakes.py); the real engine
+runs a batch file, is killed and resumed in tests/test_real_engine.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from batchllm.cli import app
+from batchllm.engines.devices import DeviceSet
+from batchllm.errors import UserError
+from batchllm.openai_batch import model_map, run_batch
+from batchllm.openai_batch.request_lines import parse_line
+from tests.fakes import DriverCrash, FakeEngineFactory
+
+CPU2 = DeviceSet("cpu", (0, 1))
+
+
+def chat(custom_id: str, model: str, text: str, **body) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": model, "messages": [{"role": "user", "content": text}], **body}}
+
+
+def completion(custom_id: str, model: str, prompt: str, **body) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": {"model": model, "prompt": prompt, **body}}
+
+
+LINES = [
+    json.dumps(chat("c1", "gpt-a", "What is a prime number?", max_tokens=8)),
+    json.dumps(chat("c2", "gpt-a", "Why is the sky blue?", max_tokens=8)),
+    json.dumps(completion("p1", "gpt-b", "Once upon a time", max_tokens=8)),
+    "",  # blank lines are skipped, as OpenAI does
+    json.dumps(chat("c3", "gpt-a", "What does SQL stand for?", max_tokens=8)),
+    "{not json",
+    json.dumps(chat("c1", "gpt-a", "a second line with the same custom_id", max_tokens=8)),
+    json.dumps(chat("u1", "gpt-unmapped", "hello")),
+    json.dumps(completion("p2", "gpt-b", "In a galaxy far away", max_tokens=8)),
+]
+
+
+@pytest.fixture
+def batch(tmp_path) -> dict:
+    """A request file, two model directories for the fake engine, and their mapping."""
+    for name in ("model-a", "model-b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("\n".join(LINES) + "\n")
+    models = {"gpt-a": str(tmp_path / "model-a"), "gpt-b": str(tmp_path / "model-b")}
+    return {"requests": requests, "models": models, "root": tmp_path}
+
+
+def run(batch: dict, factory, fresh: bool = False):
+    return run_batch(batch["requests"], batch["root"] / "results.jsonl", batch["models"], run_dir=batch["root"] / "run",
+                     devices=CPU2, fresh=fresh, prefix_order=False, schedule="sequential", engine_factory=factory,
+                     console=Console(quiet=True))
+
+
+def output_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def without_created(lines: list[dict]) -> list[dict]:
+    for line in lines:
+        if line["response"]:
+            line["response"]["body"].pop("created")
+    return lines
+
+
+# -- one line ------------------------------------------------------------------------------
+def test_a_chat_line_with_a_system_message_and_text_parts():
+    line = json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "model": "m", "messages": [{"role": "system", "content": "Be brief."},
+                                   {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}],
+        "max_completion_tokens": 12, "temperature": 0, "seed": 3, "n": 2, "stream": False, "user": "u"}})
+    record = parse_line(line, 7, {"m": "smollm2-135m"})
+    assert (record.custom_id, record.kind, record.system, record.prompt) == ("x", "chat", "Be brief.", "Hi there")
+    assert (record.max_tokens, record.temperature, record.top_p, record.seed, record.n) == (12, 0.0, 1.0, 3, 2)
+    assert record.error_code is None
+
+
+def test_a_completion_line_takes_openais_defaults():
+    record = parse_line(json.dumps(completion("x", "m", "Once")), 1, {"m": "smollm2-135m"})
+    assert (record.kind, record.prompt, record.max_tokens, record.temperature, record.n) == ("completion", "Once", 16, 1.0, 1)
+
+
+@pytest.mark.parametrize("line, code, message", [
+    ("[1, 2]", "invalid_request", "line 3: a request line must be a JSON object, got list"),
+    (json.dumps({"method": "POST", "url": "/v1/completions", "body": {}}), "invalid_request",
+     "line 3: custom_id must be a non-empty string"),
+    (json.dumps({**completion("x", "m", "p"), "url": "/v1/embeddings"}), "unsupported_url",
+     "line 3: url '/v1/embeddings' is not supported; use /v1/chat/completions or /v1/completions"),
+    (json.dumps(completion("x", "nope", "p")), "model_not_found",
+     "line 3: model 'nope' is not mapped to a local model; map it with --model nope=<local model>"),
+    (json.dumps(completion("x", "m", "p", logit_bias={"1": 2})), "unsupported_parameter",
+     'line 3: body.logit_bias = {"1": 2} is not supported (batchllm takes max_tokens, max_completion_tokens, '
+     "temperature, top_p, seed, n)"),
+    (json.dumps(completion("x", "m", "p", temperature=3)), "invalid_request",
+     "line 3: body.temperature must be a number in [0, 2], got 3"),
+    (json.dumps(completion("x", "m", ["a", "b"])), "unsupported_body", 'line 3: body.prompt must be one string, got ["a", "b"]'),
+    (json.dumps({**chat("x", "m", "q"), "body": {"model": "m", "messages": [{"role": "user", "content": "a"},
+                                                                              {"role": "assistant", "content": "b"}]}}),
+     "unsupported_body", "line 3: body.messages has roles ['user', 'assistant']; batchllm runs an optional system message "
+                         "and one user message"),
+])
+def test_a_bad_line_gets_its_own_error_that_names_the_line(line, code, message):
+    record = parse_line(line, 3, {"m": "smollm2-135m"})
+    assert (record.error_code, record.error_message) == (code, message)
+
+
+# -- a whole file ----------------------------------------------------------------------------
+def test_every_line_gets_one_output_line_in_order_and_bad_lines_their_own_error(batch):
+    done = run(batch, FakeEngineFactory())
+    lines = output_lines(done.output)
+    assert [line["custom_id"] for line in lines] == ["c1", "c2", "p1", "c3", None, "c1", "u1", "p2"]
+    assert [line["error"]["code"] if line["error"] else 200 for line in lines] == [
+        200, 200, 200, 200, "invalid_json", "duplicate_custom_id", "model_not_found", 200]
+    assert lines[5]["error"]["message"] == 'line 7: custom_id "c1" already appears on line 1'
+    assert len({line["id"] for line in lines}) == len(lines)
+    assert (done.counts.lines, done.counts.succeeded) == (8, 5)
+    assert done.counts.failed == {"duplicate_custom_id": 1, "invalid_json": 1, "model_not_found": 1}
+    assert [g.node for g in done.batch.groups] == ["gpt_a_chat", "gpt_b_completion"]
+
+
+def test_output_bodies_are_shaped_as_the_openai_api_returns_them(batch):
+    lines = output_lines(run(batch, FakeEngineFactory()).output)
+    chat_line, completion_line = lines[0], lines[2]
+    assert chat_line["response"]["status_code"] == 200 and chat_line["error"] is None
+    body = chat_line["response"]["body"]
+    assert body["object"] == "chat.completion" and body["model"] == "gpt-a" and body["id"].startswith("chatcmpl-")
+    [choice] = body["choices"]
+    assert choice["index"] == 0 and choice["message"]["role"] == "assistant" and choice["finish_reason"] == "stop"
+    assert "What is a prime number?" in choice["message"]["content"]  # the fake engine echoes the rendered prompt
+    usage = body["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > 0
+    body = completion_line["response"]["body"]
+    assert body["object"] == "text_completion" and body["choices"][0]["text"] == "<Once upon a time>"
+
+
+def test_n_completions_become_n_choices(batch):
+    batch["requests"].write_text(json.dumps(completion("p1", "gpt-b", "Once", n=3)) + "\n")
+    [line] = output_lines(run(batch, FakeEngineFactory()).output)
+    assert [c["index"] for c in line["response"]["body"]["choices"]] == [0, 1, 2]
+
+
+def test_a_crash_then_the_same_command_resumes_each_request_once(batch):
+    uninterrupted = without_created(output_lines(run(batch, FakeEngineFactory()).output))
+    (batch["root"] / "results.jsonl").unlink()
+    with pytest.raises(DriverCrash):
+        run(batch, FakeEngineFactory(crash_after_results=2), fresh=True)
+    assert not (batch["root"] / "results.jsonl").exists()  # written only at the end
+    resumed = FakeEngineFactory()
+    done = run(batch, resumed)
+    assert len(resumed.requests) == 5 - 2  # the two committed before the crash are not asked again
+    assert without_created(output_lines(done.output)) == uninterrupted
+
+
+def test_a_missing_request_file_is_refused_and_leaves_no_run_folder(batch):
+    batch["requests"].unlink()
+    with pytest.raises(UserError, match="request file .* does not exist"):
+        run(batch, FakeEngineFactory())
+    assert not (batch["root"] / "run").exists() and not (batch["root"] / "results.jsonl").exists()
+
+
+def test_a_model_mapping_from_options_and_a_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # an option's relative directory starts at the current folder
+    (tmp_path / "local-model").mkdir()
+    (tmp_path / "local-model" / "config.json").write_text("{}")
+    mapping = tmp_path / "models.yaml"
+    mapping.write_text("gpt-4o: ./local-model\ngpt-4o-mini: smollm2-135m\n")
+    mapped = model_map(["gpt-4o-mini=./local-model"], mapping, tmp_path / "home")
+    local = str((tmp_path / "local-model").resolve())
+    assert mapped == {"gpt-4o": local, "gpt-4o-mini": local}  # the option wins over the file
+
+
+def test_cli_refuses_a_malformed_model_option_with_exit_2(batch):
+    result = CliRunner().invoke(app, ["run-batch", "-i", str(batch["requests"]), "-o", str(batch["root"] / "r.jsonl"),
+                                      "--model", "gpt-a"])
+    assert result.exit_code == 2
+    assert "--model 'gpt-a' is not NAME=LOCAL" in result.output
+    assert not (batch["root"] / "r.jsonl").exists()
