@@ -238,3 +238,74 @@ def test_prompt_tokens_without_transformers_equal_transformers_on_the_embedded_m
                                               + [{"role": "user", "content": r.prompt}], add_generation_prompt=True, tokenize=True)
                 for r in requests]
     assert fast.token_ids_many(requests) == [list(e if isinstance(e, list) else e["input_ids"]) for e in expected]
+
+
+def test_python_api_runs_the_ensemble_example_from_a_pandas_frame_with_the_clis_rows(tmp_path, model_home, shared_engines):
+    import batchllm
+
+    dag = REPO / "dags" / "ensemble_judge.yaml"
+    run_dag_file(dag, tmp_path / "cli", parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
+    frame = pq.read_table(REPO / "examples" / "questions.parquet").to_pandas()
+    ran = batchllm.run(dag, inputs={"questions": frame}, out=tmp_path / "api", devices="cpu:2", engine_factory=shared_engines,
+                       console=Console(quiet=True))
+    from_api, from_cli = ran.tables["judged"], pq.read_table(tmp_path / "cli" / "judged.parquet")
+    assert from_api.schema == from_cli.schema and from_api.num_rows == from_cli.num_rows == len(frame)
+    for column in ("row_id", "question"):
+        assert from_api.column(column) == from_cli.column(column), column
+    assert all(row["answer_a"] and row["answer_b"] and row["verdict"] for row in from_api.to_pylist())
+
+
+def batch_request_lines() -> list[str]:
+    """Every example question twice: as a chat for `gpt-4o-mini`, as a completion for `local-base`; one bad line."""
+    import json
+
+    questions = pq.read_table(REPO / "examples" / "questions.parquet").to_pylist()
+    lines = [json.dumps({"custom_id": f"chat-{q['id']}", "method": "POST", "url": "/v1/chat/completions",
+                         "body": {"model": "gpt-4o-mini", "max_tokens": 48,
+                                  "messages": [{"role": "system", "content": "Answer briefly."},
+                                               {"role": "user", "content": q["question"]}]}}) for q in questions]
+    lines += [json.dumps({"custom_id": f"text-{q['id']}", "method": "POST", "url": "/v1/completions",
+                          "body": {"model": "local-base", "max_tokens": 32, "prompt": f"Q: {q['question']}\nA:"}})
+              for q in questions]
+    lines.insert(5, json.dumps({"custom_id": "bad", "method": "POST", "url": "/v1/chat/completions",
+                                "body": {"model": "gpt-4o-mini", "messages": "not a list"}}))
+    return lines
+
+
+def test_an_openai_batch_file_with_two_models_is_killed_resumed_and_answers_every_line_once(tmp_path, model_home):
+    import json
+
+    requests, results_file, run_dir = tmp_path / "requests.jsonl", tmp_path / "results.jsonl", tmp_path / "run"
+    requests.write_text("\n".join(batch_request_lines()) + "\n")
+    command = ["run-batch", "-i", str(requests), "-o", str(results_file), "--run-dir", str(run_dir), "--devices", "cpu:2",
+               "--model", "gpt-4o-mini=smollm2-135m", "--model", "local-base=smollm2-135m"]
+    first = cli(command)
+    done = lambda: committed(run_dir, "gpt_4o_mini_chat") + committed(run_dir, "local_base_completion")  # noqa: E731
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and done() < 1:
+        assert first.poll() is None, first.stderr.read()
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    before = done()
+    assert 1 <= before < 48, "the kill must land with work left"
+    assert not results_file.exists(), "the results file is written whole, at the end"
+
+    resumed = cli(command)
+    stdout, stderr = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, stderr
+    assert stdout == f"{results_file}: 49 lines, 48 succeeded, 1 failed (1 invalid_request)\n"
+    lines = [json.loads(line) for line in results_file.read_text().splitlines()]
+    ids = [line["custom_id"] for line in lines]
+    assert len(ids) == len(set(ids)) == 49
+    bad = lines[5]
+    assert bad["custom_id"] == "bad" and bad["response"] is None and bad["error"]["code"] == "invalid_request"
+    for line in lines[:5] + lines[6:]:
+        assert line["error"] is None and line["response"]["status_code"] == 200, line
+        body = line["response"]["body"]
+        choice = body["choices"][0]
+        text = choice["message"]["content"] if line["custom_id"].startswith("chat-") else choice["text"]
+        assert text.strip() and body["usage"]["completion_tokens"] > 0, line
+    for node in ("gpt_4o_mini_chat", "local_base_completion"):
+        keys = [r["row_id"] for r in results(run_dir, node)]
+        assert len(keys) == len(set(keys)) == committed(run_dir, node) == 24, node
