@@ -12,8 +12,8 @@ def fake_text(request: EngineRequest) -> str:
 
 
 class FakeEngine:
-    def __init__(self, config: EngineConfig, *, die_after: int | None = None, per_poll: int = 3):
-        self.config = config
+    def __init__(self, config: EngineConfig, *, die_after: int | None = None, per_poll: int = 3, answer=fake_text):
+        self.config, self.answer = config, answer
         self.ready = WorkerReady(0.0, 10_000, 16, 8, 64, 512, "fake")
         self.queue: list[EngineRequest] = []
         self.seen: list[EngineRequest] = []
@@ -35,7 +35,7 @@ class FakeEngine:
             if self._die_after is not None and self._answered >= self._die_after:
                 break  # like the real engine: what was delivered is kept, the failure comes next
             self._answered += 1
-            text = fake_text(request)
+            text = self.answer(request)
             results.append(EngineResult(request.request_id, (text,) * request.n, len(request.prompt), len(text), "stop"))
         return results
 
@@ -49,14 +49,16 @@ class FakeEngine:
 class FakeEngineFactory:
     """Records every engine it starts; `die_after` scripts failures per start, in order."""
 
-    def __init__(self, die_after: list[int | None] | None = None, crash_after_results: int | None = None):
+    def __init__(self, die_after: list[int | None] | None = None, crash_after_results: int | None = None, answer=fake_text):
+        """`answer`: request -> the text every completion of it gets."""
         self.started: list[FakeEngine] = []
+        self._answer = answer
         self._die_after = list(die_after or [])
         self._crash_after = crash_after_results
 
     def __call__(self, config: EngineConfig) -> FakeEngine:
         die_after = self._die_after.pop(0) if self._die_after else None
-        engine = FakeEngine(config, die_after=die_after)
+        engine = FakeEngine(config, die_after=die_after, answer=self._answer)
         if self._crash_after is not None:
             engine = _CrashingEngine(engine, self._crash_after)
         self.started.append(engine)

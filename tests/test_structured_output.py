@@ -73,3 +73,74 @@ def test_the_constraint_becomes_vllms_structured_output_parameters():
     params = _structured(OutputConstraint(json_schema='{"type": "object"}'))
     assert params.json == '{"type": "object"}' and params.choice is None
     assert _structured(None) is None
+
+
+# -- typed columns from a JSON-schema output ------------------------------------------------
+JSON_DAG = """
+    inputs:
+      questions: {path: questions.parquet, id_column: id}
+    nodes:
+      grade:
+        model: ./tiny-model
+        prompt: "{{ question }}"
+        output:
+          json_schema:
+            type: object
+            properties:
+              score: {type: integer}
+              confidence: {type: number}
+              correct: {type: boolean}
+              label: {enum: [easy, hard]}
+              tags: {type: array, items: {type: string}}
+            required: [score]
+    outputs:
+      graded:
+        columns: {question: question, score: grade.score, confidence: grade.confidence, correct: grade.correct,
+                  label: grade.label, tags: grade.tags, raw: grade}
+"""
+# What the scripted engine answers per question: JSON, one cut short (not JSON), one with a wrong type.
+ANSWERS = {
+    "What is a prime number?": '{"score": 3, "confidence": 0.5, "correct": true, "label": "easy", "tags": ["math"]}',
+    "How do I sort a list in Python?": '{"score": 7, "confidence": 1, "correct": false, "label": "hard", "tags": []}',
+    "Why is the sky blue?": '{"score": 4, "confid',
+    "What does SQL stand for?": '{"score": "many", "label": "easy"}',
+}
+
+
+def test_json_schema_properties_are_typed_columns_and_text_that_is_not_json_gives_nulls(workspace):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from rich.console import Console
+
+    from batchllm.engines.devices import DeviceSet
+    from batchllm.runtime.launch import run_dag_file
+    from tests.fakes import FakeEngineFactory
+
+    factory = FakeEngineFactory(answer=lambda request: ANSWERS[request.prompt])
+    run_dag_file(workspace.dag(JSON_DAG), workspace.out, DeviceSet("cpu", (0, 1)), console=Console(quiet=True),
+                 engine_factory=factory, prefix_order=False, schedule="sequential")
+    graded = pq.read_table(workspace.out / "graded.parquet")
+    assert graded.schema.types[2:] == [pa.int64(), pa.float64(), pa.bool_(), pa.string(), pa.string(), pa.string()]
+    rows = graded.drop_columns(["question", "raw"]).to_pylist()
+    assert rows == [
+        {"row_id": "q1", "score": 3, "confidence": 0.5, "correct": True, "label": "easy", "tags": '["math"]'},
+        {"row_id": "q2", "score": 7, "confidence": 1.0, "correct": False, "label": "hard", "tags": "[]"},
+        {"row_id": "q3", "score": None, "confidence": None, "correct": None, "label": None, "tags": None},
+        {"row_id": "q4", "score": None, "confidence": None, "correct": None, "label": "easy", "tags": None},
+    ]
+    assert graded.column("raw")[2].as_py() == '{"score": 4, "confid'  # the text itself is kept
+
+
+def test_default_outputs_add_a_column_per_json_property(workspace):
+    dag = load_dag(workspace.dag(JSON_DAG.split("    outputs:")[0]))
+    assert {name: (ref.field, ref.json_type) for name, ref in dag.outputs["results"].columns.items()} == {
+        "grade": ("text", None), "grade_score": ("score", "integer"), "grade_confidence": ("confidence", "number"),
+        "grade_correct": ("correct", "boolean"), "grade_label": ("label", "string"), "grade_tags": ("tags", "json")}
+
+
+def test_an_output_naming_a_property_the_schema_lacks_lists_the_fields(workspace):
+    with pytest.raises(UserError) as error:
+        load_dag(workspace.dag(JSON_DAG.replace("score: grade.score", "score: grade.points")))
+    assert "'grade.points' names unknown field 'points'" in str(error.value)
+    assert error.value.hint == ("fields: text, num_prompt_tokens, num_output_tokens, finish_reason, score, confidence, correct, "
+                                "label, tags")

@@ -233,7 +233,7 @@ def _parse_output(node: _Section, path: Path) -> OutputConstraint | None:
     if given == ["regex"]:
         return OutputConstraint(regex=o.get("regex", str, check=bool, expect="a non-empty regular expression"))
     schema = o.get("json_schema", dict, check=bool, expect="a JSON schema (a mapping)")
-    return OutputConstraint(json_schema=json.dumps(_plain(schema), sort_keys=True))
+    return OutputConstraint(json_schema=json.dumps(_plain(schema)))  # property order kept: the engine generates in it
 
 
 def _plain(value: object) -> object:
@@ -331,7 +331,12 @@ def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], node
     if "outputs" not in top.mapping:  # default: one data set per input, every node's text
         outputs = {}
         for input_name in inputs:
-            columns = {n: ColumnRef(n, "text") for n, spec in nodes.items() if spec.input_name == input_name}
+            columns = {}
+            for n, spec in nodes.items():
+                if spec.input_name == input_name:
+                    columns[n] = ColumnRef(n, "text")
+                    for field, kind in (spec.output.json_fields() if spec.output else {}).items():
+                        columns.setdefault(f"{n}_{field}", ColumnRef(n, field, kind))
             name = "results" if len(inputs) == 1 else input_name
             if columns:
                 outputs[name] = OutputSpec(name=name, input_name=input_name, columns=columns, line=0)
@@ -350,9 +355,11 @@ def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], node
             head, _, field = ref.partition(".")
             if head in nodes or head in merges:
                 field = field or "text"
-                if field not in RESULT_FIELDS:
-                    out.fail("columns", f"outputs.{name}.columns.{column}: {ref!r} names unknown field {field!r}", f"fields: {', '.join(RESULT_FIELDS)}")
-                columns[column] = ColumnRef(head, field)
+                json_fields = _json_fields(head, nodes, merges)
+                if field not in RESULT_FIELDS and field not in json_fields:
+                    out.fail("columns", f"outputs.{name}.columns.{column}: {ref!r} names unknown field {field!r}",
+                             f"fields: {', '.join((*RESULT_FIELDS, *json_fields))}")
+                columns[column] = ColumnRef(head, field, None if field in RESULT_FIELDS else json_fields[field])
             else:
                 columns[column] = ColumnRef(None, ref)
         node_inputs = {nodes[merges[c.node][0] if c.node in merges else c.node].input_name for c in columns.values() if c.node}
@@ -365,6 +372,12 @@ def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], node
         file_format = out.get("format", str, "parquet", check=lambda v: v in OUTPUT_FORMATS, expect=f"one of {', '.join(OUTPUT_FORMATS)}")
         outputs[name] = OutputSpec(name=name, input_name=input_name, columns=columns, line=section.line(name), format=file_format)
     return outputs
+
+
+def _json_fields(name: str, nodes: dict[str, NodeSpec], merges: dict[str, tuple[str, ...]]) -> dict[str, str]:
+    """The typed JSON fields of a node's output, or those every member of a merge has alike."""
+    per_member = [nodes[m].output.json_fields() if nodes[m].output else {} for m in merges.get(name, (name,))]
+    return {field: kind for field, kind in per_member[0].items() if all(other.get(field) == kind for other in per_member)}
 
 
 def _parse_engine(top: _Section, path: Path) -> EngineSpec:

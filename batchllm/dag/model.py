@@ -7,6 +7,7 @@ output data sets assembled from those columns.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,9 @@ RESULT_FIELDS = ("text", "num_prompt_tokens", "num_output_tokens", "finish_reaso
 # What an input may be read from (`io.input_formats`), and what an output data set may be written as.
 INPUT_FORMATS = ("parquet", "jsonl", "csv", "hf")
 OUTPUT_FORMATS = ("parquet", "jsonl")
+# The JSON types a JSON-schema output's top-level property lands as in an output column
+# (`node.property`); "json" (objects, arrays, unions) lands as its JSON text.
+JSON_FIELD_TYPES = ("integer", "number", "boolean", "string", "json")
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,27 @@ class OutputConstraint:
     def kind(self) -> str:
         return next(k for k in ("choices", "json_schema", "regex") if getattr(self, k) is not None)
 
+    def json_fields(self) -> dict[str, str]:
+        """A JSON-schema output's top-level properties -> their type (one of JSON_FIELD_TYPES):
+        the typed columns an output may name as `node.property`. Empty for other outputs."""
+        schema = json.loads(self.json_schema) if self.json_schema is not None else None
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        if not isinstance(properties, dict):
+            return {}
+        return {name: _json_field_type(body) for name, body in properties.items() if '"' not in name}
+
+
+def _json_field_type(body: object) -> str:
+    if not isinstance(body, dict):
+        return "json"
+    kind = body.get("type")
+    if isinstance(kind, list):  # e.g. ["integer", "null"]: nullable, one type
+        kinds = [k for k in kind if k != "null"]
+        kind = kinds[0] if len(kinds) == 1 else None
+    if kind is None and isinstance(body.get("enum"), list) and body["enum"] and all(isinstance(v, str) for v in body["enum"]):
+        kind = "string"
+    return kind if kind in JSON_FIELD_TYPES else "json"
+
 
 @dataclass(frozen=True)
 class NodeSpec:
@@ -86,6 +111,7 @@ class ColumnRef:
 
     node: str | None
     field: str
+    json_type: str | None = None  # a JSON-schema output's property (see OutputConstraint.json_fields), not a result field
 
 
 @dataclass(frozen=True)

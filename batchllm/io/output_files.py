@@ -22,12 +22,14 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchllm.dag.model import OutputSpec
+from batchllm.dag.model import ColumnRef, OutputSpec
 from batchllm.io.input_source import ROW_ID
 from batchllm.io.node_journal import ResultJournal
 
 MEMORY_LIMIT = "256MB"
 ROW_GROUP_ROWS = 65_536
+JSON_SQL_TYPES = {"integer": "BIGINT", "number": "DOUBLE", "boolean": "BOOLEAN", "string": "VARCHAR", "json": "VARCHAR"}
+ARROW_TYPES = {"BIGINT": pa.int64(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(), "VARCHAR": pa.string()}
 NODE_COLUMNS = ("step", "text", "num_prompt_tokens", "num_output_tokens", "finish_reason")
 NODE_SCHEMA = pa.schema([(ROW_ID, pa.string()), ("step", pa.int32()), ("text", pa.string()),
                          ("num_prompt_tokens", pa.int64()), ("num_output_tokens", pa.int64()), ("finish_reason", pa.string())])
@@ -60,6 +62,24 @@ def _connect(spill_dir: Path) -> duckdb.DuckDBPyConnection:
     connection.execute(f"SET temp_directory = {_literal(str(spill_dir))}")
     connection.execute("SET enable_progress_bar = false")  # else DuckDB draws one on the terminal after 2 s
     return connection
+
+
+def _column_type(ref: ColumnRef) -> str:
+    """The SQL type of a node result's column: a result field's, or a JSON field's."""
+    if ref.json_type is not None:
+        return JSON_SQL_TYPES[ref.json_type]
+    return "VARCHAR" if ref.field in ("text", "finish_reason") else "BIGINT"
+
+
+def _result_value(alias: str, ref: ColumnRef) -> str:
+    """A result field, or a JSON-schema output's property read from its text: null where the
+    text is not JSON (e.g. cut at max_tokens) or the value does not have the property's type."""
+    if ref.json_type is None:
+        return f"{alias}.{ref.field}"
+    path = _literal(f'$."{ref.field}"')
+    value = (f"json_extract({alias}.text, {path})::VARCHAR" if ref.json_type == "json"
+             else f"TRY_CAST(json_extract_string({alias}.text, {path}) AS {JSON_SQL_TYPES[ref.json_type]})")
+    return f"CASE WHEN json_valid({alias}.text) THEN {value} END"
 
 
 def _row_id(input_alias: str, source: InputFile) -> str:
@@ -149,11 +169,11 @@ def write_output_set(spec: OutputSpec, source: InputFile, finals: dict[str, Fina
             selects.append(f"i.{_quote(ref.field)} AS {_quote(name)}")
             fields.append(pa.field(name, input_schema.field(ref.field).type))
             continue
-        kind = "VARCHAR" if ref.field in ("text", "finish_reason") else "BIGINT"
+        kind = _column_type(ref)
         members = merges.get(ref.node, (ref.node,))
-        cases = " ".join(f"WHEN {aliases[m]}.row IS NOT NULL THEN {aliases[m]}.{ref.field}" for m in members)
+        cases = " ".join(f"WHEN {aliases[m]}.row IS NOT NULL THEN {_result_value(aliases[m], ref)}" for m in members)
         selects.append(f"CAST(CASE {cases} END AS {kind}) AS {_quote(name)}")
-        fields.append(pa.field(name, pa.string() if kind == "VARCHAR" else pa.int64()))
+        fields.append(pa.field(name, ARROW_TYPES[kind]))
     query = (f"SELECT {', '.join(selects)} FROM read_parquet({_literal(str(source.path))}, file_row_number = true) i "
              f"{' '.join(joins)} ORDER BY i.file_row_number")
     if spec.format == "jsonl":
