@@ -22,21 +22,64 @@ _SPEC = re.compile(r"(cpu|gpu):(\d+)\Z|(cpu|gpu):(\d+(?:,\d+)+)\Z")
 
 
 @dataclass(frozen=True)
-class DeviceSet:
-    kind: str  # "cpu" (cores) or "gpu"
+class NodeDevices:
+    """One cluster node's devices: its id and its own device numbers (cores or GPUs)."""
+
+    node: str
     ids: tuple[int, ...]
 
+
+@dataclass(frozen=True)
+class DeviceSet:
+    """Devices by index. On one machine `ids` are its device numbers; on a cluster
+    (`nodes` given) they are 0..N-1 over the nodes' devices, node after node."""
+
+    kind: str  # "cpu" (cores) or "gpu"
+    ids: tuple[int, ...]
+    nodes: tuple[NodeDevices, ...] = ()
+
     def __str__(self) -> str:
+        if self.nodes:
+            return f"{self.kind}:{len(self.ids)} on {len(self.nodes)} nodes"
         return f"{self.kind}:{','.join(map(str, self.ids))}"
+
+    @property
+    def node_sizes(self) -> tuple[int, ...]:
+        """Devices per node (one machine: one node of all its devices)."""
+        return tuple(len(n.ids) for n in self.nodes) if self.nodes else (len(self.ids),)
+
+    def replica(self, indices: tuple[int, ...], tp: int) -> "Replica":
+        """The replica on these device indices; on a cluster they must share one node."""
+        if not self.nodes:
+            return Replica(self.kind, tuple(self.ids[i] for i in indices), tp)
+        where = [self._locate(i) for i in indices]
+        nodes = {node for node, _ in where}
+        if len(nodes) != 1:
+            raise ValueError(f"replica on device indices {indices} spans nodes {sorted(nodes)}: a replica stays inside one node")
+        return Replica(self.kind, tuple(local for _, local in where), tp, node=where[0][0])
+
+    def _locate(self, index: int) -> tuple[str, int]:
+        for node in self.nodes:
+            if index < len(node.ids):
+                return node.node, node.ids[index]
+            index -= len(node.ids)
+        raise ValueError(f"device index {index} is beyond the cluster's {len(self.ids)} devices")
+
+    def without_nodes(self, lost: set[str]) -> "DeviceSet":
+        """The cluster's devices once the `lost` nodes are gone (indices renumbered)."""
+        nodes = tuple(n for n in self.nodes if n.node not in lost)
+        return DeviceSet(self.kind, tuple(range(sum(len(n.ids) for n in nodes))), nodes)
 
 
 @dataclass(frozen=True)
 class Replica:
-    """One engine replica: its devices, split into `tp` tensor-parallel ranks."""
+    """One engine replica: its devices, split into `tp` tensor-parallel ranks; on a
+    cluster also its node (the device numbers are that node's own)."""
 
     kind: str
     device_ids: tuple[int, ...]
     tp: int = 1
+    node: str | None = None
 
     def environment(self) -> dict[str, str]:
         if self.kind == "gpu":
