@@ -3,9 +3,11 @@ where each plan's replicas go.
 
 A planning device spec names hardware, not this machine's devices: `8xA100-80G`,
 `2xH100-80G` (hardware from profiles/analytic/catalog.yaml or a measured profile
-folder), `cpu:2` (two cores of this machine's CPU kind). Placement keeps tensor-parallel
-groups inside the hardware's NVLink groups: a replica of w devices starts at a multiple
-of w, so a tp2 group is always one NVLink pair on an 8xA100 node.
+folder), `cpu:2` (two cores of this machine's CPU kind), and a cluster of such nodes:
+`2x8xA100-80G` (two nodes of eight). Placement keeps tensor-parallel groups inside the
+hardware's NVLink groups: a replica of w devices starts at a multiple of w within its
+node, so a tp2 group is always one NVLink pair on an 8xA100 node, and no replica spans
+two nodes.
 
 A cluster carries the identity of its hardware (this machine's for `cpu:N` and for a run,
 the catalog's for a named GPU): the profile picked for a model is compared with it and
@@ -29,7 +31,7 @@ from batchllm.dag.model import EngineSpec
 from batchllm.engines.hardware import MODEL_DTYPE, HardwareIdentity, differences, this_machine
 from batchllm.errors import UserError
 
-_GPU_SPEC = re.compile(r"(\d+)x([A-Za-z0-9][\w.-]*)\Z")
+_GPU_SPEC = re.compile(r"(?:(\d+)x)?(\d+)x([A-Za-z0-9][\w.-]*)\Z")  # [nodes x] GPUs per node x hardware
 _CPU_SPEC = re.compile(r"cpu:(\d+)\Z")
 
 
@@ -41,13 +43,29 @@ class Cluster:
     nvlink_group: int = 1  # GPUs per NVLink group (1 on CPUs: no tensor parallelism across cores)
     identity: HardwareIdentity | None = None  # what a profile is compared with; None: not known
     local: bool = False  # this machine's devices (the installed engine is the one that will run)
+    node_sizes: tuple[int, ...] = ()  # devices per node, in index order; (): one node of all `devices`
+
+    def __post_init__(self) -> None:
+        if self.node_sizes and sum(self.node_sizes) != self.devices:
+            raise ValueError(f"node sizes {self.node_sizes} do not add up to {self.devices} devices")
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return self.node_sizes or (self.devices,)
 
     def __str__(self) -> str:
+        if len(self.nodes) > 1 and len(set(self.nodes)) == 1:
+            per_node = f"{len(self.nodes)}x{self.nodes[0]}x{self.hardware}" if self.kind == "gpu" else \
+                f"{len(self.nodes)} nodes x cpu:{self.nodes[0]} ({self.hardware})"
+            return per_node
+        if len(self.nodes) > 1:
+            return f"{self.kind}:{'+'.join(map(str, self.nodes))} ({self.hardware})"
         return f"{self.devices}x{self.hardware}" if self.kind == "gpu" else f"cpu:{self.devices} ({self.hardware})"
 
 
 def parse_cluster(text: str, profiles_root: Path) -> Cluster:
-    """`8xA100-80G` or `cpu:N`; unknown hardware is an error that lists the known kinds."""
+    """`8xA100-80G`, `2x8xA100-80G` (nodes x GPUs per node) or `cpu:N`; unknown hardware
+    is an error that lists the known kinds."""
     where = "--devices"
     if match := _CPU_SPEC.match(text):
         count = int(match.group(1))
@@ -57,24 +75,30 @@ def parse_cluster(text: str, profiles_root: Path) -> Cluster:
     match = _GPU_SPEC.match(text)
     if not match:
         raise UserError(f"bad device spec {text!r}", where=where,
-                        hint="use <count>x<GPU> such as 8xA100-80G or 2xH100-80G, or cpu:N for N CPU cores")
-    count, hardware = int(match.group(1)), match.group(2)
+                        hint="use <count>x<GPU> such as 8xA100-80G, <nodes>x<count>x<GPU> such as 2x8xA100-80G, "
+                             "or cpu:N for N CPU cores")
+    nodes, count, hardware = int(match.group(1) or 1), int(match.group(2)), match.group(3)
     known = _catalog_hardware(profiles_root)
     if hardware not in known and not (profiles_root / hardware).is_dir():
         raise UserError(f"unknown GPU {hardware!r} in device spec {text!r}", where=where,
                         hint=f"known GPUs: {', '.join(sorted(known))}; or profile yours with `batchllm profile`")
     if not 1 <= count <= 64:
         raise UserError(f"bad device spec {text!r}: {count} GPUs; a node has 1 to 64", where=where)
+    if not 1 <= nodes <= 64:
+        raise UserError(f"bad device spec {text!r}: {nodes} nodes; plan for 1 to 64", where=where)
     spec = known.get(hardware)
     identity = HardwareIdentity("gpu", hardware, MODEL_DTYPE, gpu_memory_mib=int(spec["memory_gb"] * 1024),
                                 gpu_count=count) if spec and "memory_gb" in spec else None
-    return Cluster("gpu", hardware, count, int((spec or {}).get("nvlink_group", 1)), identity)
+    return Cluster("gpu", hardware, nodes * count, int((spec or {}).get("nvlink_group", 1)), identity,
+                   node_sizes=(count,) * nodes if nodes > 1 else ())
 
 
-def local_cluster(kind: str, count: int) -> Cluster:
-    """This machine's devices as a planning cluster (profiles filed under its hardware name)."""
+def local_cluster(kind: str, count: int, node_sizes: tuple[int, ...] = ()) -> Cluster:
+    """This machine's devices as a planning cluster (profiles filed under its hardware name);
+    `node_sizes` for a run on a cluster of nodes of this machine's kind."""
     identity = this_machine(kind)
-    return Cluster(kind, identity.folder_name, count, identity=identity, local=True)
+    return Cluster(kind, identity.folder_name, count, identity=identity, local=True,
+                   node_sizes=node_sizes if len(node_sizes) > 1 else ())
 
 
 def run_settings(engine: EngineSpec, cluster: Cluster) -> dict[str, object]:
@@ -140,11 +164,13 @@ def _closest_cpu_profile(cluster: Cluster, model: str, profiles_root: Path) -> P
 
 def candidate_plans(profile: Profile, cluster: Cluster) -> list[ExecutionPlan]:
     """Every (dp, replica shape) that fits on the cluster: the profile holds only valid
-    shapes (heads divisible by tp, weights plus one sequence's KV cache fit)."""
+    shapes (heads divisible by tp, weights plus one sequence's KV cache fit), and a
+    replica fits inside one node."""
     plans = []
     for key in profile.shapes:
         shape = ReplicaShape.parse(key)
-        for dp in range(1, cluster.devices // shape.devices + 1):
+        fitting = sum(size // shape.devices for size in cluster.nodes)
+        for dp in range(1, fitting + 1):
             plans.append(ExecutionPlan(dp, shape))
     return sorted(plans, key=lambda p: (p.devices, p.shape.devices))
 
@@ -152,14 +178,20 @@ def candidate_plans(profile: Profile, cluster: Cluster) -> list[ExecutionPlan]:
 Placement = dict[str, tuple[int, ...]]  # node -> device ids, in replica order
 
 
-def place(blocks: dict[str, tuple[int, int]], kept: Placement, devices: int) -> Placement | None:
+def place(blocks: dict[str, tuple[int, int]], kept: Placement, devices: int,
+          node_sizes: tuple[int, ...] = ()) -> Placement | None:
     """Device ids for each node's replicas, or None when they do not fit.
 
     `blocks` maps a node to (replicas, devices per replica); the replicas in `kept` (a
     node's running replicas it keeps or takes over) stay where they are. The others are
     packed largest first, each at the lowest free offset that is a multiple of its size
-    (buddy-style alignment keeps tp groups inside NVLink groups).
+    within a cluster node (buddy-style alignment keeps tp groups inside NVLink groups,
+    and no replica spans two of `node_sizes`; () is one node of all `devices`).
     """
+    starts, offsets = 0, {}
+    for size_of_node in node_sizes or (devices,):
+        offsets[starts] = size_of_node
+        starts += size_of_node
     free = [True] * devices
     placement: dict[str, list[int]] = {}
     for node, ids in kept.items():
@@ -171,7 +203,8 @@ def place(blocks: dict[str, tuple[int, int]], kept: Placement, devices: int) -> 
         replicas, size = blocks[node]
         ids = placement.setdefault(node, [])
         while len(ids) < replicas * size:
-            offset = next((o for o in range(0, devices - size + 1, size) if all(free[o:o + size])), None)
+            offset = next((o for base, width in offsets.items() for o in range(base, base + width - size + 1, size)
+                           if all(free[o:o + size])), None)
             if offset is None:
                 return None
             free[offset:offset + size] = [False] * size

@@ -254,7 +254,7 @@ class Timeline:
     def placement_for(self, plans: dict[str, ExecutionPlan]) -> Placement | None:
         blocks = {n: (p.dp, p.shape.devices) for n, p in plans.items()}
         kept = {n: tuple(d for ids in c.replicas for d in ids) for n, c in self.claims(plans).items()}
-        return place(blocks, kept, self.problem.cluster.devices)
+        return place(blocks, kept, self.problem.cluster.devices, self.problem.cluster.node_sizes)
 
     def advance(self, plans: dict[str, ExecutionPlan]) -> "Timeline":
         """Run one stage of these (node, plan) pairs until its first node finishes."""
