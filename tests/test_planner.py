@@ -471,3 +471,40 @@ def test_a_dag_with_n_samples_plans_rows_times_n_requests_and_counts_progress_in
     known = planner.choose({"answer": NodeProgress(2, 4, total_known=True)}, {}).rest_s
     assert planner.choose({"answer": NodeProgress(2, 4, total_known=False)}, {}).rest_s == pytest.approx(known)
     assert known < planner.choose({"answer": NodeProgress(0, 4, total_known=True)}, {}).rest_s
+
+
+def test_a_where_over_input_columns_is_counted_on_the_data_and_samples_the_rows_it_keeps(workspace):
+    from batchllm.dag.checks import check_dag
+    from batchllm.dag.loader import load_dag
+    from batchllm.models.registry import batchllm_home
+    from batchllm.planner.from_dag import dag_workloads
+
+    dag = load_dag(workspace.dag("""
+        inputs:
+          questions: {path: questions.parquet, id_column: id}
+        nodes:
+          maths:
+            model: smollm2-135m
+            where: "id = 'q1'"
+            prompt: "{{ question }}"
+          rest:
+            model: smollm2-135m
+            where: "id <> 'q1'"
+            prompt: "{{ question }} {{ question }} {{ question }}"
+          routed:
+            model: smollm2-135m
+            where: "maths LIKE '%prime%'"
+            prompt: "{{ maths }}"
+          unrouted:
+            model: smollm2-135m
+            where: "maths NOT LIKE '%prime%'"
+            prompt: "{{ maths }}"
+    """))
+    problem = dag_workloads(dag, check_dag(dag, batchllm_home(), resolve_models=False), parse_cluster("8xA100-80G", PROFILES),
+                            PROFILES)
+    nodes = {n.name: n for n in problem.nodes}
+    assert nodes["maths"].rounds == (1,) and nodes["rest"].rounds == (3,)  # 1 and 3 of the 4 questions
+    assert len(nodes["maths"].workload.prompt_tokens) == 1  # sampled from the row it keeps: q1 only
+    assert [note for note in problem.notes if "where" in note] == [  # a router's answers are not known before the run
+        "routed: `where` assumed to keep 50% of rows (shared with its sibling routes)",
+        "unrouted: `where` assumed to keep 50% of rows (shared with its sibling routes)"]

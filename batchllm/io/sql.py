@@ -6,9 +6,11 @@ import re
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
 from batchllm.errors import UserError
-from batchllm.io.input_source import ROW_ID
+from batchllm.io.input_source import ROW_ID, InputSource
 
 _SQL_STRING = re.compile(r"'(?:[^']|'')*'")
 _SQL_WORD = re.compile(r'"([^"]+)"|([A-Za-z_][A-Za-z0-9_]*)')
@@ -45,3 +47,25 @@ def where_row_ids(rows: pa.Table, upstream: dict[str, pa.Array], predicate: str,
     finally:
         connection.close()
     return [row[0] for row in result]
+
+
+def rows_where(source: InputSource, predicate: str, *, where: str, sample_rows: int) -> tuple[int, pa.Table]:
+    """How many rows of an input `predicate` (over its columns only) keeps, and the first
+    `sample_rows` of them as templates see rows (with `row_id`; by position it is known only
+    for an id column, else empty). One streaming DuckDB scan of the file; no row is held."""
+    connection = duckdb.connect(config={"enable_external_access": False, "threads": 2})
+    try:
+        connection.register("input_rows", ds.dataset(source.path, format="parquet"))
+        count = connection.execute(f"SELECT count(*) FROM input_rows WHERE ({predicate})").fetchone()[0]
+        sample = connection.execute(f"SELECT * FROM input_rows WHERE ({predicate}) LIMIT {int(sample_rows)}").to_arrow_table()
+    except duckdb.Error as exc:
+        first_line = str(exc).strip().splitlines()[0]
+        raise UserError(f"the SQL predicate {predicate!r} failed in DuckDB: {first_line}", where=where,
+                        hint="write a boolean SQL expression over input columns and upstream node names") from None
+    finally:
+        connection.close()
+    if ROW_ID in sample.column_names:
+        sample = sample.drop_columns([ROW_ID])
+    ids = (pc.cast(sample.column(source.id_column), pa.string()) if source.id_column
+           else pa.array([""] * sample.num_rows, pa.string()))
+    return count, sample.append_column(pa.field(ROW_ID, pa.string()), ids)

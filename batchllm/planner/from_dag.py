@@ -3,8 +3,10 @@
 What is known before running is estimated, and each estimate is stated in the
 problem's notes:
 - requests per node: its input's rows, no more than its upstream nodes produce, times
-  `n`; a `where:` node is assumed to take an equal share with its sibling `where:` nodes
-  (nodes reading the same upstream nodes), since the router has not answered yet;
+  `n`; a `where:` over input columns only is counted on the data (and prompt sizes are
+  sampled from the rows it keeps); one that reads an upstream output is assumed to take an
+  equal share with its sibling `where:` nodes (nodes reading the same upstream nodes),
+  since the router has not answered yet;
 - rounds of an iterating node: the list lengths of its `iterate.over` column;
 - prompt tokens per row: the template rendered on the row with upstream outputs left
   empty, at 4 characters a token, plus each upstream node's expected output length
@@ -29,7 +31,8 @@ from batchllm.costmodel.estimator import Workload
 from batchllm.costmodel.profile import Profile
 from batchllm.costmodel.work import CHARS_PER_TOKEN, estimated_tokens
 from batchllm.errors import UserError
-from batchllm.io.input_source import InputSource
+from batchllm.io.input_source import ROW_ID, InputSource
+from batchllm.io.sql import rows_where, sql_identifiers
 from batchllm.ordering.prefix_tree import PrefixTree
 from batchllm.planner.cluster import Cluster, candidate_plans, cluster_profile, run_settings
 from batchllm.planner.problem import NodeWorkload, too_big
@@ -80,12 +83,11 @@ def dag_workloads(dag: DagSpec, sources: dict[str, InputSource], cluster: Cluste
             raise too_big(node.model, profile, cluster, f"{where}.model")
         profiles[name] = profile
         source = sources[node.input_name]
-        share = _where_share(dag, node)
-        if share < 1:
+        share, sample = _where_share(dag, node, source)
+        if share < 1 and not _where_reads_input_only(dag, node):
             notes.append(f"{name}: `where` assumed to keep {share:.0%} of rows (shared with its sibling routes)")
         rows = min([source.num_rows] + [_rows_read(dag, r, counts, source.num_rows) for r in node.reads]) * share
         mean_output[name] = min(profile.lengths.mean(), node.sampling.max_tokens)
-        sample = source.head_rows(SAMPLE_ROWS).to_pylist()
         upstream_tokens = sum(max(mean_output[m] for m in dag.merges.get(r, (r,))) for r in node.reads)
         prompts, cached = _prompt_tokens(node, sample, upstream_tokens, mean_output[name],
                                          int(profile.engine.get("block_size_tokens", 16)))
@@ -116,11 +118,24 @@ def _rows_read(dag: DagSpec, name: str, counts: dict[str, float], rows: int) -> 
     return min(sum(counts[m] / dag.nodes[m].sampling.n for m in members), rows)
 
 
-def _where_share(dag: DagSpec, node: NodeSpec) -> float:
+def _where_share(dag: DagSpec, node: NodeSpec, source: InputSource) -> tuple[float, list[dict]]:
+    """The share of rows a node's `where:` keeps, and sample rows for its prompt sizes: counted
+    on the data when the predicate reads input columns only, else an equal share with its
+    sibling routes (the router has not answered yet) and the first rows."""
+    if node.where and _where_reads_input_only(dag, node):
+        kept, sample = rows_where(source, node.where, where=f"{dag.path}, line {node.line}, nodes.{node.name}.where",
+                                  sample_rows=SAMPLE_ROWS)
+        return kept / max(source.num_rows, 1), sample.to_pylist() or source.head_rows(1).to_pylist()
+    sample = source.head_rows(SAMPLE_ROWS).to_pylist()
     if not node.where:
-        return 1.0
+        return 1.0, sample
     siblings = [n for n in dag.nodes.values() if n.where and set(n.upstream) == set(node.upstream)]
-    return 1.0 / len(siblings)
+    return 1.0 / len(siblings), sample
+
+
+def _where_reads_input_only(dag: DagSpec, node: NodeSpec) -> bool:
+    names = sql_identifiers(node.where or "")
+    return bool(node.where) and not names & (set(dag.nodes) | set(dag.merges) | {ROW_ID})
 
 
 def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own_output_tokens: float,
