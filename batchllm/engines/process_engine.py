@@ -1,8 +1,9 @@
 """The driver's handle on one engine worker process.
 
 `Engine` is the interface the runtime uses; `ProcessEngine` runs any stepper (the real
-vLLM one by default) in a spawned process. A later Ray-actor engine implements the
-same four members.
+vLLM one by default) in a spawned process. `WorkerEngine` is the driver's side of the
+worker's messages, shared with the Ray-actor engine (engines/ray_engine.py), which
+runs the same worker loop inside an actor.
 
 Start engines from the main thread: the worker dies with the thread that spawned it
 (PR_SET_PDEATHSIG follows the creating thread, not the process), so an engine spawned
@@ -56,18 +57,16 @@ def _log_tail(path: str | None, lines: int = 15) -> str:
     return "\n".join(tail)
 
 
-class ProcessEngine:
-    def __init__(self, config: EngineConfig, stepper_factory, start_timeout_s: float = 1800.0):
+class WorkerEngine:
+    """The driver's side of one engine worker, whatever carries its messages: waits for
+    WorkerReady, hands requests over, collects results and step records, turns a dead
+    worker into EngineFailed. Subclasses give the transport: `_send`, `_next_message`,
+    `_kill`, `stop`."""
+
+    def __init__(self, config: EngineConfig, start_timeout_s: float):
         self.config = config
         self._pending_failure: EngineFailed | None = None
         self._steps: list[StepRecord] = []
-        context = multiprocessing.get_context("spawn")
-        self._inbox, self._outbox = context.Queue(), context.Queue()
-        self._process = context.Process(
-            target=worker_main, args=(config, self._inbox, self._outbox, stepper_factory), daemon=True,
-            name=f"batchllm-engine-{Path(config.model).name}",
-        )
-        self._process.start()
         self._start_timeout_s = start_timeout_s
         self._ready: WorkerReady | None = None
 
@@ -79,41 +78,36 @@ class ProcessEngine:
             self._ready = self._wait_ready(self._start_timeout_s)
         return self._ready
 
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid
-
-    def is_alive(self) -> bool:
-        return self._process.is_alive()
-
     def _failure(self, reason: str) -> EngineFailed:
         tail = _log_tail(self.config.log_path)
         where = f" (engine log: {self.config.log_path})" if self.config.log_path else ""
         return EngineFailed(f"{reason}{where}" + (f"\n{tail}" if tail else ""))
 
+    def _send(self, message) -> None:
+        raise NotImplementedError
+
     def _next_message(self, timeout_s: float):
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                return self._outbox.get(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
-            except queue.Empty:
-                if not self._process.is_alive():
-                    raise self._failure(f"engine worker exited with code {self._process.exitcode}") from None
-                if time.monotonic() >= deadline:
-                    return None
+        """The worker's next message, None after `timeout_s`; EngineFailed if it is gone."""
+        raise NotImplementedError
+
+    def _take_nowait(self):
+        return self._next_message(0.0)
+
+    def _kill(self) -> None:
+        raise NotImplementedError
 
     def _wait_ready(self, timeout_s: float) -> WorkerReady:
         message = self._next_message(timeout_s)
         if isinstance(message, WorkerReady):
             return message
-        self._process.kill()
+        self._kill()
         if isinstance(message, WorkerFailed):
             raise self._failure(f"engine for {self.config.model} failed to start:\n{message.error}")
         raise self._failure(f"engine for {self.config.model} did not start within {timeout_s:.0f} s")
 
     def submit(self, requests: Sequence[EngineRequest]) -> None:
         if requests:
-            self._inbox.put(SubmitRequests(tuple(requests)))
+            self._send(SubmitRequests(tuple(requests)))
 
     def poll(self, timeout_s: float) -> list[EngineResult]:
         """Finished results; waits up to `timeout_s` for the first message.
@@ -132,10 +126,7 @@ class ProcessEngine:
                 if isinstance(message, WorkerResults):
                     results.extend(message.results)
                     self._steps.extend(message.steps)
-                try:
-                    message = self._outbox.get_nowait()
-                except queue.Empty:
-                    message = None
+                message = self._take_nowait()
         except EngineFailed as failure:
             if not results:
                 raise
@@ -146,6 +137,51 @@ class ProcessEngine:
         """Step records received since the last call."""
         steps, self._steps = self._steps, []
         return steps
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+
+class ProcessEngine(WorkerEngine):
+    def __init__(self, config: EngineConfig, stepper_factory, start_timeout_s: float = 1800.0):
+        super().__init__(config, start_timeout_s)
+        context = multiprocessing.get_context("spawn")
+        self._inbox, self._outbox = context.Queue(), context.Queue()
+        self._process = context.Process(
+            target=worker_main, args=(config, self._inbox, self._outbox, stepper_factory), daemon=True,
+            name=f"batchllm-engine-{Path(config.model).name}",
+        )
+        self._process.start()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def is_alive(self) -> bool:
+        return self._process.is_alive()
+
+    def _send(self, message) -> None:
+        self._inbox.put(message)
+
+    def _next_message(self, timeout_s: float):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self._outbox.get(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                if not self._process.is_alive():
+                    raise self._failure(f"engine worker exited with code {self._process.exitcode}") from None
+                if time.monotonic() >= deadline:
+                    return None
+
+    def _take_nowait(self):
+        try:
+            return self._outbox.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _kill(self) -> None:
+        self._process.kill()
 
     def stop(self) -> None:
         if self._process.is_alive():
