@@ -37,7 +37,7 @@ from batchllm.runtime.executor import RunResult
 from batchllm.runtime.launch import run_dag
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_report import RunReport
-from batchllm.runtime.run_summary import summary_lines
+from batchllm.runtime.run_summary import closing_lines
 
 DICT_DAG_NAME = "dag"  # stands for the file in a dict DAG's error messages, and names it unless it has `name:`
 
@@ -105,7 +105,7 @@ def run(dag: str | os.PathLike | Mapping, inputs: Mapping[str, Any] | None = Non
         raise
     run_dir = RunDir(out_dir)
     return RunOutput(out_dir, dict(result.outputs), {n: run_dir.node_path(n) for n in spec.topological_order()}, result,
-                     tuple(run_summary(result, progress, out_dir)))
+                     tuple(closing_lines(result, progress, out_dir)))
 
 
 def plan(dag: str | os.PathLike | Mapping, inputs: Mapping[str, Any] | None = None, devices: str = "auto",
@@ -120,19 +120,6 @@ def plan(dag: str | os.PathLike | Mapping, inputs: Mapping[str, Any] | None = No
         spec, tables = _load(dag, inputs, lambda name: Path(folder) / f"{name}.parquet")
         _write_tables(tables)
         return plan_dag(spec, devices, profiles_root=profiles_root, compare=compare)
-
-
-def run_summary(result: RunResult, progress, out: Path) -> list[str]:
-    """What `batchllm run` prints when it ends."""
-    if result.engines_started == 0:
-        return [f"Nothing to do: every node's results in {out} are complete; no engine was started."]
-    lines = summary_lines(progress.stats, progress.clock())
-    r = result.report
-    if r is not None and r.stages:
-        estimate = f", estimated {r.estimated_s:.1f} s" if r.estimated_s is not None else ""
-        lines.append(f"{len(r.stages)} stages ({r.method}): {r.wall_s:.1f} s{estimate}; orchestration overhead "
-                     f"{r.overhead_s:.1f} s ({r.overhead_s / r.wall_s:.1%}); details in {out / 'run.json'}")
-    return lines
 
 
 # -- DAG and inputs --------------------------------------------------------------------------------

@@ -66,18 +66,10 @@ def run(
     except KeyboardInterrupt:
         Console(stderr=True).print("interrupted: finished results are kept; run the same command again to resume.")
         raise typer.Exit(130)
-    if result.engines_started == 0:
-        console.print(f"Nothing to do: every node's results in {out} are complete; no engine was started.")
-    else:
-        from batchllm.runtime.run_summary import summary_lines
+    from batchllm.runtime.run_summary import closing_lines
 
-        for line in summary_lines(progress.stats, progress.clock()):
-            console.print(line, highlight=False, markup=False, soft_wrap=True)
-        if result.report is not None and result.report.stages:
-            r = result.report
-            estimate = f", estimated {r.estimated_s:.1f} s" if r.estimated_s is not None else ""
-            console.print(f"{len(r.stages)} stages ({r.method}): {r.wall_s:.1f} s{estimate}; "
-                          f"orchestration overhead {r.overhead_s:.1f} s ({r.overhead_s / r.wall_s:.1%}); details in {out / 'run.json'}")
+    for line in closing_lines(result, progress, out):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     for name, path in result.outputs.items():
         typer.echo(f"{name}: {path}")
 

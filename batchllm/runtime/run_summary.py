@@ -4,8 +4,27 @@ and in a log file (the full figures are in `<out>/run.json` and `batchllm status
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from batchllm.runtime.progress import NodeStats
+from batchllm.runtime.progress import NodeStats, RunProgress
+
+if TYPE_CHECKING:
+    from batchllm.runtime.executor import RunResult
+
+
+def closing_lines(result: RunResult, progress: RunProgress, out: Path) -> list[str]:
+    """What `batchllm run` (and `batchllm.run`) says at the end: the summary and the stages."""
+    if result.engines_started == 0:
+        return [f"Nothing to do: every node's results in {out} are complete; no engine was started."]
+    lines = summary_lines(progress.stats, progress.clock())
+    r = result.report
+    if r is not None and r.stages:
+        estimate = f", estimated {r.estimated_s:.1f} s" if r.estimated_s is not None else ""
+        stages = f"{len(r.stages)} stage{'' if len(r.stages) == 1 else 's'}"
+        lines.append(f"{stages} ({r.method}): {r.wall_s:.1f} s{estimate}, overhead {r.overhead_s:.1f} s "
+                     f"({r.overhead_s / r.wall_s:.1%})")
+        lines.append(f"details: {out / 'run.json'}")
+    return lines
 
 
 def summary_lines(stats: dict[str, NodeStats], now_s: float) -> list[str]:

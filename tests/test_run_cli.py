@@ -1,0 +1,59 @@
+"""`batchllm run` as a user sees it in an 80-column terminal or a log file (CliRunner; the
+scripted fake engine stands in for vLLM, so only the times vary: they are masked)."""
+
+from __future__ import annotations
+
+import re
+
+from typer.testing import CliRunner
+
+from batchllm.cli import app
+from tests.conftest import ENSEMBLE_DAG
+from tests.fakes import FakeEngineFactory
+
+ROUTED_DAG = ENSEMBLE_DAG.replace('prompt: "B {{ question }}"', """prompt: "B {{ question }}"
+        where: "question LIKE '%nothing matches this%'\"""")
+
+
+def run_cli(workspace, monkeypatch, dag_text: str, *extra: str):
+    monkeypatch.setattr("batchllm.runtime.launch.start_vllm_engine", FakeEngineFactory())
+    monkeypatch.chdir(workspace.root)
+    return CliRunner().invoke(app, ["run", str(workspace.dag(dag_text)), "--out", "out", "--devices", "cpu:2",
+                                    "--schedule", "sequential", "--no-prefix-order", *extra], env={"COLUMNS": "80"})
+
+
+def masked(text: str) -> list[str]:
+    """Times and rates (they vary run to run) as N."""
+    return [re.sub(r"\d[\d,]*\.\d+", "N", line) for line in text.splitlines()]
+
+
+def test_the_end_of_run_summary_fits_80_columns_with_every_node(workspace, monkeypatch):
+    result = run_cli(workspace, monkeypatch, ROUTED_DAG)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "…" not in result.output and max(map(len, lines)) <= 80
+    summary = masked(result.output[result.output.index("batchllm run summary"):])
+    assert summary == [
+        "batchllm run summary",
+        "b (tiny-model): 0 units, no row reached it",  # nodes in the order they started
+        "  (its `where:` held nowhere, or an upstream node had no output)",
+        "a (tiny-model): 4/4 units",
+        "  tokens: prompt 106, output 114, N output tok/s",
+        "  prefix cache: 0 tok (0%), ideal 0",
+        "  time: load N s, engine N s, total N s",
+        "judge (tiny-model): 0 units, no row reached it",
+        "  (its `where:` held nowhere, or an upstream node had no output)",
+        "1 stage (sequential): N s, overhead N s (N%)",
+        "details: out/run.json",
+        "judged: out/judged.parquet",
+    ]
+
+
+def test_a_finished_run_run_again_says_nothing_to_do(workspace, monkeypatch):
+    run_cli(workspace, monkeypatch, ENSEMBLE_DAG)
+    again = run_cli(workspace, monkeypatch, ENSEMBLE_DAG)
+    assert again.exit_code == 0
+    assert again.output.splitlines()[-2:] == [
+        "Nothing to do: every node's results in out are complete; no engine was started.",
+        "judged: out/judged.parquet",
+    ]
