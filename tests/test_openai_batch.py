@@ -186,3 +186,42 @@ def test_cli_refuses_a_malformed_model_option_with_exit_2(batch):
     assert result.exit_code == 2
     assert "--model 'gpt-a' is not NAME=LOCAL" in result.output
     assert not (batch["root"] / "r.jsonl").exists()
+
+
+# -- structured output -------------------------------------------------------------------------
+SCHEMA = {"type": "object", "properties": {"label": {"enum": ["code", "other"]}}, "required": ["label"]}
+
+
+@pytest.mark.parametrize("response_format, schema", [
+    ({"type": "json_schema", "json_schema": {"name": "route", "schema": SCHEMA, "strict": True}}, SCHEMA),
+    ({"type": "json_object"}, {"type": "object"}),
+    ({"type": "text"}, None),
+])
+def test_a_chats_response_format_becomes_the_engines_structured_output(response_format, schema):
+    record = parse_line(json.dumps(chat("x", "m", "q", response_format=response_format)), 1, {"m": "smollm2-135m"})
+    assert record.error_code is None
+    assert (json.loads(record.json_schema) if record.json_schema else None) == schema
+
+
+@pytest.mark.parametrize("response_format, message", [
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}},
+     'line 1: body.response_format: the engine cannot use this JSON schema: Unsupported type "nonsense"'),
+    ({"type": "yaml"}, 'line 1: body.response_format = {"type": "yaml"} is not one of {type: text}, {type: json_object}, '
+                       "{type: json_schema, json_schema: {name, schema}}"),
+])
+def test_a_response_format_the_engine_cannot_honour_is_that_lines_error(response_format, message):
+    record = parse_line(json.dumps(chat("x", "m", "q", response_format=response_format)), 1, {"m": "smollm2-135m"})
+    assert (record.error_code, record.error_message) == ("invalid_request", message)
+
+
+def test_lines_with_a_response_format_run_in_their_own_node_with_the_constraint(batch):
+    structured = {"type": "json_schema", "json_schema": {"name": "route", "schema": SCHEMA}}
+    batch["requests"].write_text("\n".join([json.dumps(chat("free", "gpt-a", "Hi", max_tokens=8)),
+                                            json.dumps(chat("json", "gpt-a", "Hi", max_tokens=8, response_format=structured))]))
+    factory = FakeEngineFactory(answer=lambda request: '{"label": "code"}' if request.output else "hello")
+    done = run(batch, factory)
+    assert [(g.node, g.json_schema is not None) for g in done.batch.groups] == [("gpt_a_chat", False), ("gpt_a_chat_2", True)]
+    [constrained] = [r for r in factory.requests if r.output is not None]
+    assert json.loads(constrained.output.json_schema) == SCHEMA
+    contents = {line["custom_id"]: line["response"]["body"]["choices"][0]["message"]["content"] for line in output_lines(done.output)}
+    assert contents == {"free": "hello", "json": '{"label": "code"}'}

@@ -1,11 +1,12 @@
 """Can the engine honour a node's output constraint? Checked before a run, with the
 structured-output backend vLLM uses (xgrammar, installed with the engine), so a regex or
-JSON schema it cannot compile is a clear error up front, not garbage mid-run.
+JSON schema it cannot compile is a clear error up front, not garbage mid-run. Any schema
+the engine compiles is accepted; the top-level properties of an object schema also become
+typed output columns (`OutputConstraint.json_fields`).
 """
 
 from __future__ import annotations
 
-import json
 import re
 
 from batchllm.dag.model import OutputConstraint
@@ -32,10 +33,6 @@ def check_constraint(output: OutputConstraint, *, where: str) -> None:
         except RuntimeError as exc:
             raise UserError(f"the engine cannot use this JSON schema: {_first_line(exc)}", where=where,
                             hint="use the JSON Schema keywords type, properties, required, items, enum") from None
-        schema = json.loads(output.json_schema)
-        if schema.get("type") != "object" or not isinstance(schema.get("properties"), dict):
-            raise UserError("the JSON schema must describe an object with `properties` (they become columns)", where=where,
-                            hint="e.g. {type: object, properties: {label: {type: string}}, required: [label]}")
 
 
 def _first_line(exc: Exception) -> str:

@@ -1,13 +1,14 @@
 """A request file's groups -> the DAG batchllm runs: one node per group, selected by `where:`.
 
 Sampling is per node in batchllm, so lines that differ in model, endpoint, having a system
-message or sampling run in different nodes, which the planner runs side by side. Invariant:
+message, sampling or response format run in different nodes, which the planner runs side by side. Invariant:
 node names follow only from the groups in order of their first line, so the same request
 file gives the same DAG (and the same journals) on every run.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ class BatchGroup:
     seed: int | None
     n: int
     requests: int  # valid lines in the group
+    json_schema: str | None = None  # structured output (body.response_format), JSON text
 
 
 def node_names(keys: list[tuple[str, str]]) -> list[str]:
@@ -59,6 +61,8 @@ def batch_dag(requests_path: str, groups: tuple[BatchGroup, ...]) -> dict:
                 "sampling": sampling, "where": f"node = '{group.node}'"}
         if group.has_system:
             node["system"] = "{{ system }}"
+        if group.json_schema is not None:
+            node["output"] = {"json_schema": json.loads(group.json_schema)}
         nodes[group.node] = node
     return {"name": DAG_NAME, "inputs": {INPUT_NAME: {"path": requests_path, "id_column": "custom_id"}},
             "nodes": nodes, "outputs": {}}

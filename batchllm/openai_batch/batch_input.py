@@ -31,7 +31,7 @@ from batchllm.errors import UserError
 from batchllm.openai_batch.batch_dag import BatchGroup, node_names
 from batchllm.openai_batch.request_lines import LineRecord, parse_line
 
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 READ_BATCH_LINES = 8_192
 MEMORY_LIMIT = "256MB"
 GROUPS_FILE = "groups.json"  # written last: a folder with it is complete
@@ -39,7 +39,7 @@ GROUPS_FILE = "groups.json"  # written last: a folder with it is complete
 PARSED_SCHEMA = pa.schema([
     ("line", pa.int64()), ("custom_id", pa.string()), ("model", pa.string()), ("kind", pa.string()),
     ("system", pa.string()), ("prompt", pa.string()), ("max_tokens", pa.int64()), ("temperature", pa.float64()),
-    ("top_p", pa.float64()), ("seed", pa.int64()), ("n", pa.int64()), ("group_key", pa.string()),
+    ("top_p", pa.float64()), ("seed", pa.int64()), ("n", pa.int64()), ("json_schema", pa.string()), ("group_key", pa.string()),
     ("error_code", pa.string()), ("error_message", pa.string())])
 REQUEST_SCHEMA = pa.schema([
     ("custom_id", pa.string()), ("model", pa.string()), ("kind", pa.string()), ("system", pa.string()),
@@ -148,7 +148,7 @@ def _build(requests_file: Path, models: Mapping[str, str], folder: Path) -> None
                               f"GROUP BY p.group_key ORDER BY first").fetchall()
         decoded = [json.loads(key) for key, _, _ in keys]
         names = node_names([(d[0], d[2]) for d in decoded])
-        groups = [BatchGroup(name, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], count)
+        groups = [BatchGroup(name, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], count, d[9])
                   for name, d, (_, count, _) in zip(names, decoded, keys)]
         connection.register("group_nodes", pa.table({"group_key": [k for k, _, _ in keys], "node": names},
                                                     schema=pa.schema([("group_key", pa.string()), ("node", pa.string())])))

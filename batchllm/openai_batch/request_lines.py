@@ -4,7 +4,9 @@ A line is `{"custom_id", "method": "POST", "url", "body"}` with url `/v1/chat/co
 (body.messages: an optional system (or developer) message and one user message, content a
 string or text parts) or `/v1/completions` (body.prompt: one string). Sampling comes from
 the body with OpenAI's defaults (temperature 1, top_p 1; max_tokens 16 for completions, as
-OpenAI, and `DEFAULT_CHAT_MAX_TOKENS` for chat). Invariant: every line gives exactly one
+OpenAI, and `DEFAULT_CHAT_MAX_TOKENS` for chat); a chat's `response_format` (`json_schema`
+or `json_object`) becomes the engine's structured output, checked per line with the
+engine's own grammar compiler. Invariant: every line gives exactly one
 `LineRecord`; a line that cannot run has `error_code` set and says why in `error_message`,
 naming its line, and never stops the others.
 """
@@ -14,7 +16,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
+from batchllm.dag.model import OutputConstraint
+from batchllm.engines.constraints import check_constraint
+from batchllm.errors import UserError
 from batchllm.models.embedded import EMBEDDED_MODELS
 
 CHAT_URL, COMPLETIONS_URL = "/v1/chat/completions", "/v1/completions"
@@ -43,6 +49,7 @@ class LineRecord:
     top_p: float | None = None
     seed: int | None = None
     n: int | None = None
+    json_schema: str | None = None  # structured output from body.response_format (JSON text)
     error_code: str | None = None
     error_message: str | None = None
 
@@ -52,7 +59,7 @@ class LineRecord:
         if self.error_code is not None:
             return None
         return json.dumps([self.model, self.local_model, self.kind, self.system is not None, self.max_tokens,
-                           self.temperature, self.top_p, self.seed, self.n])
+                           self.temperature, self.top_p, self.seed, self.n, self.json_schema])
 
 
 class LineError(Exception):
@@ -102,6 +109,7 @@ def parse_line(text: str, line: int, models: Mapping[str, str]) -> LineRecord:
             top_p=_number(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
             seed=_integer(body, "seed", None, 0),
             n=_integer(body, "n", 1, 1),
+            json_schema=_response_format(body) if kind == "chat" else None,
         )
     except LineError as error:
         return LineRecord(line, custom_id, model, None, None, None, None, error_code=error.code,
@@ -111,7 +119,7 @@ def parse_line(text: str, line: int, models: Mapping[str, str]) -> LineRecord:
 def _check_keys(body: dict, kind: str) -> None:
     content_key = "messages" if kind == "chat" else "prompt"
     for key, value in body.items():
-        if key in ("model", content_key, *SAMPLING_KEYS, *IGNORED_KEYS):
+        if key in ("model", content_key, *SAMPLING_KEYS, *IGNORED_KEYS) or (key == "response_format" and kind == "chat"):
             continue
         if key in OFF_VALUES and any(_same(value, off) for off in OFF_VALUES[key]):
             continue
@@ -146,6 +154,37 @@ def _content(content: object, index: int) -> str:
                                          for p in content):
         return "".join(p["text"] for p in content)
     raise LineError("unsupported_body", f"body.messages[{index}].content must be a string or text parts, got {_short(content)}")
+
+
+def _response_format(body: dict) -> str | None:
+    """body.response_format -> a JSON schema (text) for the engine, or None for free text."""
+    spec = body.get("response_format")
+    if spec is None:
+        return None
+    kind = spec.get("type") if isinstance(spec, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = '{"type": "object"}'
+    elif kind == "json_schema" and isinstance(spec.get("json_schema"), dict) and isinstance(spec["json_schema"].get("schema"), dict):
+        schema = json.dumps(spec["json_schema"]["schema"])
+    else:
+        raise LineError("invalid_request", f"body.response_format = {_short(spec)} is not one of {{type: text}}, "
+                                           "{type: json_object}, {type: json_schema, json_schema: {name, schema}}")
+    problem = _schema_problem(schema)
+    if problem is not None:
+        raise LineError("invalid_request", f"body.response_format: {problem}")
+    return schema
+
+
+@lru_cache(maxsize=256)
+def _schema_problem(schema: str) -> str | None:
+    """Why the engine cannot use this schema, or None (compiled once per distinct schema)."""
+    try:
+        check_constraint(OutputConstraint(json_schema=schema), where="body.response_format")
+    except UserError as error:
+        return str(error)
+    return None
 
 
 def _completion_prompt(body: dict) -> str:
