@@ -256,7 +256,8 @@ def test_python_api_runs_the_ensemble_example_from_a_pandas_frame_with_the_clis_
 
 
 def batch_request_lines() -> list[str]:
-    """Every example question twice: as a chat for `gpt-4o-mini`, as a completion for `local-base`; one bad line."""
+    """Every example question twice: as a chat for `gpt-4o-mini`, as a completion for `local-base`; one bad line;
+    one chat with a JSON-schema response format (a node of its own)."""
     import json
 
     questions = pq.read_table(REPO / "examples" / "questions.parquet").to_pylist()
@@ -267,6 +268,10 @@ def batch_request_lines() -> list[str]:
     lines += [json.dumps({"custom_id": f"text-{q['id']}", "method": "POST", "url": "/v1/completions",
                           "body": {"model": "local-base", "max_tokens": 32, "prompt": f"Q: {q['question']}\nA:"}})
               for q in questions]
+    route = {"type": "object", "properties": {"topic": {"enum": ["code", "other"]}}, "required": ["topic"]}
+    lines.append(json.dumps({"custom_id": "json-1", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "model": "gpt-4o-mini", "max_tokens": 24, "messages": [{"role": "user", "content": "Is SQL about code?"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "route", "schema": route}}}}))
     lines.insert(5, json.dumps({"custom_id": "bad", "method": "POST", "url": "/v1/chat/completions",
                                 "body": {"model": "gpt-4o-mini", "messages": "not a list"}}))
     return lines
@@ -294,18 +299,19 @@ def test_an_openai_batch_file_with_two_models_is_killed_resumed_and_answers_ever
     resumed = cli(command)
     stdout, stderr = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, stderr
-    assert stdout == f"{results_file}: 49 lines, 48 succeeded, 1 failed (1 invalid_request)\n"
+    assert stdout == f"{results_file}: 50 lines, 49 succeeded, 1 failed (1 invalid_request)\n"
     lines = [json.loads(line) for line in results_file.read_text().splitlines()]
     ids = [line["custom_id"] for line in lines]
-    assert len(ids) == len(set(ids)) == 49
+    assert len(ids) == len(set(ids)) == 50
     bad = lines[5]
     assert bad["custom_id"] == "bad" and bad["response"] is None and bad["error"]["code"] == "invalid_request"
     for line in lines[:5] + lines[6:]:
         assert line["error"] is None and line["response"]["status_code"] == 200, line
         body = line["response"]["body"]
         choice = body["choices"][0]
-        text = choice["message"]["content"] if line["custom_id"].startswith("chat-") else choice["text"]
+        text = choice["text"] if line["custom_id"].startswith("text-") else choice["message"]["content"]
         assert text.strip() and body["usage"]["completion_tokens"] > 0, line
+    assert json.loads(lines[-1]["response"]["body"]["choices"][0]["message"]["content"])["topic"] in ("code", "other")
     for node in ("gpt_4o_mini_chat", "local_base_completion"):
         keys = [r["row_id"] for r in results(run_dir, node)]
         assert len(keys) == len(set(keys)) == committed(run_dir, node) == 24, node
