@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from batchllm.dag.model import DagSpec
-from batchllm.engines.devices import DeviceSet, Replica
+from batchllm.engines.devices import DeviceSet
 from batchllm.engines.process_engine import EngineFactory
 from batchllm.engines.protocol import EngineConfig, EngineResult
 from batchllm.errors import RunIncomplete
@@ -71,8 +71,11 @@ class RunResult:
 
 class Executor:
     def __init__(self, dag: DagSpec, sources: dict[str, InputSource], run_dir: RunDir, devices: DeviceSet,
-                 engine_factory: EngineFactory, progress: RunProgress, home: Path, stages, preparer: RequestPreparer):
+                 engine_factory: EngineFactory, progress: RunProgress, home: Path, stages, preparer: RequestPreparer,
+                 replanner=None):
         self.dag, self.sources, self.run_dir, self.devices = dag, sources, run_dir, devices
+        self.replanner = replanner  # on a cluster: after_loss(devices) -> (surviving devices, stages) when nodes are gone
+        self._replan = False  # devices were lost: the stage ends and the rest is planned on those left
         self.engines = EngineSet(engine_factory)
         self.progress, self.home, self.stages, self.preparer = progress, home, stages, preparer
         self.order = dag.topological_order()
@@ -171,11 +174,11 @@ class Executor:
         if choice.schedule is not None:
             self.report.plan_made(choice.schedule, self.devices.ids)
         log = StageLog(len(self.report.stages), now_s, stage.duration_s, choice.rest_s, choice.search_s)
-        self.assigned = {}
+        self.assigned, self._replan = {}, False
         for name, plan in stage.plans.items():
-            size = plan.shape.devices
-            ids = [self.devices.ids[i] for i in stage.placement[name]]
-            replicas = [Replica(self.devices.kind, tuple(ids[k * size:(k + 1) * size]), plan.shape.tp) for k in range(plan.dp)]
+            size, placed = plan.shape.devices, stage.placement[name]
+            ids = [self.devices.ids[i] for i in placed]
+            replicas = [self.devices.replica(placed[k * size:(k + 1) * size], plan.shape.tp) for k in range(plan.dp)]
             self.assigned[name] = [engine_config(self.dag, self.dag.nodes[name].model, r, self.run_dir, self.home) for r in replicas]
             log.add_node(name, str(plan), ids, self.ledger[name].committed_units)
             self._start_progress(name)
@@ -189,7 +192,7 @@ class Executor:
         for name, configs in self.assigned.items():
             self.backlogs[name].regroup(len(configs), lambda batch, parts: split(batch, parts, self.block_size_tokens,
                                                                                   self.preparer.prefix_order).replicas)
-        while not any(n in self.finished or n in self.failed for n in stage.plans):
+        while not self._replan and not any(n in self.finished or n in self.failed for n in stage.plans):
             for name in [n for n in stage.plans if n in self.assigned]:
                 self._feed(name)
                 self._top_up(name)
@@ -221,7 +224,7 @@ class Executor:
                 running = self.engines.get(config)
                 if running is not None:
                     self.block_size_tokens = running.engine.ready.block_size_tokens
-            if not failed:
+            if not failed or self._devices_lost():
                 return
             self._count_failures(failed)
 
@@ -238,6 +241,17 @@ class Executor:
             else:
                 self.progress.note(f"[yellow]engine for {node} lost; restarting ({self.restarts[node]}/{MAX_ENGINE_RESTARTS})[/yellow]")
         self._settle()
+
+    def _devices_lost(self) -> bool:
+        """On a cluster, after engines were lost: when their nodes are gone, the stage ends and
+        the rest of the run is planned again on the devices that survive."""
+        changed = self.replanner.after_loss(self.devices) if self.replanner is not None else None
+        if changed is None:
+            return False
+        self.devices, self.stages = changed
+        self.running_plans, self._replan = {}, True
+        self.progress.note(f"[yellow]cluster nodes lost: re-planning on {self.devices}[/yellow]")
+        return True
 
     def _node_of(self, config: EngineConfig) -> str | None:
         return next((n for n, configs in self.assigned.items() if config in configs), None)
@@ -320,8 +334,9 @@ class Executor:
                 self.progress.count_steps(node, [step])
         if polled.losses:
             self._release(polled.losses)
-            self._count_failures([loss for loss in polled.losses if loss.cause])
-            self._reconcile(log)
+            if not self._devices_lost():
+                self._count_failures([loss for loss in polled.losses if loss.cause])
+                self._reconcile(log)
         for name in self.assigned:
             if name in self.progress.stats:
                 self.progress.set_total(name, self.ledger[name].total_units)
