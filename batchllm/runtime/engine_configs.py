@@ -20,7 +20,7 @@ CPU_KV_CACHE_DEFAULT_BYTES = 1 << 30
 def engine_config(dag: DagSpec, model: str, replica: Replica, run_dir: RunDir, home: Path) -> EngineConfig:
     ref = resolve_model(model, dag_dir=dag.path.parent, home=home, where=f"model {model!r}")
     e = dag.engine
-    devices = "-".join(map(str, replica.device_ids))
+    devices = (f"{replica.node[:8]}-" if replica.node else "") + "-".join(map(str, replica.device_ids))
     return EngineConfig(
         model=ref.materialise(home), replica=replica, max_model_len=e.max_model_len, max_num_seqs=e.max_num_seqs,
         kv_cache_memory_bytes=e.kv_cache_memory_bytes or (CPU_KV_CACHE_DEFAULT_BYTES if replica.kind == "cpu" else None),

@@ -36,12 +36,16 @@ def run_dag_file(dag_path: Path, out: Path, devices: DeviceSet, **options) -> tu
 def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False, console: Console,
             engine_factory: EngineFactory | None = None, home: Path | None = None,
             prefix_order: bool = True, schedule: str = "plan",
-            profiles_root: Path = PROFILES_ROOT) -> tuple[RunResult, RunProgress]:
+            profiles_root: Path = PROFILES_ROOT, cluster=None) -> tuple[RunResult, RunProgress]:
     """Validate everything first (nothing is written on bad input), then run.
 
     `schedule`: `plan` (batchllm's stages, re-planned at every stage boundary), `max` or
     `min` (the heuristics, for comparison), or `sequential` (node by node, one engine on
-    all devices; also what `plan` falls back to when a model has no profile here)."""
+    all devices; also what `plan` falls back to when a model has no profile here).
+
+    `cluster`: a connected `batchllm.cluster.session.RaySession`; `devices` are then its
+    nodes' devices, engines run as Ray actors, and a lost node's work is re-planned on
+    the devices that survive."""
     if schedule not in SCHEDULES:
         raise UserError(f"unknown schedule {schedule!r}", where="--schedule", hint=f"use one of {', '.join(SCHEDULES)}")
     home = home or batchllm_home()
@@ -54,12 +58,19 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
         for note in stages.problem.notes if stages else ():  # e.g. what the profile differs in from this machine
             console.print(f"plan note: {note}", markup=False, highlight=False)
     stages = stages or SequentialStages(devices, dag.topological_order())
+    replanner = None
+    if cluster is not None:
+        from batchllm.cluster.replan import NodeLossReplanner
+        from batchllm.engines.ray_engine import start_ray_engine
+
+        engine_factory = engine_factory or start_ray_engine
+        replanner = NodeLossReplanner(cluster.alive_nodes, lambda left: _stages_for(dag, sources, left, schedule, profiles_root))
     run_dir = RunDir(out)
     run_dir.open(fresh=fresh)
     try:
         with RunProgress(console, status_path=run_dir.status_path) as progress:
             executor = Executor(dag, sources, run_dir, devices, engine_factory or start_vllm_engine, progress, home, stages,
-                                RequestPreparer(prefix_order))
+                                RequestPreparer(prefix_order), replanner)
             try:
                 result = executor.run()
             except KeyboardInterrupt:
@@ -74,9 +85,15 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
         run_dir.close()
 
 
+def _stages_for(dag: DagSpec, sources: dict[str, InputSource], devices: DeviceSet, schedule: str, profiles_root: Path):
+    """The stage chooser for these devices, as `run_dag` picks it (without its notes)."""
+    stages = _stage_planner(dag, sources, devices, schedule, profiles_root)[0] if schedule != "sequential" else None
+    return stages or SequentialStages(devices, dag.topological_order())
+
+
 def _stage_planner(dag: DagSpec, sources: dict[str, InputSource], devices: DeviceSet, method: str,
                    profiles_root: Path) -> tuple[StagePlanner | None, str | None]:
-    cluster = local_cluster(devices.kind, len(devices.ids))
+    cluster = local_cluster(devices.kind, len(devices.ids), devices.node_sizes)
     try:
         workloads = dag_workloads(dag, sources, cluster, profiles_root)
     except UserError as missing:

@@ -1,6 +1,7 @@
 """`--schedule sequential`: stages without a cost model. Each stage is the first node (in
 topological order) whose producers have all finished, alone on one engine over all the
-devices; a node that follows another of the same model keeps its engine.
+devices (on a cluster: one engine per node, over the smallest node's devices, since no
+engine spans nodes); a node that follows another of the same model keeps its engine.
 
 It needs no profile, so it is also what `--schedule plan` falls back to when a model has
 none for these devices. It answers the executor as StagePlanner does, without estimates.
@@ -21,9 +22,12 @@ class SequentialStages:
     method = "sequential"
 
     def __init__(self, devices: DeviceSet, order: list[str]):
-        replica = whole_set_replica(devices)
-        self._plan = ExecutionPlan(1, ReplicaShape(len(replica.device_ids), replica.tp))
-        self._devices = tuple(range(len(devices.ids)))
+        sizes = devices.node_sizes
+        per_node = min(sizes)
+        replica = whole_set_replica(DeviceSet(devices.kind, devices.ids[:per_node]))
+        self._plan = ExecutionPlan(len(sizes), ReplicaShape(per_node, replica.tp))
+        starts = [sum(sizes[:k]) for k in range(len(sizes))]
+        self._devices = tuple(start + i for start in starts for i in range(per_node))
         self._order = order
 
     def choose(self, progress: dict[str, NodeProgress], running: dict[str, RunningPlan]) -> StageChoice:
