@@ -35,7 +35,10 @@ def _fail(error: UserError) -> None:
 def run(
     dag: Path = DAG_ARGUMENT,
     out: Path = typer.Option(None, "--out", "-o", help="Output folder. Default: runs/<DAG file name>."),
-    devices: str = typer.Option("auto", help="Devices to use: auto, cpu:N, gpu:N, or ids such as cpu:0,1."),
+    devices: str = typer.Option("auto", help="Devices to use: auto, cpu:N, gpu:N, or ids such as cpu:0,1; ray: every "
+                                "node's GPUs (or CPU cores) of the Ray cluster."),
+    cluster: str = typer.Option(None, help="Where engines run: local (processes here; the default), ray (RAY_ADDRESS, or "
+                                "this machine's Ray cluster), ray://host:port or host:port. RAY_ADDRESS set means ray."),
     fresh: bool = typer.Option(False, "--fresh", help="Discard results of an earlier run in --out instead of resuming."),
     prefix_order: bool = typer.Option(True, "--prefix-order/--no-prefix-order",
                                       help="Send each node's requests so shared prompt prefixes run together (prefix cache hits)."),
@@ -51,13 +54,19 @@ def run(
 
     Example: batchllm run dags/ensemble_judge.yaml --out runs/demo --devices cpu:2
     """
+    from batchllm.cluster.session import open_cluster
     from batchllm.runtime.launch import run_dag_file
 
     console = Console(stderr=True)
     out = out or Path("runs") / dag.stem
+    session = None
     try:
-        result, progress = run_dag_file(dag, out, parse_devices(devices), fresh=fresh, console=console, prefix_order=prefix_order,
-                                        schedule=schedule)
+        session = open_cluster(cluster, devices)
+        device_set = session.devices() if session else parse_devices(devices)
+        if session:
+            console.print(f"Ray cluster {session.address}: {device_set}", highlight=False)
+        result, progress = run_dag_file(dag, out, device_set, fresh=fresh, console=console, prefix_order=prefix_order,
+                                        schedule=schedule, cluster=session)
     except UserError as error:
         _fail(error)
     except RunIncomplete as incomplete:
@@ -66,6 +75,9 @@ def run(
     except KeyboardInterrupt:
         Console(stderr=True).print("interrupted: finished results are kept; run the same command again to resume.")
         raise typer.Exit(130)
+    finally:
+        if session:
+            session.close()
     from batchllm.runtime.run_summary import closing_lines
 
     for line in closing_lines(result, progress, out):
