@@ -101,6 +101,16 @@ def local_cluster(kind: str, count: int, node_sizes: tuple[int, ...] = ()) -> Cl
                    node_sizes=node_sizes if len(node_sizes) > 1 else ())
 
 
+def cluster_notes(cluster: Cluster) -> tuple[str, ...]:
+    """What a plan for several nodes assumes and does not charge for (one plan note)."""
+    if len(cluster.nodes) < 2:
+        return ()
+    return (f"{len(cluster.nodes)} nodes ({'+'.join(map(str, cluster.nodes))} devices): every replica and its tensor-parallel "
+            "group stays inside one node; the estimate charges nothing for what it cannot know: moving prompts and "
+            "results between the driver and the nodes, loading weights on each node (taken as fast as on one machine), "
+            "nodes that differ from the profile's, or a node lost mid-run",)
+
+
 def run_settings(engine: EngineSpec, cluster: Cluster) -> dict[str, object]:
     """The engine settings (of MATCHED_SETTINGS) a run on the cluster is known to use before
     any engine starts: the DAG's, the device defaults, and on this machine the installed

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from batchllm.costmodel.estimator import ExecutionPlan, Workload
 from batchllm.costmodel.profile import Profile, ReplicaShape
 from batchllm.errors import UserError
-from batchllm.planner.cluster import Cluster, candidate_plans
+from batchllm.planner.cluster import Cluster, candidate_plans, cluster_notes
 from batchllm.planner.speed import PlanSpeed, fit_shape_speed, output_curve
 
 
@@ -86,7 +86,7 @@ def build_problem(cluster: Cluster, workloads: list[NodeWorkload], notes: tuple[
         speeds_by_shape = {shape: fit_shape_speed(item.profile, shape, item.workload) for shape in sorted(shapes, key=lambda s: s.key)}
         speeds = {plan: speeds_by_shape[plan.shape].plan_speed(plan, _curve(item, plan)) for plan in plans}
         nodes[item.name] = PlanNode(item.name, item.profile.model, item.rounds, item.producers, speeds, item.requests_per_unit)
-    return PlanProblem(cluster, nodes, notes)
+    return PlanProblem(cluster, nodes, (*notes, *cluster_notes(cluster)))
 
 
 def too_big(model: str, profile: Profile, cluster: Cluster, where: str) -> UserError:
