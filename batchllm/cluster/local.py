@@ -1,0 +1,122 @@
+"""A Ray cluster of several nodes on this machine, all on 127.0.0.1: for tests, the
+overhead benchmark and trying `--cluster` without a second machine.
+
+Each node is a `ray start` of its own (`ray.cluster_utils.Cluster` hung here: its second
+node looked for the head on the host's interface address) with its own cores, which it
+advertises as resources `core<N>`: batchllm binds an engine on that node to exactly
+those cores, as on one machine. Every process of the cluster has the cluster's own
+temp folder on its command line, so `stop` ends exactly those processes (never other
+Ray processes on the machine), and `kill_raylet` takes one node away as a lost machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Lost nodes are noticed in about 3 s (the defaults take about 30 s): the GCS probes each raylet.
+FAST_HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3",
+                      "RAY_health_check_timeout_ms": "1000", "RAY_health_check_initial_delay_ms": "1000"}
+
+
+@dataclass(frozen=True)
+class LocalNode:
+    cores: tuple[int, ...]
+    raylet_pid: int
+    node_id: str
+
+
+@dataclass
+class LocalRayCluster:
+    port: int
+    temp_dir: Path
+    nodes: list[LocalNode] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @classmethod
+    def start(cls, cores_per_node: list[tuple[int, ...]], port: int = 6390, temp_dir: Path | None = None) -> "LocalRayCluster":
+        """Head on the first cores, one worker node per further entry; stops what it started if a step fails."""
+        cluster = cls(port, temp_dir or Path(f"/tmp/blray{port}"))
+        try:
+            for cores in cores_per_node:
+                cluster.add_node(cores)
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def add_node(self, cores: tuple[int, ...]) -> LocalNode:
+        head = not self.nodes
+        resources = json.dumps({f"core{c}": 1 for c in cores})
+        command = [sys.executable, "-m", "batchllm.cluster.loopback", "start", "--node-ip-address=127.0.0.1",
+                   f"--num-cpus={len(cores)}", "--num-gpus=0", f"--resources={resources}", "--disable-usage-stats"]
+        command += ([f"--port={self.port}", "--head", "--include-dashboard=false", f"--temp-dir={self.temp_dir}"]
+                    if head else [f"--address={self.address}"])
+        before = set(self._raylets())
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ, **FAST_HEALTH_CHECKS})
+        if done.returncode != 0:
+            raise RuntimeError(f"`{' '.join(command)}` failed ({done.returncode}):\n{done.stderr[-2000:]}")
+        started = [pid for pid in self._raylets() if pid not in before]
+        if len(started) != 1:
+            raise RuntimeError(f"expected one new raylet after starting a node on cores {cores}, found {started}")
+        node = LocalNode(tuple(cores), started[0], self._raylets()[started[0]])
+        self.nodes.append(node)
+        return node
+
+    def _processes(self) -> dict[int, list[str]]:
+        """pid -> command line of every process of this cluster (its temp folder on the line)."""
+        marker = str(self.temp_dir)
+        table = {}  # pid -> (parent pid, command line)
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # not a process, or it just ended
+            if state[0] != "Z":  # a zombie has ended already
+                table[int(entry.name)] = (int(state[1]), args)
+        found = {pid: args for pid, (_, args) in table.items() if any(marker in arg for arg in args)}
+        # workers rename themselves (ray::EngineActor): they are the raylets' children
+        found.update({pid: args for pid, (parent, args) in table.items() if parent in found})
+        return found
+
+    def _raylets(self) -> dict[int, str]:
+        """pid -> node id of this cluster's raylets."""
+        raylets = {}
+        for pid, args in self._processes().items():
+            if args and args[0].endswith("/raylet"):
+                raylets[pid] = next(a.split("=", 1)[1] for a in args if a.startswith("--node_id="))
+        return raylets
+
+    def kill_raylet(self, node: LocalNode) -> None:
+        """The node is lost, as when its machine goes: its raylet is killed, and with it the node's workers."""
+        os.kill(node.raylet_pid, signal.SIGKILL)
+        self.nodes.remove(node)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """End every process of this cluster: SIGTERM, then SIGKILL what is left after `timeout_s`."""
+        for signum, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+            for pid in self._processes():
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + wait_s
+            while self._processes() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        self.nodes.clear()
+
+    def leftovers(self) -> list[str]:
+        """Command lines of this cluster's processes still running (none after `stop`)."""
+        return [" ".join(args)[:200] for args in self._processes().values()]
