@@ -75,6 +75,7 @@ class Executor:
                  replanner=None):
         self.dag, self.sources, self.run_dir, self.devices = dag, sources, run_dir, devices
         self.replanner = replanner  # on a cluster: after_loss(devices) -> (surviving devices, stages) when nodes are gone
+        self.device_ids = devices.ids  # every device the run started with (run.html draws a row for each)
         self._replan = False  # devices were lost: the stage ends and the rest is planned on those left
         self.engines = EngineSet(engine_factory)
         self.progress, self.home, self.stages, self.preparer = progress, home, stages, preparer
@@ -116,7 +117,7 @@ class Executor:
             self.report.finish(time.monotonic() - started)
             if self.report.stages:
                 self.report.write(self.run_dir.root / "run.json")
-                write_run_html(self.report, self.devices.ids, self.run_dir.root / "run.html")
+                write_run_html(self.report, self.device_ids, self.run_dir.root / "run.html")
         try:
             outputs = self._write_outputs()
         finally:
