@@ -32,7 +32,8 @@ class NodeDevices:
 @dataclass(frozen=True)
 class DeviceSet:
     """Devices by index. On one machine `ids` are its device numbers; on a cluster
-    (`nodes` given) they are 0..N-1 over the nodes' devices, node after node."""
+    (`nodes` given) they are labels 0..N-1 over the nodes' devices, node after node, and
+    keep their labels when a node is lost."""
 
     kind: str  # "cpu" (cores) or "gpu"
     ids: tuple[int, ...]
@@ -51,7 +52,7 @@ class DeviceSet:
     def replica(self, indices: tuple[int, ...], tp: int) -> "Replica":
         """The replica on these device indices; on a cluster they must share one node."""
         if not self.nodes:
-            return Replica(self.kind, tuple(self.ids[i] for i in indices), tp)
+            return Replica(self.kind, tuple(self.ids[i] for i in indices), tp)  # indices are positions in `ids`
         where = [self._locate(i) for i in indices]
         nodes = {node for node, _ in where}
         if len(nodes) != 1:
@@ -66,9 +67,14 @@ class DeviceSet:
         raise ValueError(f"device index {index} is beyond the cluster's {len(self.ids)} devices")
 
     def without_nodes(self, lost: set[str]) -> "DeviceSet":
-        """The cluster's devices once the `lost` nodes are gone (indices renumbered)."""
-        nodes = tuple(n for n in self.nodes if n.node not in lost)
-        return DeviceSet(self.kind, tuple(range(sum(len(n.ids) for n in nodes))), nodes)
+        """The cluster's devices once the `lost` nodes are gone (the others keep their labels)."""
+        kept, ids, position = [], [], 0
+        for node in self.nodes:
+            if node.node not in lost:
+                kept.append(node)
+                ids.extend(self.ids[position:position + len(node.ids)])
+            position += len(node.ids)
+        return DeviceSet(self.kind, tuple(ids), tuple(kept))
 
 
 @dataclass(frozen=True)
