@@ -70,7 +70,8 @@ def test_replicas_map_indices_to_one_nodes_devices():
 
 
 def test_a_lost_node_leaves_the_others_renumbered():
-    assert TWO_NODES.without_nodes({"node-a"}) == DeviceSet("cpu", (0,), (NodeDevices("node-b", (5,)),))
+    assert TWO_NODES.without_nodes({"node-a"}) == DeviceSet("cpu", (2,), (NodeDevices("node-b", (5,)),))
+    assert TWO_NODES.without_nodes({"node-a"}).replica((0,), 1) == Replica("cpu", (5,), 1, node="node-b")
     replanner = NodeLossReplanner(alive_nodes=lambda: {"node-b"}, stages_for=lambda devices: ("stages for", devices))
     surviving, stages = replanner.after_loss(TWO_NODES)
     assert surviving.node_sizes == (1,) and stages == ("stages for", surviving)

@@ -11,6 +11,7 @@ Ray processes on the machine), and `kill_raylet` takes one node away as a lost m
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -37,6 +38,7 @@ class LocalRayCluster:
     port: int
     temp_dir: Path
     nodes: list[LocalNode] = field(default_factory=list)
+    _orphans: dict[int, list[str]] = field(default_factory=dict)  # children of killed raylets, by pid: they should end on their own
 
     @property
     def address(self) -> str:
@@ -74,7 +76,7 @@ class LocalRayCluster:
 
     def _processes(self) -> dict[int, list[str]]:
         """pid -> command line of every process of this cluster (its temp folder on the line)."""
-        marker = str(self.temp_dir)
+        markers = (str(self.temp_dir), f"--address={self.address}")  # the head's Ray client server names only the address
         table = {}  # pid -> (parent pid, command line)
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
@@ -86,7 +88,8 @@ class LocalRayCluster:
                 continue  # not a process, or it just ended
             if state[0] != "Z":  # a zombie has ended already
                 table[int(entry.name)] = (int(state[1]), args)
-        found = {pid: args for pid, (_, args) in table.items() if any(marker in arg for arg in args)}
+        found = {pid: args for pid, (_, args) in table.items()
+                 if (_is_ray(args) and any(m in arg for arg in args for m in markers)) or self._orphans.get(pid) == args}
         # workers rename themselves (ray::EngineActor): they are the raylets' children
         found.update({pid: args for pid, (parent, args) in table.items() if parent in found})
         return found
@@ -101,6 +104,8 @@ class LocalRayCluster:
 
     def kill_raylet(self, node: LocalNode) -> None:
         """The node is lost, as when its machine goes: its raylet is killed, and with it the node's workers."""
+        processes = self._processes()
+        self._orphans.update({pid: args for pid, args in processes.items() if _parent(pid) == node.raylet_pid})
         os.kill(node.raylet_pid, signal.SIGKILL)
         self.nodes.remove(node)
 
@@ -120,3 +125,17 @@ class LocalRayCluster:
     def leftovers(self) -> list[str]:
         """Command lines of this cluster's processes still running (none after `stop`)."""
         return [" ".join(args)[:200] for args in self._processes().values()]
+
+
+def _is_ray(args: list[str]) -> bool:
+    """A Ray program: a binary or script of the ray package, or `python -m ray.<module>`
+    (not a shell or editor whose command line merely mentions the cluster)."""
+    package = importlib.util.find_spec("ray").submodule_search_locations[0]
+    return any(a.startswith(package) or a.startswith("ray.") for a in args[:3])
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
