@@ -1,0 +1,120 @@
+"""The step-latency model refit while a run goes, from its own engine steps.
+
+Evidence: every step a replica reports (features as `StepFeatures`, wall time). The fit
+is the profile builder's: non-negative least squares on relative error (each step's row
+divided by its time), kept as sufficient statistics (a 5x5 Gram matrix, a 5-vector and
+counts), so memory does not grow with the run.
+
+Prior: the profile's model, counted as `prior_steps` pseudo-steps spread over a fixed
+design of representative steps (pure prefills of several sizes, pure decodes of several
+batch sizes and contexts, one mixed step) whose times are what the prior predicts. With
+no steps the posterior is the prior; as steps arrive the prior's share,
+prior_steps / (prior_steps + steps), fades; and in a direction no step informs (say no
+prefill was seen yet) the prior keeps holding.
+
+Speed factor: a foreign prior is mostly off by one factor (another CPU, another dtype,
+a busier machine). That factor is estimated first, with a weak prior of 1
+(`SCALE_PRIOR_STEPS`), and the design's targets are the prior's times times it, so a
+handful of decode steps already rescales the prefill terms too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from batchllm.costmodel.calibration.nnls import nnls_normal
+from batchllm.costmodel.latency import StepFeatures, StepLatencyModel
+
+PRIOR_STEPS = 32.0  # the prior counts as this many steps
+SCALE_PRIOR_STEPS = 4.0  # the speed factor's prior (1: the profile is right) counts as this many steps
+COEFFICIENTS = 5  # base + the four features
+
+
+def prior_design(max_num_seqs: int, max_num_batched_tokens: int) -> np.ndarray:
+    """Representative steps (rows of StepFeatures) the prior's pseudo-steps sit on; they
+    span all five coefficients, so the posterior is unique even before any step."""
+    rows = []
+    for prefill in sorted({32, 128, 512, max(1, min(2048, max_num_batched_tokens))}):
+        rows.append((prefill, prefill * prefill, 0, 0))  # one prompt: attention ~ chunk x context
+    for seqs in sorted({1, 8, 32, max(1, max_num_seqs)}):
+        for context in (128, 768):
+            rows.append((0, 0, seqs, seqs * context))
+    rows.append((256, 256 * 256, 32, 32 * 400))
+    return np.array(rows, float)
+
+
+def scaled(model: StepLatencyModel, factor: float) -> StepLatencyModel:
+    """Every coefficient times `factor`: the same machine, uniformly slower or faster."""
+    return StepLatencyModel(*(value * factor for value in model.to_dict().values()))
+
+
+@dataclass
+class LatencyCalibration:
+    prior: StepLatencyModel
+    design: np.ndarray  # rows of StepFeatures: where the prior's pseudo-steps sit
+    prior_steps: float = PRIOR_STEPS
+    steps: int = 0  # steps observed
+    skipped: int = 0  # steps not used: no time measured
+    _gram: np.ndarray = field(default_factory=lambda: np.zeros((COEFFICIENTS, COEFFICIENTS)), repr=False)
+    _h: np.ndarray = field(default_factory=lambda: np.zeros(COEFFICIENTS), repr=False)
+    _ratio_sum: float = 0.0  # sum of prior time / measured time
+    _ratio_sq_sum: float = 0.0
+    _cached: StepLatencyModel | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.design = np.asarray(self.design, float)
+        if self.design.ndim != 2 or self.design.shape[1] != COEFFICIENTS - 1 or not len(self.design):
+            raise ValueError(f"design must be rows of {COEFFICIENTS - 1} step features, got shape {self.design.shape}")
+        if self.prior_steps <= 0:
+            raise ValueError(f"prior_steps must be positive, got {self.prior_steps}")
+
+    @classmethod
+    def for_engine(cls, prior: StepLatencyModel, max_num_seqs: int, max_num_batched_tokens: int,
+                   prior_steps: float = PRIOR_STEPS) -> "LatencyCalibration":
+        return cls(prior, prior_design(max_num_seqs, max_num_batched_tokens), prior_steps)
+
+    def observe(self, features: StepFeatures | tuple[float, ...], wall_s: float) -> None:
+        """One measured step."""
+        if not wall_s > 0:
+            self.skipped += 1
+            return
+        row = np.array([1.0, *features], float) / wall_s
+        self._gram += np.outer(row, row)
+        self._h += row
+        ratio = self.prior.step_s(StepFeatures(*features)) / wall_s
+        self._ratio_sum += ratio
+        self._ratio_sq_sum += ratio * ratio
+        self.steps += 1
+        self._cached = None
+
+    def observe_many(self, features: np.ndarray, seconds: np.ndarray) -> None:
+        for row, wall_s in zip(np.asarray(features, float), np.asarray(seconds, float)):
+            self.observe(tuple(row), float(wall_s))
+
+    @property
+    def prior_share(self) -> float:
+        """How much the prior still weighs, between 1 (no steps) and 0."""
+        return self.prior_steps / (self.prior_steps + self.steps)
+
+    def speed_factor(self) -> float:
+        """Measured time over the prior's, fit over the steps (1 with no steps)."""
+        return (SCALE_PRIOR_STEPS + self._ratio_sum) / (SCALE_PRIOR_STEPS + self._ratio_sq_sum)
+
+    def model(self) -> StepLatencyModel:
+        """The posterior step-latency model."""
+        if self._cached is None:
+            factor = self.speed_factor()
+            targets = factor * np.array([self.prior.step_s(StepFeatures(*row)) for row in self.design])
+            keep = targets > 0
+            rows = np.column_stack([np.ones(int(keep.sum())), self.design[keep]]) / targets[keep, None]
+            weight = self.prior_steps / max(int(keep.sum()), 1)
+            gram = self._gram + weight * rows.T @ rows
+            h = self._h + weight * rows.sum(axis=0)
+            self._cached = StepLatencyModel(*map(float, nnls_normal(gram, h)))
+        return self._cached
+
+    def with_prior_steps(self, prior_steps: float) -> "LatencyCalibration":
+        """The same evidence against a prior of another weight."""
+        return replace(self, prior_steps=prior_steps, _gram=self._gram.copy(), _h=self._h.copy(), _cached=None)

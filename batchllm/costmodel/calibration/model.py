@@ -1,0 +1,106 @@
+"""One model's calibration: step latency and start cost per replica shape, output lengths,
+and the calibrated `Profile` the planner reads.
+
+A shape no engine ran yet keeps its prior, rescaled by the speed factor measured on the
+shapes that did run (and the start cost by theirs): the machine that makes one shape 2x
+slower than its profile makes the others so too, and re-planning must not prefer a shape
+only because it was never measured. A model not run yet takes `fallback` factors (those of
+the other models on the same machine), when given.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from batchllm.costmodel.calibration.latency import PRIOR_STEPS, LatencyCalibration, scaled
+from batchllm.costmodel.calibration.lengths import LengthCalibration
+from batchllm.costmodel.calibration.loads import LoadCalibration
+from batchllm.costmodel.latency import StepFeatures
+from batchllm.costmodel.lengths import LengthDistribution
+from batchllm.costmodel.profile import Profile, ShapeProfile
+
+
+@dataclass(frozen=True)
+class SpeedFactors:
+    """Measured over prior: step time and start cost (1: the prior was right)."""
+
+    step: float = 1.0
+    load: float = 1.0
+    steps: int = 0  # evidence behind `step`
+    loads: int = 0  # evidence behind `load`
+
+
+@dataclass(frozen=True)
+class Evidence:
+    steps: int
+    outputs: float
+    loads: int
+    shapes_measured: tuple[str, ...]
+
+
+@dataclass
+class ModelCalibration:
+    prior: Profile
+    prior_steps: float = PRIOR_STEPS
+    latency: dict[str, LatencyCalibration] = field(default_factory=dict)
+    loads: dict[str, LoadCalibration] = field(default_factory=dict)
+    lengths: LengthCalibration = field(init=False)
+    engine: dict[str, object] = field(default_factory=dict)  # settings the running engines reported
+    kv_capacity_tokens: dict[str, int] = field(default_factory=dict)  # per shape, as the engines reported
+
+    def __post_init__(self) -> None:
+        self.lengths = LengthCalibration(self.prior.lengths)
+
+    def observe_engine(self, shape_key: str, settings: dict[str, object], kv_capacity_tokens: int) -> None:
+        """What a started engine reported about itself: its scheduler settings and KV cache."""
+        self.engine.update(settings)
+        if shape_key in self.prior.shapes and kv_capacity_tokens > 0:
+            self.kv_capacity_tokens[shape_key] = int(kv_capacity_tokens)
+
+    def observe_step(self, shape_key: str, features: StepFeatures, wall_s: float) -> None:
+        shape = self.prior.shapes.get(shape_key)
+        if shape is None:
+            return  # a shape the profile does not plan with: nothing to correct
+        if shape_key not in self.latency:
+            engine = self.prior.engine
+            self.latency[shape_key] = LatencyCalibration.for_engine(shape.latency, int(engine.get("max_num_seqs", 256)),
+                                                                    int(engine.get("max_num_batched_tokens", 8192)), self.prior_steps)
+        self.latency[shape_key].observe(features, wall_s)
+
+    def observe_load(self, shape_key: str, load_s: float) -> None:
+        shape = self.prior.shapes.get(shape_key)
+        if shape is not None:
+            self.loads.setdefault(shape_key, LoadCalibration(shape.load_time_s)).observe(load_s)
+
+    def factors(self) -> SpeedFactors:
+        """Step-time and start-cost factors over the measured shapes (geometric means
+        weighted by evidence)."""
+        steps = sum(c.steps for c in self.latency.values())
+        loads = sum(c.loads for c in self.loads.values())
+        step = math.exp(sum(c.steps * math.log(c.speed_factor()) for c in self.latency.values()) / steps) if steps else 1.0
+        load = math.exp(sum(c.loads * math.log(c.factor()) for c in self.loads.values() if c.factor() > 0) / loads) if loads else 1.0
+        return SpeedFactors(step, load, steps, loads)
+
+    def evidence(self) -> Evidence:
+        return Evidence(sum(c.steps for c in self.latency.values()), self.lengths.outputs,
+                        sum(c.loads for c in self.loads.values()),
+                        tuple(sorted(k for k, c in self.latency.items() if c.steps)))
+
+    def profile(self, lengths: LengthDistribution | None = None, fallback: SpeedFactors | None = None) -> Profile:
+        """The calibrated profile: measured shapes refit, the others rescaled; `lengths`
+        overrides the model's own (a node's), `fallback` applies when this model has no
+        evidence of its own."""
+        own = self.factors()
+        step_factor = own.step if own.steps or fallback is None else fallback.step
+        load_factor = own.load if own.loads or fallback is None else fallback.load
+        shapes = {}
+        for key, shape in self.prior.shapes.items():
+            calibration = self.latency.get(key)
+            latency = calibration.model() if calibration is not None and calibration.steps else scaled(shape.latency, step_factor)
+            load = self.loads.get(key)
+            load_s = load.posterior_s() if load is not None and load.loads else shape.load_time_s * load_factor
+            shapes[key] = replace(shape, latency=latency, load_time_s=load_s,  # warm-up: the prior's
+                                  kv_capacity_tokens=self.kv_capacity_tokens.get(key, shape.kv_capacity_tokens))
+        return replace(self.prior, engine={**self.prior.engine, **self.engine}, shapes=shapes,
+                       lengths=lengths or self.lengths.posterior())

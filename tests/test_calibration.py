@@ -1,0 +1,265 @@
+"""Calibration while running: the step-latency refit, the prior's fading weight, output
+lengths with censoring, start costs, and a model's calibrated profile. No engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from batchllm.costmodel.calibration.latency import LatencyCalibration, prior_design, scaled
+from batchllm.costmodel.calibration.lengths import LengthCalibration
+from batchllm.costmodel.calibration.loads import LoadCalibration
+from batchllm.costmodel.calibration.model import ModelCalibration
+from batchllm.costmodel.calibration.nnls import nnls_normal
+from batchllm.costmodel.latency import StepFeatures, StepLatencyModel
+from batchllm.costmodel.lengths import LengthDistribution
+from batchllm.costmodel.profile import Profile
+
+REPO = Path(__file__).resolve().parent.parent
+TRUTH = StepLatencyModel(base_s=0.05, per_prefill_token_s=0.002, per_attention_unit_s=5e-7, per_decode_seq_s=0.004,
+                         per_context_token_s=4e-6)
+# another machine's numbers: slower, and not by one factor
+FOREIGN = StepLatencyModel(base_s=0.08, per_prefill_token_s=0.0042, per_attention_unit_s=5.2e-7, per_decode_seq_s=0.0054,
+                           per_context_token_s=4.3e-6)
+
+
+def synthetic_steps(count: int, seed: int, model: StepLatencyModel = TRUTH, noise: float = 0.03,
+                    kinds: tuple[str, ...] = ("prefill", "decode", "mixed")) -> tuple[np.ndarray, np.ndarray]:
+    """Steps as an engine reports them (prefills, decodes of many batch sizes, mixed), timed by `model` with noise."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(count):
+        kind = kinds[rng.integers(len(kinds))]
+        prefill = int(rng.integers(16, 2048)) if kind != "decode" else 0
+        requests = int(rng.integers(1, 8))
+        seqs = int(rng.integers(1, 129)) if kind != "prefill" else 0
+        rows.append((prefill, prefill * prefill / requests, seqs, seqs * int(rng.integers(50, 1500))))
+    features = np.array(rows, float)
+    seconds = np.array([model.step_s(StepFeatures(*row)) for row in features]) * np.exp(rng.normal(0.0, noise, count))
+    return features, seconds
+
+
+def relative(model: StepLatencyModel, truth: StepLatencyModel) -> dict[str, float]:
+    return {key: value / getattr(truth, key) for key, value in model.to_dict().items()}
+
+
+def prediction_error(model: StepLatencyModel, seed: int = 99) -> float:
+    """Median relative error of `model` against TRUTH on fresh noiseless steps."""
+    features, seconds = synthetic_steps(400, seed, noise=0.0)
+    predicted = np.array([model.step_s(StepFeatures(*row)) for row in features])
+    return float(np.median(np.abs(predicted / seconds - 1.0)))
+
+
+# -- step latency ------------------------------------------------------------------------
+def test_nnls_from_normal_equations_matches_the_known_solution_and_keeps_coefficients_non_negative():
+    rng = np.random.default_rng(1)
+    a = rng.random((200, 4)) * np.array([1.0, 1e3, 1e6, 10.0])  # columns of very different scales
+    x_true = np.array([0.5, 2e-3, 0.0, 0.3])
+    b = a @ x_true
+    x = nnls_normal(a.T @ a, a.T @ b)
+    assert np.allclose(x, x_true, rtol=1e-6, atol=1e-12)
+    b_negative = a @ np.array([0.5, -2e-3, 1e-7, 0.3])  # the best fit wants a negative coefficient
+    assert (nnls_normal(a.T @ a, a.T @ b_negative) >= 0).all()
+
+
+def test_the_refit_converges_to_known_coefficients_from_synthetic_steps():
+    calibration = LatencyCalibration.for_engine(FOREIGN, max_num_seqs=128, max_num_batched_tokens=2048)
+    features, seconds = synthetic_steps(5000, seed=0)
+    calibration.observe_many(features, seconds)
+    for key, ratio in relative(calibration.model(), TRUTH).items():
+        assert ratio == pytest.approx(1.0, abs=0.03), key
+    assert prediction_error(calibration.model()) < 0.01
+    assert calibration.steps == 5000
+
+
+def test_with_no_steps_the_posterior_is_the_prior():
+    calibration = LatencyCalibration.for_engine(FOREIGN, 128, 2048)
+    assert calibration.prior_share == 1.0 and calibration.speed_factor() == 1.0
+    for key, ratio in relative(calibration.model(), FOREIGN).items():
+        assert ratio == pytest.approx(1.0, rel=1e-6), key
+
+
+def test_the_priors_weight_fades_as_steps_arrive():
+    calibration = LatencyCalibration.for_engine(FOREIGN, 128, 2048)
+    features, seconds = synthetic_steps(2000, seed=2)
+    shares, errors, seen = [calibration.prior_share], [prediction_error(calibration.model())], 0
+    for count in (4, 40, 400, 2000):
+        calibration.observe_many(features[seen:count], seconds[seen:count])
+        seen = count
+        shares.append(calibration.prior_share)
+        errors.append(prediction_error(calibration.model()))
+    assert shares == sorted(shares, reverse=True) and shares[-1] < 0.02
+    assert errors == sorted(errors, reverse=True)  # every batch of steps brings it closer to the truth
+    assert errors[0] > 0.3 and errors[1] > 0.05 and errors[-1] < 0.01  # a few steps move it a little, many a lot
+
+
+def test_a_stronger_prior_moves_less_on_the_same_steps():
+    features, seconds = synthetic_steps(20, seed=3)
+    weak = LatencyCalibration.for_engine(FOREIGN, 128, 2048, prior_steps=8)
+    strong = LatencyCalibration.for_engine(FOREIGN, 128, 2048, prior_steps=512)
+    for calibration in (weak, strong):
+        calibration.observe_many(features, seconds)
+    assert prediction_error(weak.model()) < prediction_error(strong.model())
+    assert strong.with_prior_steps(8).model() == weak.model()  # the same evidence, another prior weight
+
+
+def test_a_direction_no_step_informs_keeps_the_prior_rescaled_by_the_measured_speed():
+    truth = scaled(FOREIGN, 2.0)  # this machine: twice as slow as the prior, in everything
+    calibration = LatencyCalibration.for_engine(FOREIGN, 128, 2048)
+    features, seconds = synthetic_steps(300, seed=4, model=truth, kinds=("decode",))  # no prefill seen yet
+    calibration.observe_many(features, seconds)
+    assert calibration.speed_factor() == pytest.approx(2.0, rel=0.03)
+    model = calibration.model()
+    assert model.per_prefill_token_s == pytest.approx(truth.per_prefill_token_s, rel=0.05)
+    assert model.per_attention_unit_s == pytest.approx(truth.per_attention_unit_s, rel=0.05)
+
+
+def test_steps_without_a_time_are_skipped_and_memory_does_not_grow():
+    calibration = LatencyCalibration.for_engine(FOREIGN, 128, 2048)
+    calibration.observe((0.0, 0.0, 8.0, 800.0), 0.0)
+    assert (calibration.steps, calibration.skipped) == (0, 1)
+    features, seconds = synthetic_steps(1000, seed=5)
+    calibration.observe_many(features, seconds)
+    state = {k: v for k, v in vars(calibration).items() if isinstance(v, np.ndarray)}
+    assert {k: v.shape for k, v in state.items()} == {"design": prior_design(128, 2048).shape, "_gram": (5, 5), "_h": (5,)}
+
+
+def test_bad_arguments_quote_the_value():
+    with pytest.raises(ValueError, match=r"shape \(3,\)"):
+        LatencyCalibration(FOREIGN, np.zeros(3))
+    with pytest.raises(ValueError, match="got -1"):
+        LatencyCalibration.for_engine(FOREIGN, 128, 2048, prior_steps=-1)
+    with pytest.raises(ValueError, match="got 0"):
+        LengthCalibration(LengthDistribution.fit([3], [True]), prior_outputs=0)
+
+
+# -- output lengths ------------------------------------------------------------------------
+def exponential_lengths(count: int, mean: float, seed: int) -> np.ndarray:
+    return np.maximum(np.ceil(np.random.default_rng(seed).exponential(mean, count)), 1).astype(int)
+
+
+def flat_prior(cap: int = 512) -> LengthDistribution:
+    support = np.arange(1, cap + 1)
+    return LengthDistribution(support, support / cap, censored_at=cap)
+
+
+def cdf_at(distribution: LengthDistribution, length: int) -> float:
+    index = np.searchsorted(distribution.lengths, length, side="right") - 1
+    return float(distribution.cdf[index]) if index >= 0 else 0.0
+
+
+def test_outputs_cut_at_max_tokens_are_censored_not_taken_as_their_length():
+    lengths = exponential_lengths(5000, 100.0, seed=6)
+    cap = 64
+    calibration = LengthCalibration(flat_prior())
+    calibration.observe_many(np.minimum(lengths, cap), lengths < cap)
+    posterior = calibration.posterior()
+    for length in (16, 32, 60):
+        assert cdf_at(posterior, length) == pytest.approx(1 - np.exp(-length / 100.0), abs=0.02)
+    assert cdf_at(posterior, cap) < 0.5  # about half run past the cap: not a spike of outputs ending at 64
+    assert posterior.censored_at == 512  # the prior's cap is the longest censoring
+
+
+def test_outputs_still_running_are_censored_at_their_age():
+    """All requests start together; at age 40 the short ones have finished. Taken alone,
+    they would say every output is short."""
+    lengths = exponential_lengths(400, 100.0, seed=7)
+    age = 40
+    finished = lengths[lengths <= age]
+    naive = LengthCalibration(flat_prior())
+    naive.observe_many(finished, [True] * finished.size)
+    aware = LengthCalibration(flat_prior())
+    aware.observe_many(finished, [True] * finished.size)
+    posterior = aware.posterior(running=[(age, float((lengths > age).sum()))])
+    true_share = finished.size / lengths.size
+    assert cdf_at(posterior, age) == pytest.approx(true_share, abs=0.03)
+    assert cdf_at(naive.posterior(), age) > 0.8  # only the prior (32 pseudo-outputs) keeps it below 1
+    assert posterior.mean() > 2.5 * naive.posterior().mean()
+
+
+def test_the_length_priors_weight_fades_with_outputs():
+    prior = flat_prior()
+    calibration = LengthCalibration(prior)
+    assert np.allclose([cdf_at(calibration.posterior(), l) for l in (10, 100, 400)], [cdf_at(prior, l) for l in (10, 100, 400)])
+    shares = [calibration.prior_share]
+    for count in (10, 100, 1000):
+        calibration.observe_many([20] * count, [True] * count)
+        shares.append(calibration.prior_share)
+        assert cdf_at(calibration.posterior(), 20) == pytest.approx(count / (count + calibration.prior_outputs) + 0.0, abs=0.05)
+    assert shares == sorted(shares, reverse=True)
+
+
+# -- start costs and a model's profile ---------------------------------------------------------
+def test_load_posterior_is_the_mean_with_the_prior_as_one_start():
+    load = LoadCalibration(prior_s=10.0)
+    assert load.posterior_s() == 10.0
+    load.observe(30.0)
+    assert load.posterior_s() == 20.0
+    for _ in range(8):
+        load.observe(30.0)
+    assert load.posterior_s() == 28.0 and load.factor() == pytest.approx(2.8)
+
+
+def committed_profile(hardware: str = "cpu-intel-xeon") -> Profile:
+    return Profile.load(REPO / "profiles" / hardware / "smollm2-135m")
+
+
+def test_a_shape_no_engine_ran_is_rescaled_by_what_the_measured_shape_showed():
+    prior = committed_profile()
+    calibration = ModelCalibration(prior)
+    truth = scaled(prior.shapes["w1-tp1"].latency, 0.5)  # this machine is twice as fast
+    features, seconds = synthetic_steps(600, seed=8, model=truth)
+    for row, wall_s in zip(features, seconds):
+        calibration.observe_step("w1-tp1", StepFeatures(*row), float(wall_s))
+    calibration.observe_load("w1-tp1", prior.shapes["w1-tp1"].load_time_s / 2)
+    profile = calibration.profile()
+    assert calibration.factors().step == pytest.approx(0.5, rel=0.03)
+    for key, ratio in relative(profile.shapes["w2-tp1"].latency, prior.shapes["w2-tp1"].latency).items():
+        assert ratio == pytest.approx(0.5, rel=0.03), key  # never measured: rescaled
+    assert profile.shapes["w2-tp1"].load_time_s == pytest.approx(prior.shapes["w2-tp1"].load_time_s * 0.75)
+    assert profile.shapes["w1-tp1"].load_time_s == pytest.approx(prior.shapes["w1-tp1"].load_time_s * 0.75)
+    assert calibration.evidence().shapes_measured == ("w1-tp1",)
+
+
+def test_a_model_with_no_evidence_takes_the_machines_factors_and_its_engine_facts():
+    from batchllm.costmodel.calibration.model import SpeedFactors
+
+    prior = committed_profile()
+    calibration = ModelCalibration(prior)
+    calibration.observe_engine("w1-tp1", {"max_num_seqs": 256}, kv_capacity_tokens=10_752)
+    profile = calibration.profile(fallback=SpeedFactors(step=2.0, load=3.0, steps=100, loads=1))
+    assert profile.engine["max_num_seqs"] == 256 and profile.shapes["w1-tp1"].kv_capacity_tokens == 10_752
+    assert profile.shapes["w2-tp1"].latency == scaled(prior.shapes["w2-tp1"].latency, 2.0)
+    assert profile.shapes["w2-tp1"].load_time_s == pytest.approx(prior.shapes["w2-tp1"].load_time_s * 3.0)
+
+
+# -- GPUs: the analytic profiles are priors like any other -------------------------------------
+def test_a_gpu_machine_plans_on_its_analytic_profile_and_its_steps_correct_it():
+    from batchllm.engines.hardware import parse_nvidia_smi
+    from batchllm.planner.cluster import Cluster, catalog_gpu, cluster_profile
+
+    root = REPO / "profiles"
+    here = parse_nvidia_smi("NVIDIA A100-SXM4-80GB, 81920\n" * 8)
+    assert catalog_gpu(here, root) == "A100-80G"
+    assert catalog_gpu(parse_nvidia_smi("NVIDIA H100 80GB HBM3, 81559\n"), root) == "H100-80G"
+    assert catalog_gpu(parse_nvidia_smi("NVIDIA A100-SXM4-40GB, 40960\n"), root) is None  # not the catalog's memory
+    local = Cluster("gpu", here.folder_name, 8, 2, here, local=True)
+    prior, notes = cluster_profile(local, "llama-2-7b", root, {"dtype": "bfloat16"})
+    assert prior.kind == "analytic" and prior.hardware == "A100-80G"
+    assert notes == ("prior for llama-2-7b: analytic profile A100-80G/llama-2-7b (roofline, not measured), "
+                     "calibrated by the run's own steps",)
+    # the real GPU: decode 1.6x and prefill 1.2x the roofline, plus a larger fixed overhead per step
+    analytic = prior.shapes["w1-tp1"].latency
+    truth = StepLatencyModel(analytic.base_s * 1.6 + 0.003, analytic.per_prefill_token_s * 1.2, analytic.per_attention_unit_s,
+                             analytic.per_decode_seq_s * 1.6, analytic.per_context_token_s * 1.6)
+    calibration = ModelCalibration(prior)
+    features, seconds = synthetic_steps(1500, seed=9, model=truth)
+    for row, wall_s in zip(features, seconds):
+        calibration.observe_step("w1-tp1", StepFeatures(*row), float(wall_s))
+    fitted = calibration.profile().shapes["w1-tp1"].latency
+    check, exact = synthetic_steps(300, seed=10, model=truth, noise=0.0)
+    errors = [abs(fitted.step_s(StepFeatures(*row)) / t - 1) for row, t in zip(check, exact)]
+    before = [abs(analytic.step_s(StepFeatures(*row)) / t - 1) for row, t in zip(check, exact)]
+    assert np.median(before) > 0.25 and np.median(errors) < 0.02
