@@ -161,3 +161,8 @@ def _listing(items: tuple[str, ...]) -> str:
 
 def _pronoun(items: tuple[str, ...]) -> str:
     return "it" if len(items) == 1 else "them"
+
+
+def same_gpu(a: str, b: str) -> bool:
+    """Whether two GPU names are the same model (`NVIDIA A100-SXM4-80GB` and `A100-80G`)."""
+    return _name_key("gpu", a) == _name_key("gpu", b)

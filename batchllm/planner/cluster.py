@@ -28,7 +28,7 @@ import yaml
 from batchllm.costmodel.estimator import ExecutionPlan
 from batchllm.costmodel.profile import Profile, ReplicaShape, find_profile
 from batchllm.dag.model import EngineSpec
-from batchllm.engines.hardware import MODEL_DTYPE, HardwareIdentity, differences, this_machine
+from batchllm.engines.hardware import MODEL_DTYPE, HardwareIdentity, differences, same_gpu, this_machine
 from batchllm.errors import UserError
 
 _GPU_SPEC = re.compile(r"(?:(\d+)x)?(\d+)x([A-Za-z0-9][\w.-]*)\Z")  # [nodes x] GPUs per node x hardware
@@ -150,9 +150,36 @@ def cluster_profile(cluster: Cluster, model: str, profiles_root: Path,
         profile = find_profile(profiles_root, cluster.hardware, model)
     except UserError:
         if cluster.kind != "cpu":
-            raise
+            return _catalog_gpu_profile(cluster, model, profiles_root, settings or {})
         profile = _closest_cpu_profile(cluster, model, profiles_root)
     return profile, mismatch_notes(profile, cluster, settings or {})
+
+
+def catalog_gpu(identity: HardwareIdentity | None, profiles_root: Path) -> str | None:
+    """The catalog's name for this machine's GPU (`NVIDIA A100-SXM4-80GB`, 81920 MiB ->
+    `A100-80G`): same model name, memory within 10 %."""
+    if identity is None or identity.kind != "gpu" or identity.name is None:
+        return None
+    for name, spec in _catalog_hardware(profiles_root).items():
+        memory_mib = float(spec.get("memory_gb", 0)) * 1024
+        if same_gpu(name, identity.name) and (identity.gpu_memory_mib is None or abs(identity.gpu_memory_mib - memory_mib) <= 0.1 * memory_mib):
+            return name
+    return None
+
+
+def _catalog_gpu_profile(cluster: Cluster, model: str, profiles_root: Path,
+                         settings: dict[str, object]) -> tuple[Profile, tuple[str, ...]]:
+    """A GPU with no measured profile of its own is planned on its analytic profile, which
+    the run then calibrates (say so in the notes)."""
+    name = catalog_gpu(cluster.identity, profiles_root)
+    if name is None:
+        raise UserError(f"no profile for model {model!r} on {cluster.hardware!r}, and {cluster.identity.describe() if cluster.identity else 'this GPU'} "
+                        f"is not in {str(profiles_root / 'analytic' / 'catalog.yaml')!r}",
+                        hint="run `batchllm profile` on this machine, or add the GPU to the catalog")
+    profile = find_profile(profiles_root, name, model)
+    note = f"prior for {model}: {profile.kind} profile {name}/{model}" + (
+        " (roofline, not measured), calibrated by the run's own steps" if profile.kind == "analytic" else "")
+    return profile, (note, *mismatch_notes(profile, cluster, settings))
 
 
 def mismatch_notes(profile: Profile, cluster: Cluster, settings: dict[str, object]) -> tuple[str, ...]:

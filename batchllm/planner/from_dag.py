@@ -9,7 +9,8 @@ problem's notes:
   since the router has not answered yet;
 - rounds of an iterating node: the list lengths of its `iterate.over` column;
 - prompt tokens per row: the template rendered on the row with upstream outputs left
-  empty, at 4 characters a token, plus each upstream node's expected output length
+  empty, counted by the model's tokenizer when the model is on this machine (chat template
+  included), else at 4 characters a token, plus each upstream node's expected output length
   (its profile's mean, capped by its max_tokens), plus for iteration the item and the
   previous step's output;
 - prefix-cache hits per row: the whole cache blocks of its rendered text it shares with
@@ -27,9 +28,14 @@ from pathlib import Path
 
 import numpy as np
 
+from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.estimator import Workload
 from batchllm.costmodel.profile import Profile
 from batchllm.costmodel.work import CHARS_PER_TOKEN, estimated_tokens
+from batchllm.engines.protocol import EngineRequest
+from batchllm.models.embedded import EMBEDDED_MODELS
+from batchllm.models.registry import resolve_model
+from batchllm.models.tokens import PromptTokenizer
 from batchllm.errors import UserError
 from batchllm.io.input_source import ROW_ID, InputSource
 from batchllm.io.sql import rows_where, sql_identifiers
@@ -57,18 +63,30 @@ def profile_names(model: str) -> list[str]:
 
 
 def _profile_for(model: str, cluster: Cluster, profiles_root: Path, where: str,
-                 settings: dict[str, object]) -> tuple[Profile, tuple[str, ...]]:
+                 settings: dict[str, object], store: ProfileStore | None = None) -> tuple[Profile, tuple[str, ...]]:
+    """The profile a model is planned with: what the local store learnt on this machine
+    (with these settings) when it has it, else the shipped one, with its notes."""
     for name in profile_names(model):
         try:
-            return cluster_profile(cluster, name, profiles_root, settings)
+            shipped, notes = cluster_profile(cluster, name, profiles_root, settings)
         except UserError:
-            continue
+            shipped, notes = None, ()
+        if store is not None and cluster.local and cluster.identity is not None:
+            learnt = store.load(cluster.identity, shipped.model if shipped else name, settings)  # filed as the profile names it
+            if learnt is not None:
+                return learnt.profile, (f"prior for {model}: {learnt.describe()}",)
+        if shipped is not None:
+            return shipped, notes
     available = sorted({p.parent.name for p in profiles_root.glob(f"**/{cluster.hardware}/*/profile.json")})
     raise UserError(f"no profile for model {model!r} on {cluster.hardware}", where=where,
                     hint=f"profiled models there: {', '.join(available) or 'none'}; run `batchllm profile --model {model}` on that hardware")
 
 
-def dag_workloads(dag: DagSpec, sources: dict[str, InputSource], cluster: Cluster, profiles_root: Path) -> DagWorkloads:
+def dag_workloads(dag: DagSpec, sources: dict[str, InputSource], cluster: Cluster, profiles_root: Path,
+                  store: ProfileStore | None = None, home: Path | None = None) -> DagWorkloads:
+    """`store`: the local profile store, consulted first when the cluster is this machine;
+    `home`: $BATCHLLM_HOME, where prepared models' tokenizers count prompts exactly."""
+    tokenizers: dict[str, PromptTokenizer | None] = {}
     notes: list[str] = []
     profiles: dict[str, Profile] = {}
     counts: dict[str, float] = {}
@@ -77,7 +95,8 @@ def dag_workloads(dag: DagSpec, sources: dict[str, InputSource], cluster: Cluste
     for name in dag.topological_order():
         node = dag.nodes[name]
         where = f"{dag.path}, line {node.line}, nodes.{name}"
-        profile, profile_notes = _profile_for(node.model, cluster, profiles_root, f"{where}.model", run_settings(dag.engine, cluster))
+        profile, profile_notes = _profile_for(node.model, cluster, profiles_root, f"{where}.model", run_settings(dag.engine, cluster),
+                                              store)
         notes += [note for note in profile_notes if note not in notes]  # hardware or settings the profile differs in
         if not candidate_plans(profile, cluster):
             raise too_big(node.model, profile, cluster, f"{where}.model")
@@ -89,8 +108,10 @@ def dag_workloads(dag: DagSpec, sources: dict[str, InputSource], cluster: Cluste
         rows = min([source.num_rows] + [_rows_read(dag, r, counts, source.num_rows) for r in node.reads]) * share
         mean_output[name] = min(profile.lengths.mean(), node.sampling.max_tokens)
         upstream_tokens = sum(max(mean_output[m] for m in dag.merges.get(r, (r,))) for r in node.reads)
+        if home is not None and node.model not in tokenizers:
+            tokenizers[node.model] = local_tokenizer(node.model, dag.path.parent, home)
         prompts, cached = _prompt_tokens(node, sample, upstream_tokens, mean_output[name],
-                                         int(profile.engine.get("block_size_tokens", 16)))
+                                         int(profile.engine.get("block_size_tokens", 16)), tokenizers.get(node.model))
         if node.iterate:
             rounds = tuple(int(round(c * share * node.sampling.n)) for c in _rows_longer(source.list_lengths(node.iterate.over)))
             counts[name] = rows * node.sampling.n
@@ -138,13 +159,36 @@ def _where_reads_input_only(dag: DagSpec, node: NodeSpec) -> bool:
     return bool(node.where) and not names & (set(dag.nodes) | set(dag.merges) | {ROW_ID})
 
 
+def local_tokenizer(model: str, dag_dir: Path, home: Path) -> PromptTokenizer | None:
+    """The model's own tokenizer when the model is on this machine already (an embedded
+    model prepared, or a local directory); never downloads or converts anything."""
+    try:
+        ref = resolve_model(model, dag_dir=dag_dir, home=home, where="model")
+    except UserError:
+        return None
+    if ref.kind == "embedded":
+        embedded = EMBEDDED_MODELS[ref.location]
+        directory = embedded.converted_dir(home) if embedded.is_prepared(home) else None
+    else:
+        directory = Path(ref.location) if ref.kind == "local" else None
+    if directory is None or not (directory / "tokenizer_config.json").is_file():
+        return None
+    try:
+        return PromptTokenizer(directory)
+    except Exception:  # noqa: BLE001  a tokenizer that does not load: the estimate from characters
+        return None
+
+
 def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own_output_tokens: float,
-                   block_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+                   block_tokens: int, tokenizer: PromptTokenizer | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Estimated prompt tokens per row, and the tokens of it the prefix cache serves when
     the requests go in prefix order (whole blocks of the rendered text shared with others;
-    upstream outputs, unknown yet, count as not shared)."""
-    templates = [compile_template(s, where=f"nodes.{node.name}", first_line=None) for s in (node.system, node.prompt) if s]
-    tokens, texts = [], []
+    upstream outputs, unknown yet, count as not shared). With the model's `tokenizer`, the
+    rendered text is counted exactly (chat template included) and only what is not known
+    yet (upstream outputs, iteration items) is estimated."""
+    system = compile_template(node.system, where=f"nodes.{node.name}", first_line=None) if node.system else None
+    prompt = compile_template(node.prompt, where=f"nodes.{node.name}", first_line=None)
+    tokens, texts, requests = [], [], []
     for row in rows:
         context = template_context(node, row, {r: "" for r in node.reads}, step=1, previous="")
         extra = upstream_tokens
@@ -152,9 +196,15 @@ def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own
             items = row.get(node.iterate.over) or [""]
             context[node.iterate.item_name] = ""
             extra += estimated_tokens(sum(len(i) for i in items) / len(items)) + own_output_tokens * (len(items) - 1) / len(items)
-        text = "".join(t.render(context) for t in templates)
+        rendered_system = system.render(context) if system else None
+        rendered_prompt = prompt.render(context)
+        text = (rendered_system or "") + rendered_prompt
         texts.append(text)
+        requests.append(EngineRequest(str(len(requests)), rendered_prompt, rendered_system or None, node.chat))
         tokens.append(estimated_tokens(len(text)) + extra + (CHAT_OVERHEAD_TOKENS if node.chat else 0))
+    if tokenizer is not None and requests:
+        counted = np.array([len(ids) for ids in tokenizer.token_ids_many(requests)], float)
+        tokens = counted + (np.array(tokens) - [estimated_tokens(len(t)) + (CHAT_OVERHEAD_TOKENS if node.chat else 0) for t in texts])
     tokens = np.maximum(np.round(tokens), 1).astype(np.int64)
     tree = PrefixTree([[ord(c) for c in t] for t in texts], block_tokens * CHARS_PER_TOKEN)
     cached = np.zeros(len(texts), dtype=np.int64)

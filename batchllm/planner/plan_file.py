@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.models.registry import batchllm_home
 from batchllm.planner.baselines import lower_bound_s, max_heuristic, min_heuristic
 from batchllm.planner.cluster import Cluster, parse_cluster
@@ -63,7 +64,8 @@ def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT,
     tables = check_dag(dag, batchllm_home(), resolve_models=False)
     cluster = parse_cluster(devices, profiles_root)
     started = time.perf_counter()
-    workloads = dag_workloads(dag, tables, cluster, profiles_root)
+    workloads = dag_workloads(dag, tables, cluster, profiles_root, ProfileStore.at_home(batchllm_home()),
+                              batchllm_home())
     problem = build_problem(cluster, workloads.nodes, workloads.notes)
     fit_s = time.perf_counter() - started
     start = Timeline.start(problem)
