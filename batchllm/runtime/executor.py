@@ -46,6 +46,7 @@ from batchllm.runtime.prepare import PreparedWindow, RequestPreparer, split, wor
 from batchllm.runtime.progress import NodeStats, RunProgress
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_gantt import write_run_html
+from batchllm.runtime.observer import RunObserver
 from batchllm.runtime.run_report import RunReport, StageLog, engine_label
 from batchllm.runtime.stage_planner import NodeProgress, RunningPlan
 
@@ -74,8 +75,8 @@ class Executor:
                  engine_factory: EngineFactory, progress: RunProgress, home: Path, stages, preparer: RequestPreparer,
                  replanner=None):
         self.dag, self.sources, self.run_dir, self.devices = dag, sources, run_dir, devices
-        self.replanner = replanner  # on a cluster: after_loss(devices) -> (surviving devices, stages) when nodes are gone
         self.device_ids = devices.ids  # every device the run started with (run.html draws a row for each)
+        self.replanner = replanner  # on a cluster: after_loss(devices) -> (surviving devices, stages) when nodes are gone
         self._replan = False  # devices were lost: the stage ends and the rest is planned on those left
         self.engines = EngineSet(engine_factory)
         self.progress, self.home, self.stages, self.preparer = progress, home, stages, preparer
@@ -139,8 +140,8 @@ class Executor:
         source = self.sources[node.input_name]
         steps = source.list_lengths(node.iterate.over) if node.iterate else None
         ledger = NodeLedger(name, source.num_rows, steps)
-        rows, steps_done = self.journals[name].committed_keys()
-        ledger.restore_committed(rows, steps_done)
+        for rows, steps_done in self.journals[name].committed_key_batches():  # a segment at a time
+            ledger.restore_committed(rows, steps_done)
         return ledger
 
     def _unfinished(self) -> list[str]:
@@ -170,7 +171,7 @@ class Executor:
 
     def _run_stage(self) -> None:
         now_s = self._clock_s()
-        choice = self.stages.choose(self._progress(now_s), {n: r for n, r in self.running_plans.items() if n not in self.failed})
+        choice = self.stages.choose(self._progress(now_s), self._running())
         stage = choice.stage
         if choice.schedule is not None:
             self.report.plan_made(choice.schedule, self.devices.ids)
@@ -199,8 +200,17 @@ class Executor:
                 self._top_up(name)
             self._collect(log)
             self.progress.tick()
+            if observer := self._observer():
+                observer.tick(self._clock_s(), self.progress, lambda: (self._progress(self._clock_s()), self._running()))
         log.end(self._clock_s(), {n: self.ledger[n].committed_units for n in stage.plans})
         self.report.stages.append(log)
+
+    def _running(self) -> dict[str, RunningPlan]:
+        return {n: r for n, r in self.running_plans.items() if n not in self.failed}
+
+    def _observer(self) -> RunObserver | None:
+        """The stage chooser when it learns from what runs (a calibrated cost model)."""
+        return self.stages if isinstance(self.stages, RunObserver) else None
 
     def _progress(self, now_s: float) -> dict[str, NodeProgress]:
         """Each unfinished node's units done, and how long it has run on its current plan."""
@@ -221,6 +231,8 @@ class Executor:
                 log.add_start(node, engine_label(start.config), start.load_time_s)
                 if node is not None:
                     self.progress.stats[node].engine_load_s += start.load_time_s
+                    if (observer := self._observer()) and (running := self.engines.get(start.config)):
+                        observer.engine_started(node, start.config, start.load_time_s, running.engine.ready)
             for config in (c for configs in self.assigned.values() for c in configs):
                 running = self.engines.get(config)
                 if running is not None:
@@ -333,6 +345,8 @@ class Executor:
             log.add_step(engine_label(config), step.wall_s)
             if node is not None:
                 self.progress.count_steps(node, [step])
+                if observer := self._observer():
+                    observer.steps(node, config, [step])
         if polled.losses:
             self._release(polled.losses)
             if not self._devices_lost():
@@ -355,6 +369,8 @@ class Executor:
         failed = sum(1 for r in results if r.finish_reason.startswith("error:"))
         self._start_progress(name)
         self.progress.advance(name, units=len(results), prompt_tokens=prompt_tokens, output_tokens=output_tokens, failed=failed)
+        if observer := self._observer():
+            observer.committed(name, results)
         log.add_tokens(name, prompt_tokens, output_tokens)
 
     def _start_progress(self, name: str) -> None:

@@ -14,10 +14,12 @@ from batchllm.engines.process_engine import EngineFactory, start_vllm_engine
 from batchllm.errors import RunIncomplete, UserError
 from batchllm.io.input_source import InputSource
 from batchllm.models.registry import batchllm_home
-from batchllm.planner.cluster import local_cluster
+from batchllm.costmodel.calibration.store import ProfileStore
+from batchllm.planner.cluster import local_cluster, run_settings
 from batchllm.planner.from_dag import dag_workloads
 from batchllm.planner.plan_file import PROFILES_ROOT
 from batchllm.planner.problem import build_problem
+from batchllm.runtime.calibrated_run import CalibratedRun
 from batchllm.runtime.executor import Executor, RunResult
 from batchllm.runtime.prepare import RequestPreparer
 from batchllm.runtime.progress import RunProgress
@@ -52,7 +54,7 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
     sources = check_dag(dag, home)
     stages = None
     if schedule != "sequential":
-        stages, why_not = _stage_planner(dag, sources, devices, schedule, profiles_root)
+        stages, why_not = _stage_planner(dag, sources, devices, schedule, profiles_root, home)
         if stages is None:
             console.print(f"[yellow]no plan:[/yellow] {why_not}; running node by node on all devices")
         for note in stages.problem.notes if stages else ():  # e.g. what the profile differs in from this machine
@@ -79,6 +81,8 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
             except RunIncomplete:
                 progress.close("incomplete")
                 raise
+            finally:
+                _save_learnt(executor.stages, console)
             progress.close("finished")
         return result, progress
     finally:
@@ -92,10 +96,27 @@ def _stages_for(dag: DagSpec, sources: dict[str, InputSource], devices: DeviceSe
 
 
 def _stage_planner(dag: DagSpec, sources: dict[str, InputSource], devices: DeviceSet, method: str,
-                   profiles_root: Path) -> tuple[StagePlanner | None, str | None]:
+                   profiles_root: Path, home: Path | None = None) -> tuple[CalibratedRun | None, str | None]:
+    """Stages planned on a cost model that calibrates itself as the run goes, starting from
+    what the local profile store learnt on this machine, else the shipped profiles."""
     cluster = local_cluster(devices.kind, len(devices.ids), devices.node_sizes)
+    store = ProfileStore.at_home(home or batchllm_home())
     try:
-        workloads = dag_workloads(dag, sources, cluster, profiles_root)
+        workloads = dag_workloads(dag, sources, cluster, profiles_root, store, home or batchllm_home())
     except UserError as missing:
         return None, missing.paragraph()
-    return StagePlanner(build_problem(cluster, workloads.nodes, workloads.notes), method), None
+    planner = StagePlanner(build_problem(cluster, workloads.nodes, workloads.notes), method)
+    return CalibratedRun(planner, workloads.nodes, store=store, settings=run_settings(dag.engine, cluster),
+                         source=f"a run of {dag.name}"), None
+
+
+def _save_learnt(stages, console: Console) -> None:
+    """What a calibrated run measured goes to the local profile store (never fails the run)."""
+    if not isinstance(stages, CalibratedRun):
+        return
+    try:
+        lines = stages.save()
+    except (OSError, UserError) as error:
+        lines = [f"the learnt profile was not saved: {error}"]
+    for line in lines:
+        console.print(line, markup=False, highlight=False)

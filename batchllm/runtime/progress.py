@@ -30,6 +30,7 @@ RATE_WINDOW_S = 60.0  # the ETA uses the rate over this much recent time
 SAMPLE_SPACING_S = 1.0  # at most one (time, units done) sample per node per this long
 MAX_SAMPLES = 256  # > RATE_WINDOW_S / SAMPLE_SPACING_S, so the window is always covered
 BAR_REFRESH_PER_S = 4.0
+MAX_ESTIMATES = 4096  # calibrated re-estimates of the rest of the run kept (one per few seconds)
 
 
 @dataclass
@@ -45,12 +46,14 @@ class NodeStats:
     engine_load_s: float = 0.0
     started_at: float = 0.0  # on the progress clock; set by RunProgress.start_node
     busy_s: float = 0.0  # inside engine steps
+    work_tokens: int = 0  # prompt tokens computed + tokens generated, over the engine steps
     engine_steps: int = 0
     prefix_queries: int = 0  # prompt tokens looked up in the engine's prefix cache
     prefix_hits: int = 0  # of those, served from it
     ideal_cached_tokens: int | None = None  # what a perfect order would serve from an unbounded cache
     price: Price | None = None  # the model's price per 1M tokens, when the DAG gives one
     finished_at: float | None = None
+    model_eta: tuple[float, float] | None = None  # (seconds left, at clock s) by the calibrated cost model
     recent: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))  # (clock s, units done) samples
 
     @property
@@ -66,11 +69,15 @@ class NodeStats:
 
 
 def eta_s(stats: NodeStats, now_s: float) -> float | None:
-    """Units left over the rate of the last RATE_WINDOW_S (from the oldest sample in the
-    window to now, so a stalled node's ETA grows); None while no rate is known."""
+    """The calibrated cost model's time left when the run has one (counted down since it
+    was estimated), else units left over the rate of the last RATE_WINDOW_S (from the
+    oldest sample in the window to now, so a stalled node's ETA grows); None while no
+    rate is known."""
     left = stats.units_total - stats.units_done
     if left <= 0:
         return 0.0
+    if stats.model_eta is not None:
+        return max(stats.model_eta[0] - (now_s - stats.model_eta[1]), 0.0)
     since_s = now_s - RATE_WINDOW_S
     start = next(((t, done) for t, done in stats.recent if t >= since_s), None)
     if start is None or now_s <= start[0] or stats.units_done <= start[1]:
@@ -104,6 +111,8 @@ class RunProgress:
         )
         self._tasks: dict[str, int] = {}
         self.stats: dict[str, NodeStats] = {}
+        self.rest: tuple[float, float] | None = None  # (seconds to the run's end, at clock s), calibrated estimate
+        self.estimates: deque = deque(maxlen=MAX_ESTIMATES)  # (s into the run, rest s estimated then, work tokens done)
         self.state = "running"
         self._started_s = clock()
         self.started_at = wall_time()
@@ -150,8 +159,19 @@ class RunProgress:
         for step in steps:
             stats.engine_steps += 1
             stats.busy_s += step.wall_s
+            stats.work_tokens += step.prefill_tokens + step.decode_seqs
             stats.prefix_queries += step.prefix_queries
             stats.prefix_hits += step.prefix_hits
+
+    def set_estimates(self, finish_s: dict[str, float], rest_s: float, run_s: float) -> None:
+        """The calibrated cost model's estimate, from now (`run_s` into the run): when each
+        node finishes, and the run."""
+        now_s = self.clock()
+        for node, seconds in finish_s.items():
+            if node in self.stats:
+                self.stats[node].model_eta = (seconds, now_s)
+        self.rest = (rest_s, now_s)
+        self.estimates.append((run_s, rest_s, sum(s.work_tokens for s in self.stats.values())))
 
     def finish_node(self, node: str) -> None:
         self.stats[node].finished_at = self.clock()
@@ -187,8 +207,9 @@ class RunProgress:
             model=s.model, committed=s.units_done, total=s.units_total, failed=s.failed, prompt_tokens=s.prompt_tokens,
             output_tokens=s.output_tokens, output_tokens_per_s=s.output_tokens_per_s(now_s), eta_s=eta_s(s, now_s))
             for s in self.stats.values()}
+        rest_s = None if self.rest is None or self.state != "running" else max(self.rest[0] - (now_s - self.rest[1]), 0.0)
         return RunStatus(state=self.state, elapsed_s=now_s - self._started_s, nodes=nodes, started_at=self.started_at,
-                         updated_at=self.wall_time())
+                         updated_at=self.wall_time(), rest_s=rest_s)
 
     def _print_lines(self, now_s: float, running_only: bool) -> None:
         for line in self.progress_lines(now_s, running_only):

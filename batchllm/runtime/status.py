@@ -49,12 +49,16 @@ class RunStatus:
     pid: int = field(default_factory=os.getpid)
     started_at: str = field(default_factory=_now_iso)  # ISO 8601, UTC
     updated_at: str = field(default_factory=_now_iso)
+    rest_s: float | None = None  # the calibrated cost model's time to the run's end; None: not estimated
 
 
 def write_status(path: Path, status: RunStatus) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(asdict(status), indent=1) + "\n")
+    body = asdict(status)
+    if body["rest_s"] is None:
+        del body["rest_s"]  # a run without a calibrated estimate writes the file it always wrote
+    temporary.write_text(json.dumps(body, indent=1) + "\n")
     os.replace(temporary, path)
 
 
@@ -101,7 +105,8 @@ def format_duration(seconds: float) -> str:
 
 def status_lines(out: Path, status: RunStatus) -> list[str]:
     """What `batchllm status` prints: a head line, then two short lines per node (80 columns)."""
-    lines = [f"{out}: {status.state}, {format_duration(status.elapsed_s)} elapsed (updated {status.updated_at})"]
+    left = f", about {format_duration(status.rest_s)} left" if status.state == "running" and status.rest_s is not None else ""
+    lines = [f"{out}: {status.state}, {format_duration(status.elapsed_s)} elapsed{left} (updated {status.updated_at})"]
     if status.state in ADVICE:
         lines.append(f"  {ADVICE[status.state]}")
     for name, node in status.nodes.items():
@@ -117,7 +122,7 @@ def status_lines(out: Path, status: RunStatus) -> list[str]:
 def status_json(status: RunStatus) -> dict:
     """What `batchllm status --json` prints."""
     return {"state": status.state, "started_at": status.started_at, "updated_at": status.updated_at,
-            "elapsed_s": status.elapsed_s, "pid": status.pid,
+            "elapsed_s": status.elapsed_s, **({"rest_s": status.rest_s} if status.rest_s is not None else {}), "pid": status.pid,
             "nodes": {name: {"model": n.model, "committed": n.committed, "total": n.total, "failed": n.failed,
                              "prompt_tokens": n.prompt_tokens, "output_tokens": n.output_tokens,
                              "output_tokens_per_s": n.output_tokens_per_s, "eta_s": n.eta_s}

@@ -1,0 +1,265 @@
+"""A planned run that calibrates its cost model as it goes.
+
+`CalibratedRun` is the stage chooser the executor sees when a cost model plans the run,
+and the observer the executor feeds (`engine_started`, `steps`, `committed`, `tick`):
+
+- every engine start, step and finished output goes to its model's `ModelCalibration`
+  (the first `WARMUP_STEPS` steps of each engine pay one-time costs and are left out, as
+  the profile builder does); output lengths are also kept per node (prompts differ by
+  node), and each node's measured prompt tokens correct the planner's estimate of them
+  (4 characters a token, plus a guess for the chat template);
+- at every stage end the problem is rebuilt from the calibrated profiles and the rest of
+  the run is re-planned on it (`choose`): a rebuild is one simulation per (node, replica
+  shape), tens of milliseconds per node;
+- every `ETA_INTERVAL_S` (longer when re-estimating takes long: at most ~5 % of the time)
+  the rest of the run is estimated on the calibrated problem from where the run is, and
+  each node's finish and the run's end go to the progress lines and `batchllm status`;
+- at the end `save` files what was measured in the local profile store, so the next plan
+  on this machine starts from it.
+
+Outputs still being generated are censored observations at their age: an engine's last
+step gives how many sequences decode and their total context, so their mean age is that
+context per sequence less the node's mean prompt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from batchllm.costmodel.calibration.model import ModelCalibration, SpeedFactors
+from batchllm.costmodel.calibration.store import ProfileStore
+from batchllm.costmodel.estimator import Workload
+from batchllm.costmodel.latency import StepFeatures
+from batchllm.costmodel.profile import ReplicaShape
+from batchllm.engines.protocol import EngineConfig, EngineResult, StepRecord, WorkerReady
+from batchllm.planner.problem import NodeWorkload, PlanProblem, build_problem
+from batchllm.runtime.progress import RunProgress
+from batchllm.runtime.stage_planner import NodeProgress, RunningPlan, StageChoice, StagePlanner
+
+WARMUP_STEPS = 3  # a fresh engine's first steps (as in the profile builder)
+ETA_INTERVAL_S = 5.0
+ETA_BUDGET_SHARE = 0.05  # re-estimating takes at most this share of the run's time
+PROMPT_PRIOR_UNITS = 8.0  # the planner's prompt estimate counts as this many measured prompts
+MIN_STEPS_TO_SAVE = 30  # fewer measured steps than this teach the store nothing
+SNAPSHOT_MAX_AGE_S = 10.0  # an engine's last step older than this says nothing about what runs now
+
+
+def step_features(step: StepRecord) -> StepFeatures:
+    """A step's features, prefill attention approximated as the profile builder does."""
+    prefill = float(step.prefill_tokens)
+    return StepFeatures(prefill, prefill * prefill / max(step.prefill_requests, 1), float(step.decode_seqs), float(step.decode_context))
+
+
+def shape_key(config: EngineConfig) -> str:
+    return ReplicaShape(len(config.replica.device_ids), config.replica.tp).key
+
+
+@dataclass
+class NodeEvidence:
+    prompt_tokens: int = 0  # measured, over `units` results
+    units: int = 0
+
+
+@dataclass
+class _Snapshot:
+    node: str
+    decode_seqs: int
+    decode_context: int
+    at_s: float
+
+
+@dataclass
+class CalibratedRun:
+    planner: StagePlanner
+    workloads: list[NodeWorkload]
+    store: ProfileStore | None = None
+    settings: dict[str, object] = field(default_factory=dict)  # run settings known before start (the store's key)
+    source: str = "a run"  # what the store says the evidence came from
+    clock: Callable[[], float] = time.monotonic
+    models: dict[str, ModelCalibration] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.by_node = {w.name: w for w in self.workloads}
+        self.models = {}
+        for w in self.workloads:
+            self.models.setdefault(w.profile.model, ModelCalibration(w.profile))
+        self.node_lengths = {w.name: ModelCalibration(w.profile).lengths for w in self.workloads}
+        self.node_evidence = {w.name: NodeEvidence() for w in self.workloads}
+        self._engine_steps: dict[tuple, int] = {}
+        self._snapshots: dict[tuple, _Snapshot] = {}
+        self._version, self._built_version = 0, 0
+        self._problem = self.planner.problem
+        self._next_eta_s = 0.0
+
+    # -- the stage chooser -----------------------------------------------------------------
+    @property
+    def method(self) -> str:
+        return self.planner.method
+
+    @property
+    def problem(self) -> PlanProblem:
+        return self._problem
+
+    def choose(self, progress: dict[str, NodeProgress], running: dict[str, RunningPlan]) -> StageChoice:
+        """The next stage, planned on the calibrated cost model."""
+        self.planner.problem = self.calibrated_problem()
+        return self.planner.choose(progress, running)
+
+    # -- what the executor feeds -------------------------------------------------------------
+    def engine_started(self, node: str, config: EngineConfig, load_time_s: float, ready: WorkerReady) -> None:
+        model = self._model_of(node)
+        if model is None:
+            return
+        key = shape_key(config)
+        model.observe_load(key, load_time_s)
+        model.observe_engine(key, {"engine_version": ready.engine_version, "max_num_seqs": ready.max_num_seqs,
+                                   "max_num_batched_tokens": ready.max_num_batched_tokens,
+                                   "block_size_tokens": ready.block_size_tokens, "max_model_len": ready.max_model_len,
+                                   "enforce_eager": config.enforce_eager, "kv_cache_memory_bytes": config.kv_cache_memory_bytes},
+                             ready.kv_capacity_tokens)
+        self._engine_steps[config.sharing_key()] = 0
+        self._version += 1
+
+    def steps(self, node: str, config: EngineConfig, steps: list[StepRecord]) -> None:
+        model = self._model_of(node)
+        if model is None or not steps:
+            return
+        engine, key = config.sharing_key(), shape_key(config)
+        for step in steps:
+            seen = self._engine_steps.get(engine, 0)
+            self._engine_steps[engine] = seen + 1
+            if seen >= WARMUP_STEPS:
+                model.observe_step(key, step_features(step), step.wall_s)
+        last = steps[-1]
+        self._snapshots[engine] = _Snapshot(node, last.decode_seqs, last.decode_context, self.clock())
+        self._version += 1
+
+    def committed(self, node: str, results: list[EngineResult]) -> None:
+        model = self._model_of(node)
+        if model is None:
+            return
+        n = self.by_node[node].requests_per_unit
+        evidence = self.node_evidence[node]
+        for result in results:
+            if result.finish_reason.startswith("error"):
+                continue
+            length, finished = round(result.num_output_tokens / n), result.finish_reason != "length"
+            model.lengths.observe(length, finished, n)
+            self.node_lengths[node].observe(length, finished, n)
+            evidence.prompt_tokens += result.num_prompt_tokens
+            evidence.units += 1
+        self._version += 1
+
+    def tick(self, now_s: float, progress: RunProgress, state: Callable[[], tuple[dict[str, NodeProgress], dict[str, RunningPlan]]]) -> None:
+        """Re-estimate the rest of the run when due; give the progress its ETAs."""
+        started = self.clock()
+        if started < self._next_eta_s:
+            return
+        nodes, running = state()
+        if not nodes:
+            return
+        self.planner.problem = self.calibrated_problem()
+        schedule = self.planner.choose(nodes, running).schedule
+        finish: dict[str, float] = {}
+        for stage in schedule.stages:
+            for name in stage.finished:
+                finish.setdefault(name, stage.end_s)
+        progress.set_estimates(finish, schedule.total_s, now_s)
+        spent_s = self.clock() - started
+        self._next_eta_s = self.clock() + max(ETA_INTERVAL_S, spent_s / ETA_BUDGET_SHARE)
+
+    # -- the calibrated cost model ------------------------------------------------------------
+    def calibrated_problem(self) -> PlanProblem:
+        """The planner's problem on the calibrated profiles and prompt sizes (rebuilt only
+        when something was measured since the last one)."""
+        if self._built_version == self._version:
+            return self._problem
+        self._built_version = self._version
+        self._problem = build_problem(self.planner.problem.cluster, [self.calibrated_workload(w.name) for w in self.workloads],
+                                      self.planner.problem.notes)
+        return self._problem
+
+    def calibrated_workload(self, node: str) -> NodeWorkload:
+        item = self.by_node[node]
+        model = self.models[item.profile.model]
+        lengths = self.node_lengths[node]
+        own = lengths.outputs > 0 or any(s.node == node for s in self._live_snapshots())
+        profile = model.profile(lengths.posterior(self._running_ages(node)) if own else None, self.machine_factors())
+        return replace(item, profile=profile, workload=self._scaled_prompts(node))
+
+    def machine_factors(self) -> SpeedFactors | None:
+        """Speed factors over every model measured: for a model no engine ran yet."""
+        measured = [m.factors() for m in self.models.values()]
+        steps, loads = sum(f.steps for f in measured), sum(f.loads for f in measured)
+        if not steps and not loads:
+            return None
+        step = float(np.exp(sum(f.steps * np.log(f.step) for f in measured) / steps)) if steps else 1.0
+        load = float(np.exp(sum(f.loads * np.log(f.load) for f in measured) / loads)) if loads else 1.0
+        return SpeedFactors(step, load, steps, loads)
+
+    def prompt_factor(self, node: str) -> float:
+        """Measured prompt tokens over the planner's estimate, the estimate counting as
+        PROMPT_PRIOR_UNITS prompts."""
+        planned = float(np.mean(self.by_node[node].workload.prompt_tokens)) if len(self.by_node[node].workload) else 0.0
+        evidence = self.node_evidence[node]
+        if planned <= 0 or not evidence.units:
+            return 1.0
+        return (PROMPT_PRIOR_UNITS * planned + evidence.prompt_tokens) / (PROMPT_PRIOR_UNITS + evidence.units) / planned
+
+    def _scaled_prompts(self, node: str) -> Workload:
+        workload = self.by_node[node].workload
+        factor = self.prompt_factor(node)
+        if factor == 1.0:
+            return workload
+        prompts = np.maximum(np.round(workload.prompt_tokens * factor), 1).astype(np.int64)
+        cached = None if workload.cached_tokens is None else \
+            np.minimum(np.round(workload.cached_tokens * factor).astype(np.int64), prompts - 1)
+        return replace(workload, prompt_tokens=prompts, cached_tokens=cached)
+
+    def _live_snapshots(self) -> list[_Snapshot]:
+        now = self.clock()
+        return [s for s in self._snapshots.values() if now - s.at_s <= SNAPSHOT_MAX_AGE_S and s.decode_seqs > 0]
+
+    def _running_ages(self, node: str) -> list[tuple[int, float]]:
+        """(tokens so far, sequences) of the node's outputs being generated now."""
+        evidence = self.node_evidence[node]
+        prompt = evidence.prompt_tokens / evidence.units if evidence.units else \
+            float(np.mean(self._scaled_prompts(node).prompt_tokens)) if len(self.by_node[node].workload) else 0.0
+        return [(max(1, round(s.decode_context / s.decode_seqs - prompt)), float(s.decode_seqs))
+                for s in self._live_snapshots() if s.node == node]
+
+    def _model_of(self, node: str | None) -> ModelCalibration | None:
+        item = self.by_node.get(node) if node is not None else None
+        return self.models[item.profile.model] if item is not None else None
+
+    # -- across runs ---------------------------------------------------------------------------
+    def save(self) -> list[str]:
+        """File every model measured enough in the store; one line per model saved."""
+        cluster = self.planner.problem.cluster
+        if self.store is None or not cluster.local or cluster.identity is None:
+            return []
+        lines = []
+        for name, model in self.models.items():
+            evidence = model.evidence()
+            if evidence.steps < MIN_STEPS_TO_SAVE:
+                continue
+            ran = model.engine.get("engine_version")
+            if "engine_version" in self.settings and ran != self.settings["engine_version"]:
+                lines.append(f"learnt profile of {name} not saved: its engines reported {ran!r}, not "
+                             f"{self.settings['engine_version']!r} (a stand-in engine teaches nothing about the real one)")
+                continue
+            calibrated = model.profile(fallback=self.machine_factors())
+            learnt = replace(calibrated, kind="learnt", hardware=cluster.identity.folder_name, identity=cluster.identity,
+                             engine={**calibrated.engine, **{k: v for k, v in self.settings.items() if k in ("dtype", "enforce_eager")}},
+                             notes={"prior": f"{model.prior.kind} {model.prior.hardware}/{model.prior.model}",
+                                    "shapes_measured": list(evidence.shapes_measured),
+                                    "shapes_rescaled": [k for k in calibrated.shapes if k not in evidence.shapes_measured]})
+            folder = self.store.save(learnt, cluster.identity, self.settings, source=self.source,
+                                     evidence={"steps": evidence.steps, "outputs": evidence.outputs, "loads": evidence.loads,
+                                               "shapes_measured": list(evidence.shapes_measured)})
+            lines.append(f"learnt profile of {name} saved: {folder} ({evidence.steps:,} steps, {evidence.outputs:,.0f} outputs)")
+        return lines

@@ -1,0 +1,186 @@
+"""Learning across runs: the local profile store keyed by hardware identity, model and
+engine settings; a run that measured its engine files a learnt profile and the next plan
+on the same machine starts from it (and says so); ETAs from the calibrated model. No engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from batchllm.costmodel.calibration.latency import scaled
+from batchllm.costmodel.calibration.store import ProfileStore
+from batchllm.costmodel.latency import StepFeatures
+from batchllm.costmodel.profile import Profile
+from batchllm.engines.devices import DeviceSet, hardware_name
+from batchllm.engines.hardware import HardwareIdentity, this_machine
+from batchllm.engines.protocol import EngineResult, StepRecord
+from batchllm.models.registry import batchllm_home
+from batchllm.planner import cluster as cluster_module
+from batchllm.planner.plan_file import plan_dag_file
+from batchllm.runtime.calibrated_run import step_features
+from batchllm.runtime.launch import run_dag_file
+from batchllm.runtime.status import read_status
+from tests.conftest import ENSEMBLE_DAG
+from tests.fakes import FakeEngine, FakeEngineFactory
+
+REPO = Path(__file__).resolve().parent.parent
+GENOA = HardwareIdentity("cpu", "AMD EPYC", "bfloat16", ("avx2", "avx512f", "avx512_bf16"))
+SETTINGS = {"enforce_eager": True, "dtype": "bfloat16", "engine_version": "vllm 0.32.0"}
+
+
+def learnt_profile(identity: HardwareIdentity = GENOA) -> Profile:
+    prior = Profile.load(REPO / "profiles" / "cpu-intel-xeon" / "smollm2-135m")
+    shapes = {k: dataclasses.replace(s, latency=scaled(s.latency, 0.25)) for k, s in prior.shapes.items()}
+    return dataclasses.replace(prior, kind="learnt", hardware=identity.folder_name, identity=identity, shapes=shapes)
+
+
+def test_store_round_trip_is_keyed_by_hardware_identity_model_and_settings(tmp_path):
+    store = ProfileStore(tmp_path / "store")
+    assert store.load(GENOA, "smollm2-135m", SETTINGS) is None
+    folder = store.save(learnt_profile(), GENOA, SETTINGS, source="a run of w1", evidence={"steps": 812, "outputs": 150})
+    entry = store.load(GENOA, "smollm2-135m", SETTINGS)
+    assert entry is not None and entry.folder == folder
+    assert entry.profile.kind == "learnt" and entry.profile.identity == GENOA
+    assert entry.profile.shapes["w1-tp1"].latency == learnt_profile().shapes["w1-tp1"].latency
+    assert entry.record["runs"] == 1 and entry.record["evidence"] == {"steps": 812, "outputs": 150}
+    assert "learnt on this machine (1 run" in entry.describe() and "812 steps, 150 outputs" in entry.describe()
+    # another CPU kind, other kernel flags, another dtype, engine version or model: nothing
+    assert store.load(dataclasses.replace(GENOA, name="Intel Xeon"), "smollm2-135m", SETTINGS) is None
+    assert store.load(dataclasses.replace(GENOA, cpu_flags=("avx2",)), "smollm2-135m", SETTINGS) is None
+    assert store.load(GENOA, "smollm2-135m", {**SETTINGS, "engine_version": "vllm 0.33.0"}) is None
+    assert store.load(GENOA, "smollm2-135m", {**SETTINGS, "max_num_seqs": 64}) is None
+    assert store.load(GENOA, "gemma3-270m", SETTINGS) is None
+    # settings that do not key an entry (known only once an engine runs) do not hide it
+    assert store.load(GENOA, "smollm2-135m", {**SETTINGS, "block_size_tokens": 128}) is not None
+    # a second save replaces the entry whole and counts the runs
+    store.save(learnt_profile(), GENOA, SETTINGS, source="a run of w2", evidence={"steps": 10, "outputs": 5})
+    again = store.load(GENOA, "smollm2-135m", SETTINGS)
+    assert again.record["runs"] == 2 and again.record["source"] == "a run of w2"
+    assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]  # no leftovers beside it
+
+
+def test_a_broken_entry_is_an_error_that_names_its_folder(tmp_path):
+    store = ProfileStore(tmp_path / "store")
+    folder = store.save(learnt_profile(), GENOA, SETTINGS, source="x", evidence={})
+    (folder / "profile.json").write_text("{not json")
+    from batchllm.errors import UserError
+
+    with pytest.raises(UserError, match=str(folder)):
+        store.load(GENOA, "smollm2-135m", SETTINGS)
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    monkeypatch.setattr(cluster_module, "this_machine", lambda kind: GENOA)
+    monkeypatch.setattr(cluster_module, "installed_engine_version", lambda: "vllm 0.32.0")
+
+
+def test_the_next_plan_on_the_same_machine_starts_from_the_learnt_profile_and_says_so(machine):
+    dag = REPO / "dags" / "chain_summary.yaml"
+    shipped = plan_dag_file(dag, "cpu:2")
+    assert not any(note.startswith("prior for") for note in shipped.problem.notes)
+    ProfileStore.at_home(batchllm_home()).save(learnt_profile(), GENOA, SETTINGS, source="a run of w1",
+                                               evidence={"steps": 500, "outputs": 100})
+    learnt = plan_dag_file(dag, "cpu:2")
+    assert [n for n in learnt.problem.notes if "smollm2-135m" in n] == [
+        f"prior for smollm2-135m: {ProfileStore.at_home(batchllm_home()).load(GENOA, 'smollm2-135m', SETTINGS).describe()}"]
+    assert not any("does not match" in note for note in learnt.problem.notes)  # it was learnt on this very machine
+    assert learnt.chosen.total_s < 0.8 * shipped.chosen.total_s  # four times as fast as the Xeon: faster than the AVX2 EPYC
+    # another machine never sees it
+    cluster_module_this = dataclasses.replace(GENOA, cpu_flags=("avx2",), dtype="float32")
+    import batchllm.planner.cluster as c
+
+    c.this_machine = lambda kind: cluster_module_this  # restored by monkeypatch at teardown
+    assert not any(n.startswith("prior for") for n in plan_dag_file(dag, "cpu:2").problem.notes)
+
+
+def test_planning_for_other_hardware_never_reads_the_store(machine):
+    ProfileStore.at_home(batchllm_home()).save(learnt_profile(), GENOA, SETTINGS, source="x", evidence={})
+    assert plan_dag_file(REPO / "dags" / "chain_summary.yaml", "2xA100-80G").problem.notes == ()
+
+
+# -- a run through the executor, with an engine that reports its steps ------------------------
+class SteppingEngine(FakeEngine):
+    """Answers like FakeEngine, and reports steps timed by `latency`, with outputs of a
+    length set by the prompt (some cut at max_tokens)."""
+
+    def __init__(self, config, latency):
+        super().__init__(config, per_poll=1)
+        self.latency, self._steps = latency, []
+
+    def poll(self, timeout_s: float) -> list[EngineResult]:
+        running = len(self.queue)
+        results = super().poll(timeout_s)
+        for k in range(12):  # a few decode steps per poll, a prefill now and then
+            prefill = 120 if k == 0 and running else 0
+            features = StepFeatures(prefill, prefill * prefill, running, running * (60 + 5 * k))
+            self._steps.append(StepRecord(self.latency.step_s(features), prefill, 1 if prefill else 0, running,
+                                          running * (60 + 5 * k), 0, 0))
+        lengths = [8 + (sum(map(ord, r.request_id)) % 40) for r in results]
+        return [dataclasses.replace(r, num_output_tokens=n, finish_reason="length" if n >= 40 else "stop")
+                for r, n in zip(results, lengths)]
+
+    def drain_steps(self) -> list:
+        steps, self._steps = self._steps, []
+        return steps
+
+
+def test_a_run_calibrates_files_what_it_measured_and_the_next_plan_starts_from_it(tmp_path, workspace, monkeypatch):
+    monkeypatch.setattr(cluster_module, "installed_engine_version", lambda: "fake")  # the engine that runs is the fake one
+    root = tmp_path / "profiles"
+    shutil.copytree(REPO / "profiles" / "cpu-intel-xeon" / "smollm2-135m", root / hardware_name("cpu") / "tiny-model",
+                    ignore=shutil.ignore_patterns("logs"))
+    prior = Profile.load(root / hardware_name("cpu") / "tiny-model")
+    truth = scaled(prior.shapes["w1-tp1"].latency, 2.0)  # this machine: twice as slow as the profile says
+    factory = FakeEngineFactory()
+    factory_call = lambda config: factory.started.append(SteppingEngine(config, truth)) or factory.started[-1]  # noqa: E731
+    console = Console(record=True, width=300)
+    dag = workspace.dag(ENSEMBLE_DAG)
+    _, progress = run_dag_file(dag, workspace.out, DeviceSet("cpu", (0, 1)), console=console, engine_factory=factory_call,
+                               prefix_order=False, schedule="plan", profiles_root=root)
+    assert progress.estimates and all(rest_s >= 0 for _, rest_s, _ in progress.estimates)  # re-estimated while it ran
+    text = console.export_text()
+    assert "learnt profile of smollm2-135m saved: " in text  # filed as the profile names the model
+    identity = this_machine("cpu")
+    settings = cluster_module.run_settings(__import__("batchllm.dag.loader", fromlist=["load_dag"]).load_dag(dag).engine,
+                                           cluster_module.local_cluster("cpu", 2))
+    entry = ProfileStore.at_home(batchllm_home()).load(identity, "smollm2-135m", settings)
+    assert entry is not None and entry.record["evidence"]["steps"] >= 30
+    learnt = entry.profile.shapes["w1-tp1"].latency
+    features = [StepFeatures(0, 0, b, b * 80) for b in (1, 2, 4)]
+    ratios = [learnt.step_s(f) / prior.shapes["w1-tp1"].latency.step_s(f) for f in features]
+    assert np.allclose(ratios, 2.0, rtol=0.1)  # the decode steps it saw, now twice the prior
+    assert entry.profile.engine["engine_version"] == "fake"  # what the engines reported
+    assert entry.profile.shapes["w2-tp1"].latency != prior.shapes["w2-tp1"].latency  # rescaled too
+    # the next plan on this machine starts from it and says so
+    again = plan_dag_file(dag, "cpu:2", profiles_root=root)
+    assert [n for n in again.problem.notes if n.startswith("prior for")] == [f"prior for ./tiny-model: {entry.describe()}"]
+    status = json.loads((workspace.out / ".batchllm" / "status.json").read_text())
+    assert status["state"] == "finished" and "rest_s" not in status  # a finished run has nothing left
+    assert read_status(workspace.out).state == "finished"
+
+
+def test_a_run_on_a_stand_in_engine_files_nothing(tmp_path, workspace, monkeypatch):
+    monkeypatch.setattr(cluster_module, "installed_engine_version", lambda: "vllm 0.32.0")
+    root = tmp_path / "profiles"
+    shutil.copytree(REPO / "profiles" / "cpu-intel-xeon" / "smollm2-135m", root / hardware_name("cpu") / "tiny-model",
+                    ignore=shutil.ignore_patterns("logs"))
+    latency = Profile.load(root / hardware_name("cpu") / "tiny-model").shapes["w1-tp1"].latency
+    console = Console(record=True, width=300)
+    run_dag_file(workspace.dag(ENSEMBLE_DAG), workspace.out, DeviceSet("cpu", (0, 1)), console=console,
+                 engine_factory=lambda config: SteppingEngine(config, latency), prefix_order=False, schedule="plan", profiles_root=root)
+    assert "learnt profile of smollm2-135m not saved: its engines reported 'fake', not 'vllm 0.32.0'" in console.export_text()
+    assert not (batchllm_home() / "profiles").exists()
+
+
+def test_step_features_match_the_profile_builders():
+    from batchllm.profiling.profiler import step_features as builder
+
+    steps = [StepRecord(0.1, 300, 2, 5, 900, 0, 0), StepRecord(0.2, 0, 0, 7, 700, 0, 0)]
+    assert np.allclose([step_features(s) for s in steps], builder(steps))
