@@ -234,9 +234,18 @@ def profile(
     model: str = typer.Option("smollm2-135m", help="Model to profile: an embedded name or a model directory."),
     devices: str = typer.Option("auto", help="Devices: every replica shape that fits on them is profiled."),
     out: Path = typer.Option(Path("profiles"), help="Profiles folder; writes <out>/<hardware>/<model>/."),
+    quick: bool = typer.Option(False, "--quick", help="About two minutes: a short mix of prompts per replica shape calibrates "
+                               "the model's prior (output lengths kept) into the local profile store under $BATCHLLM_HOME, "
+                               "which the next plan and run on this machine start from. --out is not used."),
 ) -> None:
     """Measure MODEL on the real engine: load time, KV capacity and step latency per
-    replica shape, and its output-length distribution. The planner reads the result."""
+    replica shape, and its output-length distribution. The planner reads the result.
+
+    Runs calibrate themselves as they go and keep what they learn; --quick does it before
+    the first run."""
+    if quick:
+        _profile_quick(model, devices)
+        return
     from batchllm.costmodel.profile import profile_dir
     from batchllm.engines.devices import hardware_name
     from batchllm.engines.process_engine import start_vllm_engine
@@ -257,6 +266,25 @@ def profile(
     result, tables = profile_model(ref.name, model_dir, device_set, hardware, start_vllm_engine, ProfileSettings(), logs, console.print)
     result.save(target, tables)
     typer.echo(f"profile: {target}")
+
+
+def _profile_quick(model: str, devices: str) -> None:
+    from batchllm.costmodel.calibration.store import ProfileStore
+    from batchllm.engines.process_engine import start_vllm_engine
+    from batchllm.models.registry import resolve_model
+    from batchllm.planner.plan_file import PROFILES_ROOT
+    from batchllm.profiling.quick import quick_profile
+
+    console = Console(stderr=True)
+    try:
+        device_set = parse_devices(devices)
+        ref = resolve_model(model, dag_dir=Path.cwd(), home=batchllm_home(), where="--model")
+        model_dir = Path(ref.materialise(batchllm_home()))
+        _, folder = quick_profile(ref.name.replace("/", "_"), model_dir, device_set, start_vllm_engine, PROFILES_ROOT,
+                                  ProfileStore.at_home(batchllm_home()), lambda line: console.print(line, markup=False, highlight=False))
+    except UserError as error:
+        _fail(error)
+    typer.echo(f"learnt profile: {folder}")
 
 
 @models_app.command("list")
