@@ -131,3 +131,13 @@ def test_three_hundred_thousand_records_in_segments(tmp_path):
     window = np.arange(120_000, 120_010)
     assert reopened.texts(window, np.zeros(10, np.int64)) == [f"t{r}.0" for r in window]
     assert reopened.stats().failed == 300
+
+
+def test_committed_keys_come_a_segment_at_a_time_then_the_tail(tmp_path):
+    journal = ResultJournal(tmp_path / "a", "fp", "a", segment_records=2)
+    journal.append_many([record(4), record(0)])
+    journal.append_many([record(3, 1), record(1)])
+    journal.append_many([record(2)])
+    batches = list(journal.committed_key_batches())
+    assert [len(rows) for rows, _ in batches] == [2, 2, 1]
+    assert sorted((r, s) for rows, steps in batches for r, s in zip(rows.tolist(), steps.tolist())) == keys(journal)

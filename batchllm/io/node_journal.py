@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,19 +149,25 @@ class ResultJournal:
 
     # -- reading ---------------------------------------------------------------------------
     def committed_keys(self) -> tuple[np.ndarray, np.ndarray]:
-        """(rows, steps) of every committed record; reads only those two columns, a segment at a
-        time, into arrays of the final size (no other copy: 120 MB at 10M records)."""
+        """(rows, steps) of every committed record, in arrays of the final size (120 MB at 10M
+        records; a resume reads `committed_key_batches` instead, and holds one segment's)."""
         total = self._segment_stats.committed + len(self._tail)
         rows, steps = np.empty(total, np.int64), np.empty(total, np.int32)
         at = 0
+        for batch_rows, batch_steps in self.committed_key_batches():
+            rows[at:at + len(batch_rows)], steps[at:at + len(batch_rows)] = batch_rows, batch_steps
+            at += len(batch_rows)
+        return rows, steps
+
+    def committed_key_batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(rows, steps) of the committed records, a segment at a time (only those two columns
+        are read), then the tail's."""
         for path in self._segments:
             table = pq.read_table(path, columns=["row", "step"])
-            rows[at:at + table.num_rows] = table.column("row").to_numpy()
-            steps[at:at + table.num_rows] = table.column("step").to_numpy()
-            at += table.num_rows
-        rows[at:] = np.fromiter((r.row for r in self._tail.values()), np.int64, len(self._tail))
-        steps[at:] = np.fromiter((r.step for r in self._tail.values()), np.int32, len(self._tail))
-        return rows, steps
+            yield table.column("row").to_numpy(), table.column("step").to_numpy()
+        if self._tail:
+            yield (np.fromiter((r.row for r in self._tail.values()), np.int64, len(self._tail)),
+                   np.fromiter((r.step for r in self._tail.values()), np.int32, len(self._tail)))
 
     def texts(self, rows: np.ndarray, steps: np.ndarray) -> list[str | None]:
         """The main text of each (row, step), None where nothing is committed."""
