@@ -22,7 +22,7 @@ def test_plain_node_walks_every_status_and_keeps_counts():
     assert statuses(node) == ["READY", "READY", "READY", "SKIPPED"]
     node.queue(np.array([0, 1]))
     ledger.send("a", np.array([0, 1]), slot=7)
-    assert ledger.running_on[7] == 2 and list(node.slot[:2]) == [7, 7]
+    assert ledger.running_on[7] == 2 and list(node.slots_of(np.array([0, 1]))) == [7, 7]
     assert ledger.commit("a", np.array([1])).size == 0
     assert statuses(node) == ["RUNNING", "COMMITTED", "READY", "SKIPPED"]
     assert ledger.running_on[7] == 1
@@ -94,6 +94,17 @@ def test_a_step_count_per_row_must_match_the_rows():
         NodeLedger("x", rows=3, steps=np.array([1, 1]))
 
 
-def test_ten_million_units_cost_a_few_bytes_each():
+def test_ten_million_units_cost_two_bytes_each():
     node = NodeLedger("big", rows=10_000_000)
-    assert node.status.nbytes + node.slot.nbytes + node.row_state.nbytes == 40_000_000
+    assert node.status.nbytes + node.row_state.nbytes == 20_000_000
+
+
+def test_restoring_in_batches_in_any_order_equals_restoring_at_once():
+    rows, steps = np.array([0, 0, 2, 2]), np.array([0, 1, 1, 0])
+    whole = NodeLedger("chain", rows=3, steps=np.array([3, 1, 3]))
+    whole.restore_committed(rows, steps)
+    batched = NodeLedger("chain", rows=3, steps=np.array([3, 1, 3]))
+    for part in (slice(2, 4), slice(0, 2)):
+        batched.restore_committed(rows[part], steps[part])
+    assert statuses(batched) == statuses(whole) == ["COMMITTED", "COMMITTED", "READY", "WAITING", "COMMITTED", "COMMITTED", "READY"]
+    assert list(batched.counts) == list(whole.counts) and list(batched.row_state) == list(whole.row_state)

@@ -2,8 +2,9 @@
 
 A unit of work is (row, step) of a node: the row's position in its input, and the step
 (0 for plain nodes; the list element for iterating nodes). Each node keeps one status per
-unit and the engine slot of each running unit, in numpy arrays (a few bytes a unit: 10
-million rows fit in tens of MB), and one admission state per row.
+unit and one admission state per row in numpy arrays (two bytes a row: 10 million rows
+of a node in 20 MB), and the engine slot of each RUNNING unit in a dict (its size bounded
+by what the engines run at once, whatever the data set's size).
 
 Invariant: a unit's status here is the only record of where it is. The feed renders READY
 units and marks them QUEUED (their payload then waits in the node's backlog), the
@@ -47,9 +48,6 @@ class FinalState(IntEnum):
     NONE = 2  # the node will never have an output for this row
 
 
-NO_SLOT = -1
-
-
 class NodeLedger:
     def __init__(self, name: str, rows: int, steps: np.ndarray | None = None):
         """`steps`: per row, how many steps it has (iterating nodes); None: one each."""
@@ -64,7 +62,7 @@ class NodeLedger:
             self.offsets = np.concatenate([[0], np.cumsum(steps)])
             units = int(self.offsets[-1])
         self.status = np.zeros(units, np.int8)
-        self.slot = np.full(units, NO_SLOT, np.int16)
+        self._slot_of: dict[int, int] = {}  # RUNNING unit -> its engine slot
         self.row_state = np.zeros(rows, np.int8)
         self.counts = np.zeros(len(UnitStatus), np.int64)
         self.counts[UnitStatus.WAITING] = units
@@ -168,13 +166,18 @@ class NodeLedger:
 
     def send(self, units: np.ndarray, slot: int) -> None:
         self._move(units, UnitStatus.RUNNING)
-        self.slot[units] = slot
+        self._slot_of.update(dict.fromkeys(np.asarray(units, np.int64).tolist(), slot))
+
+    def slots_of(self, units: np.ndarray) -> np.ndarray:
+        """The engine slot of each of these RUNNING units."""
+        return np.fromiter((self._slot_of[u] for u in np.asarray(units, np.int64).tolist()), np.int64, len(units))
 
     def commit(self, units: np.ndarray) -> np.ndarray:
         """Results are in the journal. Returns the units that became READY (next steps)."""
         units = np.asarray(units, np.int64)
         self._move(units, UnitStatus.COMMITTED)
-        self.slot[units] = NO_SLOT
+        for unit in units.tolist():
+            self._slot_of.pop(unit, None)
         if self.offsets is None:
             return units[:0]
         following = units + 1
@@ -186,9 +189,10 @@ class NodeLedger:
 
     def release(self, slot: int) -> np.ndarray:
         """An engine was stopped or lost: its units are READY again. Returns them."""
-        units = np.flatnonzero((self.slot == slot) & (self.status == UnitStatus.RUNNING))
+        units = np.array(sorted(u for u, s in self._slot_of.items() if s == slot), np.int64)
         self._move(units, UnitStatus.READY)
-        self.slot[units] = NO_SLOT
+        for unit in units.tolist():
+            del self._slot_of[unit]
         return units
 
     def restore_committed(self, rows: np.ndarray, steps: np.ndarray) -> None:
@@ -226,7 +230,7 @@ class Ledger:
         if len(not_running):
             raise ValueError(f"node {node!r}: a result for unit {int(not_running[0])}, which is "
                              f"{UnitStatus(ledger.status[not_running[0]]).name}, not RUNNING")
-        for slot, count in zip(*np.unique(ledger.slot[units], return_counts=True)):
+        for slot, count in zip(*np.unique(ledger.slots_of(units), return_counts=True)):
             self.running_on[int(slot)] -= int(count)
         return ledger.commit(units)
 
