@@ -10,7 +10,7 @@ import pytest
 
 from batchllm.costmodel.calibration.latency import LatencyCalibration, prior_design, scaled
 from batchllm.costmodel.calibration.lengths import LengthCalibration
-from batchllm.costmodel.calibration.loads import LoadCalibration
+from batchllm.costmodel.calibration.loads import PRIOR_LOADS, LoadCalibration
 from batchllm.costmodel.calibration.model import ModelCalibration
 from batchllm.costmodel.calibration.nnls import nnls_normal
 from batchllm.costmodel.latency import StepFeatures, StepLatencyModel
@@ -192,14 +192,17 @@ def test_the_length_priors_weight_fades_with_outputs():
 
 
 # -- start costs and a model's profile ---------------------------------------------------------
-def test_load_posterior_is_the_mean_with_the_prior_as_one_start():
-    load = LoadCalibration(prior_s=10.0)
+def test_load_posterior_is_the_mean_with_the_prior_as_a_fraction_of_a_start():
+    load = LoadCalibration(prior_s=10.0, prior_loads=1.0)
     assert load.posterior_s() == 10.0
     load.observe(30.0)
     assert load.posterior_s() == 20.0
     for _ in range(8):
         load.observe(30.0)
     assert load.posterior_s() == 28.0 and load.factor() == pytest.approx(2.8)
+    one = LoadCalibration(prior_s=10.0)  # by default one start moves it most of the way
+    one.observe(30.0)
+    assert one.posterior_s() == pytest.approx((PRIOR_LOADS * 10.0 + 30.0) / (PRIOR_LOADS + 1)) and one.posterior_s() > 25.0
 
 
 def committed_profile(hardware: str = "cpu-intel-xeon") -> Profile:
@@ -218,8 +221,9 @@ def test_a_shape_no_engine_ran_is_rescaled_by_what_the_measured_shape_showed():
     assert calibration.factors().step == pytest.approx(0.5, rel=0.03)
     for key, ratio in relative(profile.shapes["w2-tp1"].latency, prior.shapes["w2-tp1"].latency).items():
         assert ratio == pytest.approx(0.5, rel=0.03), key  # never measured: rescaled
-    assert profile.shapes["w2-tp1"].load_time_s == pytest.approx(prior.shapes["w2-tp1"].load_time_s * 0.75)
-    assert profile.shapes["w1-tp1"].load_time_s == pytest.approx(prior.shapes["w1-tp1"].load_time_s * 0.75)
+    load_factor = (PRIOR_LOADS + 0.5) / (PRIOR_LOADS + 1)  # one start at half the prior's
+    assert profile.shapes["w2-tp1"].load_time_s == pytest.approx(prior.shapes["w2-tp1"].load_time_s * load_factor)
+    assert profile.shapes["w1-tp1"].load_time_s == pytest.approx(prior.shapes["w1-tp1"].load_time_s * load_factor)
     assert calibration.evidence().shapes_measured == ("w1-tp1",)
 
 

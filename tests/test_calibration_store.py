@@ -144,7 +144,7 @@ def test_a_run_calibrates_files_what_it_measured_and_the_next_plan_starts_from_i
     dag = workspace.dag(ENSEMBLE_DAG)
     _, progress = run_dag_file(dag, workspace.out, DeviceSet("cpu", (0, 1)), console=console, engine_factory=factory_call,
                                prefix_order=False, schedule="plan", profiles_root=root)
-    assert progress.estimates and all(rest_s >= 0 for _, rest_s, _ in progress.estimates)  # re-estimated while it ran
+    assert progress.estimates and all(rest_s >= 0 for _, rest_s, _, _ in progress.estimates)  # re-estimated while it ran
     text = console.export_text()
     assert "learnt profile of smollm2-135m saved: " in text  # filed as the profile names the model
     identity = this_machine("cpu")

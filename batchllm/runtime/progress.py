@@ -112,7 +112,8 @@ class RunProgress:
         self._tasks: dict[str, int] = {}
         self.stats: dict[str, NodeStats] = {}
         self.rest: tuple[float, float] | None = None  # (seconds to the run's end, at clock s), calibrated estimate
-        self.estimates: deque = deque(maxlen=MAX_ESTIMATES)  # (s into the run, rest s estimated then, work tokens done)
+        # (s into the run, rest s estimated then, work tokens done, units committed in this run)
+        self.estimates: deque = deque(maxlen=MAX_ESTIMATES)
         self.state = "running"
         self._started_s = clock()
         self.started_at = wall_time()
@@ -171,7 +172,8 @@ class RunProgress:
             if node in self.stats:
                 self.stats[node].model_eta = (seconds, now_s)
         self.rest = (rest_s, now_s)
-        self.estimates.append((run_s, rest_s, sum(s.work_tokens for s in self.stats.values())))
+        self.estimates.append((run_s, rest_s, sum(s.work_tokens for s in self.stats.values()),
+                               sum(s.units_done_now for s in self.stats.values())))
 
     def finish_node(self, node: str) -> None:
         self.stats[node].finished_at = self.clock()

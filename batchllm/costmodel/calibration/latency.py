@@ -13,8 +13,9 @@ prior_steps / (prior_steps + steps), fades; and in a direction no step informs (
 prefill was seen yet) the prior keeps holding.
 
 Speed factor: a foreign prior is mostly off by one factor (another CPU, another dtype,
-a busier machine). That factor is estimated first, with a weak prior of 1
-(`SCALE_PRIOR_STEPS`), and the design's targets are the prior's times times it, so a
+a busier machine). That factor is estimated first, as measured time over the prior's time
+summed over the steps (what makes the prior's total right), with `SCALE_PRIOR_STEPS`
+pseudo-steps of ratio 1, and the design's targets are the prior's times times it, so a
 handful of decode steps already rescales the prefill terms too.
 """
 
@@ -59,8 +60,8 @@ class LatencyCalibration:
     skipped: int = 0  # steps not used: no time measured
     _gram: np.ndarray = field(default_factory=lambda: np.zeros((COEFFICIENTS, COEFFICIENTS)), repr=False)
     _h: np.ndarray = field(default_factory=lambda: np.zeros(COEFFICIENTS), repr=False)
-    _ratio_sum: float = 0.0  # sum of prior time / measured time
-    _ratio_sq_sum: float = 0.0
+    _measured_s: float = 0.0  # sum of the steps' measured times
+    _prior_s: float = 0.0  # sum of the prior's times for the same steps
     _cached: StepLatencyModel | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -83,9 +84,8 @@ class LatencyCalibration:
         row = np.array([1.0, *features], float) / wall_s
         self._gram += np.outer(row, row)
         self._h += row
-        ratio = self.prior.step_s(StepFeatures(*features)) / wall_s
-        self._ratio_sum += ratio
-        self._ratio_sq_sum += ratio * ratio
+        self._measured_s += wall_s
+        self._prior_s += self.prior.step_s(StepFeatures(*features))
         self.steps += 1
         self._cached = None
 
@@ -99,8 +99,12 @@ class LatencyCalibration:
         return self.prior_steps / (self.prior_steps + self.steps)
 
     def speed_factor(self) -> float:
-        """Measured time over the prior's, fit over the steps (1 with no steps)."""
-        return (SCALE_PRIOR_STEPS + self._ratio_sum) / (SCALE_PRIOR_STEPS + self._ratio_sq_sum)
+        """Measured time over the prior's, summed over the steps, with SCALE_PRIOR_STEPS
+        pseudo-steps (of the steps' mean prior time) at 1; 1 with no steps."""
+        if not self.steps or self._prior_s <= 0:
+            return 1.0
+        pseudo_s = SCALE_PRIOR_STEPS * self._prior_s / self.steps
+        return (pseudo_s + self._measured_s) / (pseudo_s + self._prior_s)
 
     def model(self) -> StepLatencyModel:
         """The posterior step-latency model."""

@@ -1,14 +1,15 @@
 """An engine's start cost (launch until it takes requests), from the starts a run saw.
 
 Posterior mean with the prior counted as `prior_loads` starts: one start already moves
-it half-way, since a start is a single long measurement, not a noisy small one.
+it most of the way, since a start is a single long measurement, not a noisy small one,
+and what slows starts here (cold caches, a busy machine) the prior cannot know.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-PRIOR_LOADS = 1.0
+PRIOR_LOADS = 0.25
 
 
 @dataclass
