@@ -184,3 +184,44 @@ def test_step_features_match_the_profile_builders():
 
     steps = [StepRecord(0.1, 300, 2, 5, 900, 0, 0), StepRecord(0.2, 0, 0, 7, 700, 0, 0)]
     assert np.allclose([step_features(s) for s in steps], builder(steps))
+
+
+PREPARED = Path.home() / ".cache" / "batchllm" / "models" / "smollm2-135m"
+
+
+@pytest.mark.skipif(not (PREPARED / "tokenizer.json").is_file(), reason="the embedded model is not prepared on this machine")
+def test_the_planner_counts_prompt_tokens_with_the_models_tokenizer_when_it_is_here(workspace, tmp_path):
+    from batchllm.dag.checks import check_dag
+    from batchllm.dag.loader import load_dag
+    from batchllm.engines.protocol import EngineRequest
+    from batchllm.models.tokens import PromptTokenizer
+    from batchllm.planner.cluster import local_cluster
+    from batchllm.planner.from_dag import dag_workloads
+
+    model = workspace.root / "tiny-model"
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(PREPARED / name, model / name)
+    root = tmp_path / "profiles"
+    shutil.copytree(REPO / "profiles" / "cpu-intel-xeon" / "smollm2-135m", root / hardware_name("cpu") / "tiny-model",
+                    ignore=shutil.ignore_patterns("logs"))
+    dag = load_dag(workspace.dag("""
+        inputs:
+          questions: {path: questions.parquet, id_column: id}
+        nodes:
+          answer:
+            model: ./tiny-model
+            system: Answer briefly.
+            prompt: "Question: {{ question }}"
+        outputs:
+          answers: {columns: {answer: answer}}
+    """))
+    sources = check_dag(dag, batchllm_home())
+    cluster = local_cluster("cpu", 2)
+    exact = dag_workloads(dag, sources, cluster, root, home=batchllm_home()).nodes[0].workload.prompt_tokens
+    estimated = dag_workloads(dag, sources, cluster, root).nodes[0].workload.prompt_tokens
+    tokenizer = PromptTokenizer(model)
+    questions = [q for _, q in __import__("tests.conftest", fromlist=["QUESTIONS"]).QUESTIONS]
+    counted = [len(ids) for ids in tokenizer.token_ids_many([EngineRequest(str(i), f"Question: {q}", "Answer briefly.")
+                                                              for i, q in enumerate(questions)])]
+    assert exact.tolist() == counted
+    assert estimated.tolist() != counted  # 4 characters a token and a guess for the template
