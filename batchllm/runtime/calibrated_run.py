@@ -41,7 +41,7 @@ from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.stage_planner import NodeProgress, RunningPlan, StageChoice, StagePlanner
 
 WARMUP_STEPS = 3  # a fresh engine's first steps (as in the profile builder)
-ETA_INTERVAL_S = 5.0
+ETA_INTERVAL_S = 2.0
 ETA_BUDGET_SHARE = 0.05  # re-estimating takes at most this share of the run's time
 PROMPT_PRIOR_UNITS = 8.0  # the planner's prompt estimate counts as this many measured prompts
 MIN_STEPS_TO_SAVE = 30  # fewer measured steps than this teach the store nothing

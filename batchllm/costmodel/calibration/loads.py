@@ -1,7 +1,7 @@
 """An engine's start cost (launch until it takes requests), from the starts a run saw.
 
 Posterior mean with the prior counted as `prior_loads` starts: one start already moves
-it most of the way, since a start is a single long measurement, not a noisy small one,
+it nearly all the way, since a start is a single long measurement, not a noisy small one,
 and what slows starts here (cold caches, a busy machine) the prior cannot know.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PRIOR_LOADS = 0.25
+PRIOR_LOADS = 0.1
 
 
 @dataclass
