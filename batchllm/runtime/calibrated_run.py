@@ -4,8 +4,8 @@
 and the observer the executor feeds (`engine_started`, `steps`, `committed`, `tick`):
 
 - every engine start, step and finished output goes to its model's `ModelCalibration`
-  (the first `WARMUP_STEPS` steps of each engine pay one-time costs and are left out, as
-  the profile builder does); output lengths are also kept per node (prompts differ by
+  (the first step of each engine pays one-time costs and is left out; the profile builder
+  leaves out three, but a run's next steps are its prefills); output lengths are also kept per node (prompts differ by
   node), and each node's measured prompt tokens correct the planner's estimate of them
   (4 characters a token, plus a guess for the chat template);
 - at every stage end the problem is rebuilt from the calibrated profiles and the rest of
@@ -40,7 +40,7 @@ from batchllm.planner.problem import NodeWorkload, PlanProblem, build_problem
 from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.stage_planner import NodeProgress, RunningPlan, StageChoice, StagePlanner
 
-WARMUP_STEPS = 3  # a fresh engine's first steps (as in the profile builder)
+WARMUP_STEPS = 1  # a fresh engine's first step pays one-time costs; the next ones are the run's prefills
 ETA_INTERVAL_S = 2.0
 ETA_BUDGET_SHARE = 0.05  # re-estimating takes at most this share of the run's time
 PROMPT_PRIOR_UNITS = 8.0  # the planner's prompt estimate counts as this many measured prompts
