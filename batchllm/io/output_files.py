@@ -1,4 +1,6 @@
-"""Output files, written by streaming joins in DuckDB (bounded memory at any size):
+"""Output files, written by joins in DuckDB a window of input rows at a time (bounded memory
+at any size: each query joins one window of the input with the journal segments whose rows
+meet it, so neither a hash table nor a sort ever spans the data set):
 
 - `<out>/nodes/<node>.parquet`: every committed (row, step) of a node, sorted by the row's
   position and step, with the row's id from the input;
@@ -14,11 +16,14 @@ crash) sees the old file or the new one, never half of one.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -28,6 +33,8 @@ from batchllm.io.node_journal import ResultJournal
 
 MEMORY_LIMIT = "256MB"
 ROW_GROUP_ROWS = 65_536
+WINDOW_ROWS = 32_768  # input rows per join: +200 MB at any size (the whole data set at once: +420 MB at 1M rows, +510 MB at 10M)
+READ_BUFFER_BYTES = 1 << 20  # the input's pages stream through this buffer
 JSON_SQL_TYPES = {"integer": "BIGINT", "number": "DOUBLE", "boolean": "BOOLEAN", "string": "VARCHAR", "json": "VARCHAR"}
 ARROW_TYPES = {"BIGINT": pa.int64(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(), "VARCHAR": pa.string()}
 NODE_COLUMNS = ("step", "text", "num_prompt_tokens", "num_output_tokens", "finish_reason")
@@ -88,25 +95,79 @@ def _row_id(input_alias: str, source: InputFile) -> str:
     return f"CAST({input_alias}.file_row_number AS VARCHAR)"
 
 
-def _segments_sql(journal: ResultJournal) -> str:
-    return "read_parquet([" + ", ".join(_literal(str(p)) for p in journal.segment_paths()) + "])"
+@dataclass(frozen=True)
+class _Segments:
+    """A journal's compacted segments and the row range of each (from Parquet statistics)."""
+
+    paths: tuple[Path, ...]
+    ranges: tuple[tuple[int, int], ...]  # (first row, last row) of each
+
+    @classmethod
+    def of(cls, journal: ResultJournal) -> "_Segments":
+        paths = tuple(journal.segment_paths())
+        return cls(paths, tuple(_row_range(p) for p in paths))
+
+    def sql(self, start: int, stop: int) -> str:
+        """Its records of rows [start, stop) as a table expression (typed and empty if none)."""
+        meeting = [p for p, (first, last) in zip(self.paths, self.ranges) if first < stop and last >= start]
+        if not meeting:
+            return ("(SELECT NULL::BIGINT AS row, NULL::INTEGER AS step, NULL::VARCHAR AS text, NULL::BIGINT AS "
+                    "num_prompt_tokens, NULL::BIGINT AS num_output_tokens, NULL::VARCHAR AS finish_reason, "
+                    "NULL::VARCHAR[] AS texts WHERE false)")
+        files = ", ".join(_literal(str(p)) for p in meeting)
+        return f"(SELECT * FROM read_parquet([{files}]) WHERE row >= {int(start)} AND row < {int(stop)})"
 
 
-def _copy_query(query: str | None, path: Path, schema: pa.Schema, dictionary: list[str]) -> None:
-    """The query's rows (none if None) into `path`, atomically, with exactly `schema`'s types
-    (DuckDB's own COPY marks a column `not null` when the data happens to have no null, and
-    names list items `element`); DuckDB spills beside it if it must, Python holds one batch.
-    zstd, dictionary pages only for `dictionary` (few distinct values): at 10M short results
-    22 MB in 2.4 s against 127 MB in 2.6 s with pyarrow's defaults."""
+def _row_range(path: Path) -> tuple[int, int]:
+    metadata = pq.read_metadata(path)
+    column = metadata.schema.to_arrow_schema().get_field_index("row")
+    stats = [metadata.row_group(g).column(column).statistics for g in range(metadata.num_row_groups)]
+    return min(int(s.min) for s in stats), max(int(s.max) for s in stats)
+
+
+def _input_windows(source: InputFile, columns: list[str]) -> Iterator[tuple[int, pa.Table]]:
+    """(first row, table) per window of the input: `columns` and `file_row_number` (the position)."""
+    with pq.ParquetFile(source.path, pre_buffer=False, buffer_size=READ_BUFFER_BYTES) as handle:
+        rows = handle.metadata.num_rows
+        if not columns:
+            for start in range(0, rows, WINDOW_ROWS):
+                yield start, pa.table({"file_row_number": np.arange(start, min(rows, start + WINDOW_ROWS), dtype=np.int64)})
+            return
+        start = 0
+        for batch in handle.iter_batches(batch_size=WINDOW_ROWS, columns=columns, use_threads=False):
+            positions = pa.array(np.arange(start, start + batch.num_rows, dtype=np.int64))
+            yield start, pa.Table.from_batches([batch]).append_column("file_row_number", positions)
+            start += batch.num_rows
+
+
+def _windows_sql(connection: duckdb.DuckDBPyConnection, source: InputFile, columns: list[str],
+                 query_of: Callable[[int, int], str]) -> Iterator[pa.RecordBatch]:
+    """Each window's rows of `query_of(start, stop)` (which reads the window as `input_window`)."""
+    for start, window in _input_windows(source, columns):
+        connection.register("input_window", window)
+        try:
+            yield from connection.sql(query_of(start, start + window.num_rows)).to_arrow_reader(ROW_GROUP_ROWS)
+        finally:
+            connection.unregister("input_window")
+
+
+def _copy_windows(source: InputFile, columns: list[str], query_of: Callable[[int, int], str] | None, path: Path,
+                  schema: pa.Schema, dictionary: list[str]) -> None:
+    """The windows' rows (none if `query_of` is None) into `path`, atomically, with exactly
+    `schema`'s types (DuckDB's own COPY marks a column `not null` when the data happens to
+    have no null, and names list items `element`); DuckDB spills beside it if it must,
+    Python holds one window of the input and one batch. zstd, dictionary pages only for
+    `dictionary` (few distinct values): at 10M short results 22 MB in 2.4 s against 127 MB
+    in 2.6 s with pyarrow's defaults."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=".spill-") as spill, \
                 pq.ParquetWriter(temporary, schema, compression="zstd", use_dictionary=dictionary) as writer:
-            if query is not None:
+            if query_of is not None:
                 connection = _connect(Path(spill))
                 try:
-                    for batch in connection.sql(query).to_arrow_reader(ROW_GROUP_ROWS):
+                    for batch in _windows_sql(connection, source, columns, query_of):
                         writer.write_batch(batch.cast(schema))
                 finally:
                     connection.close()
@@ -115,16 +176,25 @@ def _copy_query(query: str | None, path: Path, schema: pa.Schema, dictionary: li
         temporary.unlink(missing_ok=True)
 
 
-def _copy_query_jsonl(query: str, path: Path) -> None:
-    """The query's rows into `path` as JSON lines, atomically, by DuckDB's COPY (streaming;
-    spills beside it if it must)."""
+def _copy_windows_jsonl(source: InputFile, columns: list[str], query_of: Callable[[int, int], str], path: Path) -> None:
+    """The windows' rows into `path` as JSON lines, atomically: each window by DuckDB's COPY
+    into the spill folder, appended in order."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with tempfile.TemporaryDirectory(dir=path.parent, prefix=".spill-") as spill:
+        with tempfile.TemporaryDirectory(dir=path.parent, prefix=".spill-") as spill, open(temporary, "wb") as out:
             connection = _connect(Path(spill))
+            part = Path(spill) / "window.jsonl"
             try:
-                connection.execute(f"COPY ({query}) TO {_literal(str(temporary))} (FORMAT json)")
+                for start, window in _input_windows(source, columns):
+                    connection.register("input_window", window)
+                    try:
+                        query = query_of(start, start + window.num_rows)
+                        connection.execute(f"COPY ({query}) TO {_literal(str(part))} (FORMAT json)")
+                    finally:
+                        connection.unregister("input_window")
+                    with open(part, "rb") as lines:
+                        shutil.copyfileobj(lines, out)
             finally:
                 connection.close()
         os.replace(temporary, path)
@@ -136,15 +206,19 @@ def write_node_file(journal: ResultJournal, source: InputFile, path: Path) -> No
     """Every committed result of the node (the journal's tail is compacted first)."""
     journal.compact()
     schema = NODE_SCHEMA.append(pa.field("texts", pa.list_(pa.string()))) if journal.samples > 1 else NODE_SCHEMA
-    if not journal.segment_paths():
-        _copy_query(None, path, schema, ["finish_reason"])
+    segments = _Segments.of(journal)
+    id_columns = [source.id_column] if source.id_column else []
+    if not segments.paths:
+        _copy_windows(source, id_columns, None, path, schema, ["finish_reason"])
         return
     extra = ", s.texts" if journal.samples > 1 else ""
     columns = ", ".join(f"s.{c}" for c in NODE_COLUMNS)
-    query = (f"SELECT {_row_id('i', source)} AS {ROW_ID}, {columns}{extra} FROM {_segments_sql(journal)} s "
-             f"JOIN read_parquet({_literal(str(source.path))}, file_row_number = true) i ON i.file_row_number = s.row "
-             f"ORDER BY s.row, s.step")
-    _copy_query(query, path, schema, ["finish_reason"])
+
+    def query_of(start: int, stop: int) -> str:
+        return (f"SELECT {_row_id('i', source)} AS {ROW_ID}, {columns}{extra} FROM {segments.sql(start, stop)} s "
+                f"JOIN input_window i ON i.file_row_number = s.row ORDER BY s.row, s.step")
+
+    _copy_windows(source, id_columns, query_of, path, schema, ["finish_reason"])
 
 
 def write_output_set(spec: OutputSpec, source: InputFile, finals: dict[str, FinalSource],
@@ -154,18 +228,16 @@ def write_output_set(spec: OutputSpec, source: InputFile, finals: dict[str, Fina
         final.journal.compact()
     nodes = sorted({member for ref in spec.columns.values() if ref.node
                     for member in merges.get(ref.node, (ref.node,))})
-    joins, selects = [], [f"{_row_id('i', source)} AS {ROW_ID}"]
+    selects = [f"{_row_id('i', source)} AS {ROW_ID}"]
     input_schema, fields = pq.read_schema(source.path), [pa.field(ROW_ID, pa.string())]
     aliases = {node: f"n{k}" for k, node in enumerate(nodes)}
-    for node in nodes:
-        final, alias = finals[node], aliases[node]
-        step = f"len(i.{_quote(final.last_step_column)}) - 1" if final.last_step_column else "0"
-        table = (_segments_sql(final.journal) if final.journal.segment_paths()
-                 else "(SELECT NULL::BIGINT AS row, NULL::INTEGER AS step, NULL::VARCHAR AS text, NULL::BIGINT AS "
-                      "num_prompt_tokens, NULL::BIGINT AS num_output_tokens, NULL::VARCHAR AS finish_reason WHERE false)")
-        joins.append(f"LEFT JOIN {table} {alias} ON {alias}.row = i.file_row_number AND {alias}.step = {step}")
+    segments = {node: _Segments.of(finals[node].journal) for node in nodes}
+    steps = {node: (f"len(i.{_quote(finals[node].last_step_column)}) - 1" if finals[node].last_step_column else "0")
+             for node in nodes}
+    read = {c for c in [source.id_column, *(finals[n].last_step_column for n in nodes)] if c}
     for name, ref in spec.columns.items():
         if ref.node is None:
+            read.add(ref.field)
             selects.append(f"i.{_quote(ref.field)} AS {_quote(name)}")
             fields.append(pa.field(name, input_schema.field(ref.field).type))
             continue
@@ -174,10 +246,15 @@ def write_output_set(spec: OutputSpec, source: InputFile, finals: dict[str, Fina
         cases = " ".join(f"WHEN {aliases[m]}.row IS NOT NULL THEN {_result_value(aliases[m], ref)}" for m in members)
         selects.append(f"CAST(CASE {cases} END AS {kind}) AS {_quote(name)}")
         fields.append(pa.field(name, ARROW_TYPES[kind]))
-    query = (f"SELECT {', '.join(selects)} FROM read_parquet({_literal(str(source.path))}, file_row_number = true) i "
-             f"{' '.join(joins)} ORDER BY i.file_row_number")
+    columns = [c for c in input_schema.names if c in read]
+
+    def query_of(start: int, stop: int) -> str:
+        joins = " ".join(f"LEFT JOIN {segments[n].sql(start, stop)} {aliases[n]} ON {aliases[n]}.row = i.file_row_number "
+                         f"AND {aliases[n]}.step = {steps[n]}" for n in nodes)
+        return f"SELECT {', '.join(selects)} FROM input_window i {joins} ORDER BY i.file_row_number"
+
     if spec.format == "jsonl":
-        _copy_query_jsonl(query, path)
+        _copy_windows_jsonl(source, columns, query_of, path)
         return
     reasons = [name for name, ref in spec.columns.items() if ref.node and ref.field == "finish_reason"]
-    _copy_query(query, path, pa.schema(fields), reasons)
+    _copy_windows(source, columns, query_of, path, pa.schema(fields), reasons)
