@@ -28,11 +28,20 @@ whether the resumed run's final data sets and node files equal the uninterrupted
     worst: peak RSS <x> GB, growth <y> %, <z> requests/s, first request <w> s, resume <v> s, outputs equal: yes|no
 (growth: peak RSS at the largest size against 1,000,000 rows, or the smallest size run).
 `--quick` runs 20,000 and 100,000 rows for development.
+
+When a size cannot run three whole passes in the time there is, `--partial 10000000` skips
+its uninterrupted pass: the interrupted one is killed at half the units (estimated) or after
+`--interrupt-min` minutes, and the resumed one runs to the end or to `--deadline` (HH:MM
+UTC; every pass still running then is killed and marked `timeout`). Its outputs are then
+not compared, and the summary says so. `--record FILE` appends each size's summary as a
+JSON line; `--summarize FILE...` prints the worst line over recorded sizes (so sizes run
+by separate commands are summed up together).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import shutil
@@ -64,6 +73,7 @@ SIZES = (100_000, 1_000_000, 10_000_000)
 QUICK_SIZES = (20_000, 100_000)
 POLL_S = 0.1
 GB = 1e9
+UNITS_PER_ROW = 1.8  # gen every row, tech and judge 40 %: the estimate a partial size is killed at half of
 
 DAG = """\
 name: scale-{rows}
@@ -258,9 +268,11 @@ class DriverRun:
         return max(self.peak_rss_kb, own) * 1024 / GB
 
 
-def run_driver(label: str, dag: Path, out: Path, log: Path, timeout_s: float, kill_at_units: int | None = None) -> DriverRun:
+def run_driver(label: str, dag: Path, out: Path, log: Path, timeout_s: float, kill_at_units: int | None = None,
+               kill_after_s: float | None = None, ends_at: float | None = None) -> DriverRun:
     """One `scale_driver.py` run, watched: RSS, committed units, events; `kill -9` once
-    `kill_at_units` are committed on disk (or at the timeout)."""
+    `kill_at_units` are committed on disk or `kill_after_s` have passed (a planned
+    interruption), or at the timeout or `ends_at` (epoch s; marked timed out)."""
     counter = CommittedCounter(out)
     run = DriverRun(label, time.time(), units_at_start=counter.count())
     with open(log, "w") as stderr:
@@ -279,7 +291,8 @@ def run_driver(label: str, dag: Path, out: Path, log: Path, timeout_s: float, ki
 
     reader = threading.Thread(target=read_events, daemon=True)
     reader.start()
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + timeout_s if ends_at is None else min(time.monotonic() + timeout_s,
+                                                                         time.monotonic() + ends_at - time.time())
     while process.poll() is None:
         run.peak_rss_kb = max(run.peak_rss_kb, _status_kb(process.pid, "VmHWM"))
         helpers = sum(_status_kb(c, "VmRSS") for c in _children(process.pid) if c not in run.engine_pids)
@@ -287,8 +300,10 @@ def run_driver(label: str, dag: Path, out: Path, log: Path, timeout_s: float, ki
         units = counter.count()
         if run.first_commit is None and units > run.units_at_start:
             run.first_commit = time.time()
-        if (kill_at_units is not None and units >= kill_at_units) or time.monotonic() > deadline:
-            run.timed_out = time.monotonic() > deadline
+        planned = (kill_at_units is not None and units >= kill_at_units) or \
+            (kill_after_s is not None and time.time() - run.started > kill_after_s)
+        if planned or time.monotonic() > deadline:
+            run.timed_out = not planned
             process.send_signal(signal.SIGKILL)
             run.killed_at = time.time()
             break
@@ -356,7 +371,7 @@ class SizeResult:
     rows: int
     runs: dict[str, DriverRun]
     units: int
-    equal: bool
+    equal: bool | None  # None: not compared (a partial size)
     why: str
 
     @property
@@ -371,18 +386,39 @@ class SizeResult:
         return resumed.since_start(resumed.first_commit or resumed.events.get("first_result", {}).get("time"))
 
 
-def run_size(rows: int, timeout_s: float, keep: bool) -> SizeResult:
+def run_partial(rows: int, timeout_s: float, interrupt_s: float | None, folder: Path, dag: Path,
+                ends_at: float | None) -> SizeResult:
+    """No uninterrupted pass: interrupted at about half the units (or after `interrupt_s`),
+    then resumed; nothing to compare the outputs with."""
+    half = int(rows * UNITS_PER_ROW) // 2
+    runs = {"interrupted": run_driver("interrupted", dag, folder / "resumed", folder / "interrupted.log", timeout_s,
+                                      kill_at_units=half, kill_after_s=interrupt_s, ends_at=ends_at)}
+    runs["resumed"] = resumed = run_driver("resumed", dag, folder / "resumed", folder / "resumed.log", timeout_s, ends_at=ends_at)
+    done = "to the end" if resumed.exit_code == 0 else f"not to the end (exit {resumed.exit_code}, {'timeout' if resumed.timed_out else 'see log'})"
+    why = (f"no uninterrupted pass at this size; interrupted at {runs['interrupted'].units_at_end:,} units "
+           f"(half is ~{half:,}), resumed {done}")
+    return SizeResult(rows, runs, resumed.units_at_end, None, why)
+
+
+def run_size(rows: int, timeout_s: float, keep: bool, partial: bool = False, interrupt_s: float | None = None,
+             ends_at: float | None = None) -> SizeResult:
     dag = dag_file(rows)
     folder = RUNS / str(rows)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    full = run_driver("full", dag, folder / "full", folder / "full.log", timeout_s)
+    if partial:
+        result = run_partial(rows, timeout_s, interrupt_s, folder, dag, ends_at)
+        if not keep:
+            shutil.rmtree(folder / "resumed", ignore_errors=True)
+        return result
+    full = run_driver("full", dag, folder / "full", folder / "full.log", timeout_s, ends_at=ends_at)
     runs = {"full": full}
     units = sum(units_by_node(folder / "full").values()) if full.exit_code == 0 else full.units_at_end
     if full.exit_code != 0:
         return SizeResult(rows, runs, units, False, f"full run did not finish (exit {full.exit_code}, see {folder / 'full.log'})")
-    runs["interrupted"] = run_driver("interrupted", dag, folder / "resumed", folder / "interrupted.log", timeout_s, kill_at_units=units // 2)
-    runs["resumed"] = resumed = run_driver("resumed", dag, folder / "resumed", folder / "resumed.log", timeout_s)
+    runs["interrupted"] = run_driver("interrupted", dag, folder / "resumed", folder / "interrupted.log", timeout_s,
+                                     kill_at_units=units // 2, ends_at=ends_at)
+    runs["resumed"] = resumed = run_driver("resumed", dag, folder / "resumed", folder / "resumed.log", timeout_s, ends_at=ends_at)
     if resumed.exit_code != 0:
         equal, why = False, f"resumed run did not finish (exit {resumed.exit_code}, see {folder / 'resumed.log'})"
     else:
@@ -398,7 +434,7 @@ def _s(value: float | None, digits: int = 2) -> str:
 
 
 def print_size(result: SizeResult, by_node: str) -> None:
-    full = result.runs["full"]
+    full = next(iter(result.runs.values()))
     print(f"\n{result.rows:,} rows: {result.units:,} units ({by_node}); schedule {full.events.get('start', {}).get('schedule', '?')}"
           f" ({full.events.get('start', {}).get('why', '')})")
     labels = list(result.runs)
@@ -418,27 +454,51 @@ def print_size(result: SizeResult, by_node: str) -> None:
     ]
     for name, value in lines:
         print(f"{name:34}" + "".join(f"{value(result.runs[label]):>14}" for label in labels))
-    print(f"resume (re-run start -> first new unit committed): {_s(result.resume_s)} s; outputs equal: "
-          f"{'yes' if result.equal else 'no'} ({result.why})")
+    equal = "not compared" if result.equal is None else "yes" if result.equal else "no"
+    print(f"resume (re-run start -> first new unit committed): {_s(result.resume_s)} s; outputs equal: {equal} ({result.why})")
 
 
-def worst_line(results: list[SizeResult]) -> str:
-    def worst(values, pick):
-        values = [v for v in values if v is not None]
+def summary(result: SizeResult) -> dict:
+    """What the worst line needs of a size. Requests/s: of the uninterrupted pass, else of the
+    interrupted one (from scratch too); first request: every pass that logged one."""
+    rate_run = result.runs.get("full") or result.runs.get("interrupted")
+    firsts = [run.first_request_s for key, run in result.runs.items() if key != "interrupted" or "full" not in result.runs]
+    return {"rows": result.rows, "peak_rss_gb": result.peak_rss_gb, "requests_per_s": rate_run.requests_per_s,
+            "first_request_s": max([f for f in firsts if f is not None], default=None), "resume_s": result.resume_s,
+            "equal": result.equal, "complete": all(r.exit_code == 0 for k, r in result.runs.items() if k != "interrupted")}
+
+
+def worst_line(sizes: list[dict]) -> str:
+    """The worst over sizes' summaries (see `summary`)."""
+    def worst(key, pick):
+        values = [size[key] for size in sizes if size[key] is not None]
         return pick(values) if values else None
 
-    peak = worst([r.peak_rss_gb for r in results], max)
-    by_size = {r.rows: r.peak_rss_gb for r in results}
+    by_size = {size["rows"]: size["peak_rss_gb"] for size in sizes}
     largest = max(by_size)
     base = 1_000_000 if 1_000_000 in by_size and largest > 1_000_000 else min(by_size)
     growth = None if base == largest else (by_size[largest] / by_size[base] - 1) * 100
     print(f"growth: peak RSS at {largest:,} rows against {base:,} rows")
-    rate = worst([r.runs["full"].requests_per_s for r in results], min)
-    first = worst([run.first_request_s for r in results for key, run in r.runs.items() if key != "interrupted"], max)
-    resume = worst([r.resume_s for r in results], max)
-    equal = "yes" if all(r.equal for r in results) else "no"
-    return (f"worst: peak RSS {_s(peak)} GB, growth {_s(growth, 1)} %, {_s(rate, 0).replace(',', '')} requests/s, "
-            f"first request {_s(first)} s, resume {_s(resume)} s, outputs equal: {equal}")
+    compared = [size["rows"] for size in sizes if size["equal"] is not None]
+    skipped = [size["rows"] for size in sizes if size["equal"] is None]
+    incomplete = [size["rows"] for size in sizes if not size["complete"]]
+    if skipped or incomplete:
+        print(f"outputs compared at {', '.join(f'{r:,}' for r in compared) or 'no size'} rows; not at "
+              f"{', '.join(f'{r:,}' for r in skipped) or '-'}; runs that did not reach the end: "
+              f"{', '.join(f'{r:,}' for r in incomplete) or 'none'}")
+    equal = "yes" if compared and all(size["equal"] for size in sizes if size["equal"] is not None) else "no"
+    rate = worst("requests_per_s", min)
+    return (f"worst: peak RSS {_s(worst('peak_rss_gb', max))} GB, growth {_s(growth, 1)} %, "
+            f"{_s(rate, 0).replace(',', '')} requests/s, first request {_s(worst('first_request_s', max))} s, "
+            f"resume {_s(worst('resume_s', max))} s, outputs equal: {equal}")
+
+
+def _deadline_at(text: str | None) -> float | None:
+    """HH:MM UTC today as epoch s (None: no deadline)."""
+    if not text:
+        return None
+    hour, minute = map(int, text.split(":"))
+    return datetime.datetime.now(datetime.timezone.utc).replace(hour=hour, minute=minute, second=0, microsecond=0).timestamp()
 
 
 def main() -> int:
@@ -446,19 +506,32 @@ def main() -> int:
     parser.add_argument("--sizes", help="comma-separated row counts (default: 100000,1000000,10000000)")
     parser.add_argument("--quick", action="store_true", help="20,000 and 100,000 rows")
     parser.add_argument("--timeout-min", type=float, default=120.0, help="per driver run; then it is killed")
+    parser.add_argument("--deadline", help="HH:MM UTC: any driver run still going then is killed")
+    parser.add_argument("--partial", default="", help="sizes run without the uninterrupted pass (comma-separated)")
+    parser.add_argument("--interrupt-min", type=float, help="a partial size's interrupted pass is killed after this long at most")
     parser.add_argument("--keep", action="store_true", help="keep the run folders (benchmarks/results/scale-runs/)")
+    parser.add_argument("--record", type=Path, help="append each size's summary to this JSON-lines file")
+    parser.add_argument("--summarize", type=Path, nargs="+", help="only print the worst line over these record files")
     args = parser.parse_args()
+    if args.summarize:
+        print(worst_line([json.loads(line) for path in args.summarize for line in path.read_text().splitlines() if line]))
+        return 0
     sizes = QUICK_SIZES if args.quick else tuple(int(s.replace("_", "")) for s in args.sizes.split(",")) if args.sizes else SIZES
+    partial = {int(s.replace("_", "")) for s in args.partial.split(",") if s}
     results = []
     for rows in sizes:
         started = time.perf_counter()
         data_file(rows)
         print(f"data: {rows:,} rows ready in {time.perf_counter() - started:.1f} s", flush=True)
-        result = run_size(rows, args.timeout_min * 60, args.keep)
+        interrupt_s = args.interrupt_min * 60 if args.interrupt_min else None
+        result = run_size(rows, args.timeout_min * 60, args.keep, rows in partial, interrupt_s, _deadline_at(args.deadline))
         full = RUNS / str(rows) / "full"
         by_node = ", ".join(f"{n} {c:,}" for n, c in units_by_node(full).items()) if full.is_dir() else "by node: see --keep"
         print_size(result, by_node)
-        results.append(result)
+        results.append(summary(result))
+        if args.record:
+            with open(args.record, "a") as record:
+                record.write(json.dumps(results[-1]) + "\n")
     print()
     print(worst_line(results))
     return 0
