@@ -12,6 +12,12 @@ no steps the posterior is the prior; as steps arrive the prior's share,
 prior_steps / (prior_steps + steps), fades; and in a direction no step informs (say no
 prefill was seen yet) the prior keeps holding.
 
+Totals: relative error treats a step that stalled (another process had the core) as one
+bad ratio among many, which is right for the model's shape but leaves the sum of step
+times short on a busy machine, and a run's time is that sum. So the posterior is scaled
+last by measured time over predicted time summed over the steps (`TOTAL_PRIOR_STEPS`
+pseudo-steps at 1): its total over the run's steps is the measured total.
+
 Speed factor: a foreign prior is mostly off by one factor (another CPU, another dtype,
 a busier machine). That factor is estimated first, as measured time over the prior's time
 summed over the steps (what makes the prior's total right), with `SCALE_PRIOR_STEPS`
@@ -30,6 +36,7 @@ from batchllm.costmodel.latency import StepFeatures, StepLatencyModel
 
 PRIOR_STEPS = 32.0  # the prior counts as this many steps
 SCALE_PRIOR_STEPS = 4.0  # the speed factor's prior (1: the profile is right) counts as this many steps
+TOTAL_PRIOR_STEPS = 4.0  # the total correction's prior (1) counts as this many steps
 COEFFICIENTS = 5  # base + the four features
 
 
@@ -60,6 +67,7 @@ class LatencyCalibration:
     skipped: int = 0  # steps not used: no time measured
     _gram: np.ndarray = field(default_factory=lambda: np.zeros((COEFFICIENTS, COEFFICIENTS)), repr=False)
     _h: np.ndarray = field(default_factory=lambda: np.zeros(COEFFICIENTS), repr=False)
+    _sum_x: np.ndarray = field(default_factory=lambda: np.zeros(COEFFICIENTS), repr=False)  # sum of [1, features]
     _measured_s: float = 0.0  # sum of the steps' measured times
     _prior_s: float = 0.0  # sum of the prior's times for the same steps
     _cached: StepLatencyModel | None = field(default=None, repr=False)
@@ -84,6 +92,7 @@ class LatencyCalibration:
         row = np.array([1.0, *features], float) / wall_s
         self._gram += np.outer(row, row)
         self._h += row
+        self._sum_x += row * wall_s
         self._measured_s += wall_s
         self._prior_s += self.prior.step_s(StepFeatures(*features))
         self.steps += 1
@@ -116,9 +125,15 @@ class LatencyCalibration:
             weight = self.prior_steps / max(int(keep.sum()), 1)
             gram = self._gram + weight * rows.T @ rows
             h = self._h + weight * rows.sum(axis=0)
-            self._cached = StepLatencyModel(*map(float, nnls_normal(gram, h)))
+            coefficients = nnls_normal(gram, h)
+            predicted_s = float(coefficients @ self._sum_x)
+            if self.steps and predicted_s > 0:
+                pseudo_s = TOTAL_PRIOR_STEPS * predicted_s / self.steps
+                coefficients = coefficients * (pseudo_s + self._measured_s) / (pseudo_s + predicted_s)
+            self._cached = StepLatencyModel(*map(float, coefficients))
         return self._cached
 
     def with_prior_steps(self, prior_steps: float) -> "LatencyCalibration":
         """The same evidence against a prior of another weight."""
-        return replace(self, prior_steps=prior_steps, _gram=self._gram.copy(), _h=self._h.copy(), _cached=None)
+        return replace(self, prior_steps=prior_steps, _gram=self._gram.copy(), _h=self._h.copy(), _sum_x=self._sum_x.copy(),
+                       _cached=None)
