@@ -35,8 +35,8 @@ from batchllm.costmodel.calibration.nnls import nnls_normal
 from batchllm.costmodel.latency import StepFeatures, StepLatencyModel
 
 PRIOR_STEPS = 32.0  # the prior counts as this many steps
-SCALE_PRIOR_STEPS = 4.0  # the speed factor's prior (1: the profile is right) counts as this many steps
-TOTAL_PRIOR_STEPS = 4.0  # the total correction's prior (1) counts as this many steps
+SCALE_PRIOR_STEPS = 1.0  # the speed factor's prior (1: the profile is right) counts as this many steps
+TOTAL_PRIOR_STEPS = 1.0  # the total correction's prior (1) counts as this many steps
 COEFFICIENTS = 5  # base + the four features
 
 
