@@ -7,6 +7,10 @@ advertises as resources `core<N>`: batchllm binds an engine on that node to exac
 those cores, as on one machine. Every process of the cluster has the cluster's own
 temp folder on its command line, so `stop` ends exactly those processes (never other
 Ray processes on the machine), and `kill_raylet` takes one node away as a lost machine.
+A watchdog process stops the cluster when its owner (the process that started it) ends
+without stopping it, e.g. a test run killed by a timeout before its teardown.
+
+    python -m batchllm.cluster.local watch OWNER_PID PORT TEMP_DIR   (started by `start`)
 """
 
 from __future__ import annotations
@@ -46,8 +50,12 @@ class LocalRayCluster:
 
     @classmethod
     def start(cls, cores_per_node: list[tuple[int, ...]], port: int = 6390, temp_dir: Path | None = None) -> "LocalRayCluster":
-        """Head on the first cores, one worker node per further entry; stops what it started if a step fails."""
+        """Head on the first cores, one worker node per further entry; stops what it started if a step fails,
+        and when this process ends without calling `stop`."""
         cluster = cls(port, temp_dir or Path(f"/tmp/blray{port}"))
+        subprocess.Popen([sys.executable, "-m", "batchllm.cluster.local", "watch", str(os.getpid()), str(port),
+                          str(cluster.temp_dir)], start_new_session=True, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             for cores in cores_per_node:
                 cluster.add_node(cores)
@@ -139,3 +147,16 @@ def _parent(pid: int) -> int | None:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def watch(owner_pid: int, port: int, temp_dir: Path, every_s: float = 2.0) -> None:
+    """Once the owner process is gone, stop whatever is left of the cluster (nothing after a clean `stop`)."""
+    while Path(f"/proc/{owner_pid}").exists():
+        time.sleep(every_s)
+    LocalRayCluster(port, temp_dir).stop()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 5 or sys.argv[1] != "watch":
+        raise SystemExit(f"usage: python -m batchllm.cluster.local watch OWNER_PID PORT TEMP_DIR (got {sys.argv[1:]})")
+    watch(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))
