@@ -127,3 +127,11 @@ def test_a_cpu_replica_reserves_its_cores_and_their_core_resources():
     assert replica_bundle(config, {"CPU": 8.0}) == {"CPU": 1.0}
     gpu = EngineConfig("m", Replica("gpu", (0, 1), 2, node="b"))
     assert replica_bundle(gpu, {"CPU": 8.0, "GPU": 8.0}) == {"GPU": 2.0, "CPU": 1.0}
+
+
+def test_plan_tables_name_each_nodes_own_devices():
+    from batchllm.planner.report import _devices_text
+
+    assert _devices_text((8, 9, 10, 11), (8, 8)) == "n2:0-3"
+    assert _devices_text((6, 7, 8, 9), (8, 8)) == "n1:6-7 n2:0-1"
+    assert _devices_text((0, 1, 2), ()) == "0-2"

@@ -9,7 +9,16 @@ from batchllm.planner.plan_file import PlanReport
 from batchllm.planner.schedule import Schedule
 
 
-def _devices_text(ids: tuple[int, ...]) -> str:
+def _devices_text(ids: tuple[int, ...], node_sizes: tuple[int, ...] = ()) -> str:
+    """`0-3`; on several nodes each node's own device numbers: `n1:0-7 n2:0-3` (nodes from 1)."""
+    if len(node_sizes) > 1:
+        parts, start = [], 0
+        for number, size in enumerate(node_sizes, 1):
+            local = tuple(i - start for i in ids if start <= i < start + size)
+            if local:
+                parts.append(f"n{number}:{_devices_text(local)}")
+            start += size
+        return " ".join(parts)
     if len(ids) > 1 and list(ids) == list(range(ids[0], ids[-1] + 1)):
         return f"{ids[0]}-{ids[-1]}"
     return ",".join(map(str, ids))
@@ -36,7 +45,7 @@ def print_report(report: PlanReport, console: Console) -> None:
         table.add_column(column, justify=justify)
     for row in stage_rows(schedule, report):
         left = "done" if row["finished"] else f"{row['requests_left']:.0f}"
-        table.add_row(str(row["stage"]), row["node"], row["model"], row["plan"], _devices_text(tuple(row["devices"])),
+        table.add_row(str(row["stage"]), row["node"], row["model"], row["plan"], _devices_text(tuple(row["devices"]), report.cluster.node_sizes),
                       f"{row['start_s']:.1f}", f"{row['end_s']:.1f}", f"{row['engine_start_s']:.1f}", left)
     console.print(table)
     console.print("load s: engine start paid in the stage; left: requests still to do after it")
