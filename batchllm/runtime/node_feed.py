@@ -26,7 +26,7 @@ from batchllm.dag.templates import compile_template, render_checked
 from batchllm.engines.protocol import EngineRequest
 from batchllm.io.input_source import ROW_ID, InputSource
 from batchllm.io.node_journal import ResultJournal
-from batchllm.io.sql import sql_identifiers, where_row_ids
+from batchllm.io.sql import WhereFilter, sql_identifiers
 from batchllm.runtime.ledger import FinalState, NodeLedger, RowState, UnitStatus
 
 WINDOW_ROWS = 16_384  # rows admitted per scan step
@@ -94,6 +94,7 @@ class NodeFeed:
         self._system = compile_template(node.system, where=f"nodes.{node.name}.system", first_line=None) if node.system else None
         used = set(node.columns_used) | ({node.iterate.over} if node.iterate else set())
         used |= sql_identifiers(node.where) if node.where else set()  # `where:` may read columns no template reads
+        self._where_filter = WhereFilter(node.where, where=f"nodes.{node.name}.where") if node.where else None
         self._columns = [c for c in source.schema.names if c in used and c != ROW_ID]
 
     # -- finding ready units -----------------------------------------------------------
@@ -165,8 +166,8 @@ class NodeFeed:
         table = self._rows_table(rows)
         texts = {name: pa.array(u.texts(rows), pa.string()) for name, u in self.upstream.items()}
         table = table.append_column(POSITION, pa.array(rows, pa.int64()))
-        kept = where_row_ids(table, texts, self.node.where, where=f"nodes.{self.node.name}.where", key=POSITION)
-        return np.sort(np.asarray(kept, np.int64))
+        kept = self._where_filter.kept(table, texts, key=POSITION)
+        return np.sort(kept.to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
 
     def _rows_table(self, rows: np.ndarray) -> pa.Table:
         """The input columns the node reads, plus `row_id`, for these (sorted) rows."""
