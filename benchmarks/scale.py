@@ -19,7 +19,8 @@ the driver's. Three runs per size:
 Printed per size: driver peak RSS (VmHWM of the driver process, polled, and its own
 getrusage at exit; GB = 10^9 bytes), the peak of its other child processes (not engines)
 summed, requests/s through the driver ((node, row, step) units committed in the run /
-time from engines ready to the run's end), engines ready after the command started, the
+time from engines ready to the run's end), units per CPU second of the driver (its cost,
+which other work on a shared machine does not change), engines ready after the command started, the
 time from engines ready to the first request sent (as the driver reports it in
 `RunResult.first_request_s`, and as measured at the engine handles), resume (re-run start
 -> first new unit committed on disk; and -> first result back from an engine), and
@@ -208,6 +209,15 @@ def _status_kb(pid: int, field_name: str) -> int:
     return 0
 
 
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of the process so far (all its threads; not its children)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
@@ -233,6 +243,7 @@ class DriverRun:
     first_commit: float | None = None  # epoch s of the first unit beyond units_at_start
     killed_at: float | None = None
     timed_out: bool = False
+    cpu_s: float = 0.0  # the driver's CPU seconds (all threads), last sampled
 
     def since_start(self, moment: float | None) -> float | None:
         return None if moment is None else moment - self.started
@@ -261,6 +272,11 @@ class DriverRun:
         if self.ready_time is None or end is None or end <= self.ready_time:
             return None
         return (self.units_at_end - self.units_at_start) / (end - self.ready_time)
+
+    @property
+    def units_per_cpu_s(self) -> float | None:
+        """Units committed per CPU second of the driver: its cost, whatever else runs on the machine."""
+        return (self.units_at_end - self.units_at_start) / self.cpu_s if self.cpu_s > 0 else None
 
     @property
     def peak_rss_gb(self) -> float:
@@ -297,6 +313,7 @@ def run_driver(label: str, dag: Path, out: Path, log: Path, timeout_s: float, ki
         run.peak_rss_kb = max(run.peak_rss_kb, _status_kb(process.pid, "VmHWM"))
         helpers = sum(_status_kb(c, "VmRSS") for c in _children(process.pid) if c not in run.engine_pids)
         run.helpers_peak_rss_kb = max(run.helpers_peak_rss_kb, helpers)
+        run.cpu_s = _cpu_s(process.pid) or run.cpu_s
         units = counter.count()
         if run.first_commit is None and units > run.units_at_start:
             run.first_commit = time.time()
@@ -447,6 +464,8 @@ def print_size(result: SizeResult, by_node: str) -> None:
         ("first request s (at the engines)", lambda r: _s(r.first_request_outside_s)),
         ("units committed in the run", lambda r: f"{r.units_at_end - r.units_at_start:,}"),
         ("requests/s (after ready)", lambda r: _s(r.requests_per_s, 0)),
+        ("driver CPU s (all threads)", lambda r: _s(r.cpu_s, 1)),
+        ("units per driver CPU s", lambda r: _s(r.units_per_cpu_s, 0)),
         ("driver peak RSS GB", lambda r: _s(r.peak_rss_gb)),
         ("other children peak RSS GB", lambda r: _s(r.helpers_peak_rss_kb * 1024 / GB)),
         ("first result s (after start)", lambda r: _s(r.since_start(r.events.get("first_result", {}).get("time")))),

@@ -12,7 +12,8 @@ JSON object a line on stdout, flushed as it happens (the console goes to stderr)
     {"event": "ready", "time": ...}                             an engine first reported ready
     {"event": "first_submit", "time": ..., "ready_time": ...}   first requests sent; when every engine started so far was ready
     {"event": "first_result", "time": ...}                      first results received from an engine
-    {"event": "done", "time": ..., "exit_code": 0|1|2, "max_rss_kb": ..., "first_request_s": <the driver's own or null>, ...}
+    {"event": "done", "time": ..., "exit_code": 0|1|2, "max_rss_kb": ..., "cpu_s": <its threads' CPU s>,
+     "first_request_s": <the driver's own or null>, ...}
 
 `--schedule auto` takes the default (`plan`) when this CPU has a profile of every model of
 the DAG, else `sequential`, and says which in the start line.
@@ -130,8 +131,9 @@ def main() -> int:
     except RunIncomplete as failure:
         exit_code, error = 1, str(failure)
     first_request_s = getattr(result, "first_request_s", None)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     emit("done", exit_code=exit_code, error=error, engines_started=clock.engines, first_request_s=first_request_s,
-         max_rss_kb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+         max_rss_kb=usage.ru_maxrss, cpu_s=usage.ru_utime + usage.ru_stime)
     return exit_code
 
 
