@@ -283,3 +283,11 @@ def test_a_gpu_machine_plans_on_its_analytic_profile_and_its_steps_correct_it():
     errors = [abs(fitted.step_s(StepFeatures(*row)) / t - 1) for row, t in zip(check, exact)]
     before = [abs(analytic.step_s(StepFeatures(*row)) / t - 1) for row, t in zip(check, exact)]
     assert np.median(before) > 0.25 and np.median(errors) < 0.02
+
+
+def test_a_start_shorter_than_a_second_is_not_a_load_measurement():
+    from batchllm.costmodel.calibration.loads import MIN_LOAD_S
+
+    load = LoadCalibration(prior_s=12.0)
+    load.observe(MIN_LOAD_S / 10)  # a stand-in engine, or one already running
+    assert load.loads == 0 and load.posterior_s() == pytest.approx(12.0)

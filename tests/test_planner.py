@@ -303,8 +303,9 @@ def test_a_running_node_whose_requests_end_together_is_judged_by_the_time_it_has
     planner = StagePlanner(problem(1, x), "plan")
     running = {"x": RunningPlan(DP1, (0,))}
     assert planner.choose({"x": NodeProgress(0, 100, True)}, running).rest_s == pytest.approx(11.0)
-    # 8 s of its 11 s run: 8/11 of its requests count as done although none has finished yet
-    assert planner.choose({"x": NodeProgress(0, 100, True, running_s=8.0)}, running).rest_s == pytest.approx(10 * 3 / 11 + 1)
+    # 8 s of its 11 s run: 3 s are left although none of its requests has finished yet
+    assert planner.choose({"x": NodeProgress(0, 100, True, running_s=8.0)}, running).rest_s == pytest.approx(3.0)
+    assert planner.choose({"x": NodeProgress(0, 100, True, running_s=10.5)}, running).rest_s == pytest.approx(0.5)  # in its drain
 
 
 TP2 = ExecutionPlan(1, W2)  # one replica on two devices

@@ -5,7 +5,8 @@ The problem (node speeds per plan) is fit once at the start. At a boundary the t
 is rebuilt from the runtime's facts: requests each node has finished (scaled to the
 planner's estimate of its total), and which engines run where. A node whose requests
 all run at once finishes few of them until near its end, so for it the time it has run
-on its plan counts too: its progress is at least that time over the plan's estimate.
+on its plan counts too: it is at least that far along its estimated run (drain included),
+so what is left is at most the run's estimate less the time it has run.
 Then the chosen method (batchllm's search, or the Max / Min heuristic for comparison)
 plans from there. This includes SamuLLM's dynamic rule as a special case: a node whose
 (model, plan, devices) is also in the new stage keeps its engine, because the timeline
@@ -80,10 +81,15 @@ class StagePlanner:
                 done = p.done_units / p.total_units * node.requests
             else:
                 done = min(float(p.done_units * node.requests_per_unit), node.requests * 0.99)
+            state = NodeState(len(node.rounds), 0.0, 1.0).capped(node, min(done, node.requests * 0.999))
             speed = node.speeds.get(running[name].plan) if name in running else None
             if speed is not None and speed.output_curve and p.total_known and len(node.rounds) == 1:
-                done = max(done, min(p.running_s / max(speed.run_s(node.rounds), 1e-9), 0.99) * node.requests)
-            states[name] = NodeState(len(node.rounds), 0.0, 1.0).capped(node, min(done, node.requests * 0.999))
+                # as far as the time it has run takes it along its run (its drain included): what is
+                # left is its run's time less that, not its share of the requests' time
+                timed = NodeState().advanced(node, speed, min(p.running_s, 0.99 * speed.run_s(node.rounds)))
+                if timed.remaining_s(node, speed) < state.remaining_s(node, speed):
+                    state = timed
+            states[name] = state
         return states
 
     def _engines(self, running: dict[str, RunningPlan]) -> dict[str, Engine]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PRIOR_LOADS = 0.1
+MIN_LOAD_S = 1.0  # a start shorter than this loaded nothing (a stand-in engine): not a measurement
 
 
 @dataclass
@@ -24,7 +25,7 @@ class LoadCalibration:
             raise ValueError(f"prior_loads must be positive, got {self.prior_loads}")
 
     def observe(self, load_s: float) -> None:
-        if load_s > 0:
+        if load_s >= MIN_LOAD_S:
             self.loads += 1
             self.total_s += load_s
 
