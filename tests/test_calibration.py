@@ -291,3 +291,16 @@ def test_a_start_shorter_than_a_second_is_not_a_load_measurement():
     load = LoadCalibration(prior_s=12.0)
     load.observe(MIN_LOAD_S / 10)  # a stand-in engine, or one already running
     assert load.loads == 0 and load.posterior_s() == pytest.approx(12.0)
+
+
+def test_the_time_running_outputs_still_need_follows_their_ages_and_lengths():
+    from batchllm.costmodel.calibration.batch_tail import batch_left_s
+
+    ten = LengthDistribution(np.array([10]), np.array([1.0]), censored_at=11)  # every output is 10 tokens long
+    expected = sum(TRUTH.base_s + TRUTH.per_decode_seq_s * 5 + TRUTH.per_context_token_s * 5 * (30 + 4 + k) for k in range(6))
+    assert batch_left_s(TRUTH, ten, running=5, age=4, prompt_tokens=30, max_tokens=64) == pytest.approx(expected)
+    assert batch_left_s(TRUTH, ten, running=5, age=4, prompt_tokens=30, max_tokens=64, local_factor=2.0) == pytest.approx(2 * expected)
+    assert batch_left_s(TRUTH, ten, running=5, age=4, prompt_tokens=30, max_tokens=7) < expected  # cut at max_tokens
+    assert batch_left_s(TRUTH, ten, running=0, age=4, prompt_tokens=30, max_tokens=64) == 0.0
+    long = flat_prior(512)  # lengths spread: more outputs running means a longer tail
+    assert batch_left_s(TRUTH, long, 50, 20, 30, 256) > batch_left_s(TRUTH, long, 2, 20, 30, 256)

@@ -4,8 +4,9 @@
 and the observer the executor feeds (`engine_started`, `steps`, `committed`, `tick`):
 
 - every engine start, step and finished output goes to its model's `ModelCalibration`
-  (the first step of each engine pays one-time costs and is left out; the profile builder
-  leaves out three, but a run's next steps are its prefills); output lengths are also kept per node (prompts differ by
+  (a run's first steps are its prefills and the first evidence there is, so none is left
+  out as warm-up, unlike the profile builder's; the prior's warm-up stays in the start
+  cost); output lengths are also kept per node (prompts differ by
   node), and each node's measured prompt tokens correct the planner's estimate of them
   (4 characters a token, plus a guess for the chat template);
 - at every stage end the problem is rebuilt from the calibrated profiles and the rest of
@@ -14,6 +15,9 @@ and the observer the executor feeds (`engine_started`, `steps`, `committed`, `ti
 - every `ETA_INTERVAL_S` (longer when re-estimating takes long: at most ~5 % of the time)
   the rest of the run is estimated on the calibrated problem from where the run is, and
   each node's finish and the run's end go to the progress lines and `batchllm status`;
+  once every output a node has left is being generated (nothing waits, no prefill), its
+  finish is what those outputs still need (`batch_tail`: their ages, the calibrated
+  lengths, the replicas' recent steps), since the fluid plan knows only its average pace;
 - at the end `save` files what was measured in the local profile store, so the next plan
   on this machine starts from it.
 
@@ -25,11 +29,13 @@ context per sequence less the node's mean prompt.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from batchllm.costmodel.calibration.batch_tail import batch_left_s
 from batchllm.costmodel.calibration.model import ModelCalibration, SpeedFactors
 from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.estimator import Workload
@@ -40,12 +46,13 @@ from batchllm.planner.problem import NodeWorkload, PlanProblem, build_problem
 from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.stage_planner import NodeProgress, RunningPlan, StageChoice, StagePlanner
 
-WARMUP_STEPS = 1  # a fresh engine's first step pays one-time costs; the next ones are the run's prefills
+WARMUP_STEPS = 0  # a fresh engine's first steps are the run's prefills: the first evidence there is (one-time costs: the prior's warm-up)
 ETA_INTERVAL_S = 2.0
 ETA_BUDGET_SHARE = 0.05  # re-estimating takes at most this share of the run's time
 PROMPT_PRIOR_UNITS = 8.0  # the planner's prompt estimate counts as this many measured prompts
 MIN_STEPS_TO_SAVE = 30  # fewer measured steps than this teach the store nothing
 SNAPSHOT_MAX_AGE_S = 10.0  # an engine's last step older than this says nothing about what runs now
+RECENT_STEPS = 8  # an engine's last steps: measured over predicted time is how fast it goes now
 
 
 def step_features(step: StepRecord) -> StepFeatures:
@@ -66,10 +73,15 @@ class NodeEvidence:
 
 @dataclass
 class _Snapshot:
+    """An engine's last step, and its recent ones (for what the machine does right now)."""
+
     node: str
+    shape: str
     decode_seqs: int
     decode_context: int
+    prefill_tokens: int
     at_s: float
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))  # (features, wall_s)
 
 
 @dataclass
@@ -135,7 +147,11 @@ class CalibratedRun:
             if seen >= WARMUP_STEPS:
                 model.observe_step(key, step_features(step), step.wall_s)
         last = steps[-1]
-        self._snapshots[engine] = _Snapshot(node, last.decode_seqs, last.decode_context, self.clock())
+        previous = self._snapshots.get(engine)
+        snapshot = _Snapshot(node, key, last.decode_seqs, last.decode_context, last.prefill_tokens, self.clock(),
+                             previous.recent if previous is not None and previous.shape == key else deque(maxlen=RECENT_STEPS))
+        snapshot.recent.extend((step_features(s), s.wall_s) for s in steps)
+        self._snapshots[engine] = snapshot
         self._version += 1
 
     def committed(self, node: str, results: list[EngineResult]) -> None:
@@ -168,7 +184,13 @@ class CalibratedRun:
         for stage in schedule.stages:
             for name in stage.finished:
                 finish.setdefault(name, stage.end_s)
-        progress.set_estimates(finish, schedule.total_s, now_s)
+        total_s = schedule.total_s
+        for name, node_progress in nodes.items():
+            tail_s = self.batch_tail_s(name, node_progress) if name in finish else None
+            if tail_s is not None:  # its last outputs are all running: what they still need
+                total_s += tail_s - finish[name]
+                finish[name] = tail_s
+        progress.set_estimates(finish, max(total_s, max(finish.values(), default=0.0)), now_s)
         spent_s = self.clock() - started
         self._next_eta_s = self.clock() + max(ETA_INTERVAL_S, spent_s / ETA_BUDGET_SHARE)
 
@@ -220,15 +242,44 @@ class CalibratedRun:
             np.minimum(np.round(workload.cached_tokens * factor).astype(np.int64), prompts - 1)
         return replace(workload, prompt_tokens=prompts, cached_tokens=cached)
 
+    def batch_tail_s(self, node: str, progress: NodeProgress) -> float | None:
+        """When nothing of the node waits any more (every output left is being generated,
+        no prefill), the time its replicas' running outputs still take (the slowest
+        replica's); None otherwise."""
+        item = self.by_node[node]
+        snapshots = [s for s in self._live_snapshots() if s.node == node]
+        left = (progress.total_units - progress.done_units) * item.requests_per_unit
+        if not progress.total_known or not snapshots or any(s.prefill_tokens for s in snapshots) or \
+                sum(s.decode_seqs for s in snapshots) < left or len(item.workload) == 0:
+            return None
+        model = self.models[item.profile.model]
+        lengths = self.node_lengths[node].posterior(self._running_ages(node))
+        prompt = self._mean_prompt_tokens(node)
+        max_tokens = int(np.max(item.workload.max_tokens))
+        tails = []
+        for snapshot in snapshots:
+            calibration = model.latency.get(snapshot.shape)
+            latency = calibration.model() if calibration is not None and calibration.steps else \
+                model.profile(fallback=self.machine_factors()).shapes[snapshot.shape].latency
+            predicted = sum(latency.step_s(f) for f, _ in snapshot.recent)
+            factor = sum(w for _, w in snapshot.recent) / predicted if predicted > 0 else 1.0
+            age = max(0, round(snapshot.decode_context / snapshot.decode_seqs - prompt))
+            tails.append(batch_left_s(latency, lengths, snapshot.decode_seqs, age, prompt, max_tokens, factor))
+        return max(tails)
+
+    def _mean_prompt_tokens(self, node: str) -> float:
+        evidence = self.node_evidence[node]
+        if evidence.units:
+            return evidence.prompt_tokens / evidence.units
+        return float(np.mean(self._scaled_prompts(node).prompt_tokens)) if len(self.by_node[node].workload) else 0.0
+
     def _live_snapshots(self) -> list[_Snapshot]:
         now = self.clock()
         return [s for s in self._snapshots.values() if now - s.at_s <= SNAPSHOT_MAX_AGE_S and s.decode_seqs > 0]
 
     def _running_ages(self, node: str) -> list[tuple[int, float]]:
         """(tokens so far, sequences) of the node's outputs being generated now."""
-        evidence = self.node_evidence[node]
-        prompt = evidence.prompt_tokens / evidence.units if evidence.units else \
-            float(np.mean(self._scaled_prompts(node).prompt_tokens)) if len(self.by_node[node].workload) else 0.0
+        prompt = self._mean_prompt_tokens(node)
         return [(max(1, round(s.decode_context / s.decode_seqs - prompt)), float(s.decode_seqs))
                 for s in self._live_snapshots() if s.node == node]
 
