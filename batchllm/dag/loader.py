@@ -34,6 +34,7 @@ from batchllm.dag.model import (
 from batchllm.dag.templates import compile_template
 from batchllm.io.sql import sql_identifiers
 from batchllm.dag.yaml_lines import LineDict, read_yaml
+from batchllm.io.remote_files import is_uri
 
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Names every template may use besides columns and nodes; iteration adds two more.
@@ -191,8 +192,10 @@ def _parse_inputs(top: _Section, path: Path) -> dict[str, InputSpec]:
         file = item.get("path", str, expect="a path to a file, a folder or a glob")
         id_column = item.get("id_column", str, default=None, expect="a column name")
         file_format = item.get("format", str, default=None, check=lambda v: v in INPUT_FORMATS, expect=f"one of {', '.join(INPUT_FORMATS)}")
-        resolved = (path.parent / file).resolve() if not Path(file).is_absolute() else Path(file)
-        inputs[name] = InputSpec(name=name, path=resolved, id_column=id_column, line=section.line(name), format=file_format)
+        uri = file if is_uri(file) else None
+        resolved = Path(file) if Path(file).is_absolute() or uri else (path.parent / file).resolve()
+        inputs[name] = InputSpec(name=name, path=resolved, id_column=id_column, line=section.line(name), format=file_format,
+                                 uri=uri)
     return inputs
 
 
@@ -346,7 +349,7 @@ def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], node
     outputs = {}
     for name, body in raw.items():
         _check_name(section, name, "output")
-        out = _Section(path, body, f"outputs.{name}", section.line(name), {"input", "columns", "format"})
+        out = _Section(path, body, f"outputs.{name}", section.line(name), {"input", "columns", "format", "copy_to"})
         columns_raw = out.get("columns", dict, expect="a mapping of column names to `column`, `node` or `node.field`")
         columns = {}
         for column, ref in columns_raw.items():
@@ -370,7 +373,11 @@ def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], node
         if node_inputs - {input_name}:
             out.fail("columns", f"outputs.{name} mixes nodes of different inputs", "make one output per input")
         file_format = out.get("format", str, "parquet", check=lambda v: v in OUTPUT_FORMATS, expect=f"one of {', '.join(OUTPUT_FORMATS)}")
-        outputs[name] = OutputSpec(name=name, input_name=input_name, columns=columns, line=section.line(name), format=file_format)
+        copy_to = out.get("copy_to", str, None, check=bool, expect="a path or a URI such as s3://bucket/results.parquet")
+        if copy_to is not None and not is_uri(copy_to) and not Path(copy_to).is_absolute():
+            copy_to = str((path.parent / copy_to).resolve())
+        outputs[name] = OutputSpec(name=name, input_name=input_name, columns=columns, line=section.line(name), format=file_format,
+                                   copy_to=copy_to)
     return outputs
 
 

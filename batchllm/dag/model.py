@@ -37,6 +37,7 @@ class InputSpec:
     id_column: str | None
     line: int
     format: str | None = None  # one of INPUT_FORMATS; None: from the extension (see io.input_formats)
+    uri: str | None = None  # a pyarrow filesystem URI (s3://...) to read instead of `path` (see io.remote_files)
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class OutputSpec:
     columns: dict[str, ColumnRef]
     line: int
     format: str = "parquet"  # one of OUTPUT_FORMATS: `<out>/<name>.<format>`
+    copy_to: str | None = None  # a path or pyarrow filesystem URI the written file is also copied to
 
 
 @dataclass(frozen=True)

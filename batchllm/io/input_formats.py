@@ -1,7 +1,8 @@
 """Where an input's rows come from, and the one Parquet file batchllm reads them from.
 
 An input's `path` is a Parquet file, a folder, a glob, a JSONL or CSV file (`.gz` too), or a
-Hugging Face `datasets` folder written by `save_to_disk`; its format comes from `format:`,
+Hugging Face `datasets` folder written by `save_to_disk`, on local disk or at a URI a
+pyarrow filesystem opens (fetched once, `io.remote_files`); its format comes from `format:`,
 else from the extension (a folder: its files' extension, or `state.json` for Hugging Face).
 
 Invariant: one Parquet file is read in place. Anything else is converted once, streaming
@@ -21,13 +22,14 @@ import os
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
 from batchllm.dag.model import INPUT_FORMATS, InputSpec
 from batchllm.errors import UserError
 from batchllm.io.input_convert import InputFiles, convert
+from batchllm.io.remote_files import local_copy
 from batchllm.models.registry import batchllm_home
 
 CONVERTER_VERSION = 1
@@ -108,7 +110,9 @@ def format_of(path: Path) -> str | None:
 
 def locate(spec: InputSpec) -> InputFiles:
     """The input's files in row order and their format; a UserError for anything else."""
-    where, shown = f"inputs.{spec.name}", str(spec.path)
+    where, shown = f"inputs.{spec.name}", spec.uri or str(spec.path)
+    if spec.uri is not None:
+        spec = replace(spec, path=local_copy(spec.uri, where=f"{where}.path"))
     if spec.format is not None and spec.format not in INPUT_FORMATS:
         raise UserError(f"unknown input format {spec.format!r}", where=where, hint=f"formats: {', '.join(INPUT_FORMATS)}")
     if GLOB_CHARACTERS.search(shown):

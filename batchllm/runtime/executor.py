@@ -36,6 +36,7 @@ from batchllm.errors import RunIncomplete
 from batchllm.io.input_source import InputSource
 from batchllm.io.node_journal import ResultJournal, ResultRecord
 from batchllm.io.output_files import FinalSource, InputFile, write_node_file, write_output_set
+from batchllm.io.remote_files import copy_out
 from batchllm.runtime.backlog import Backlog
 from batchllm.runtime.engine_configs import engine_config
 from batchllm.runtime.engine_set import EngineLoss, EngineSet
@@ -391,4 +392,6 @@ class Executor:
         for name, spec in self.dag.outputs.items():
             written[name] = self.run_dir.output_path(name, spec.format)
             write_output_set(spec, files[spec.input_name], finals, self.dag.merges, written[name])
+            if spec.copy_to is not None:
+                copy_out(written[name], spec.copy_to, where=f"outputs.{name}.copy_to")
         return written

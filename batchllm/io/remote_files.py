@@ -1,0 +1,86 @@
+"""Inputs and outputs named by a URI that a pyarrow filesystem opens (`s3://`, `gs://`,
+`hdfs://`, `abfs://`, `file://`), with the user's own credentials for it.
+
+The driver keeps its ledger, journal and run folder on local disk (exactly-once needs a
+local rename), so a URI input is copied once into `$BATCHLLM_HOME/remote/<key>/` and read
+from there as a local file or folder of any input format, and an output data set with
+`copy_to:` is copied to its URI after it is written in the run folder. Invariant: the key
+covers the URI and each remote file's path, size and modification time, so a changed
+remote file is fetched again and an unchanged one never is; a copy appears whole (fetched
+beside its place and renamed) or not at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from batchllm.errors import UserError
+from batchllm.models.registry import batchllm_home
+
+URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+HINT = "check the URI, and that your credentials for it are set (pyarrow opens s3://, gs://, hdfs://, abfs://, file://)"
+
+
+def is_uri(text: str) -> bool:
+    return bool(URI.match(text))
+
+
+def _open(uri: str, where: str) -> tuple[pafs.FileSystem, str]:
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise UserError(f"cannot open {uri!r}: {exc}", where=where, hint=HINT) from None
+
+
+def local_copy(uri: str, *, where: str) -> Path:
+    """The file or folder at `uri` as a local path (fetched now, or found fetched)."""
+    filesystem, path = _open(uri, where)
+    try:
+        info = filesystem.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            raise UserError(f"input {uri!r} does not exist", where=where, hint=HINT)
+        files = [info] if info.type == pafs.FileType.File else sorted(
+            (f for f in filesystem.get_file_info(pafs.FileSelector(path, recursive=True)) if f.type == pafs.FileType.File),
+            key=lambda f: f.path)
+        key = hashlib.sha256(uri.encode())
+        for f in files:
+            key.update(f"\n{f.path} {f.size} {f.mtime_ns}".encode())
+        folder = batchllm_home() / "remote" / key.hexdigest()[:32]
+        target = folder / (Path(path.rstrip("/")).name or "data")
+        if folder.is_dir() and (folder / ".complete").is_file():
+            return target
+        building = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+        shutil.rmtree(building, ignore_errors=True)
+        building.mkdir(parents=True)
+        if info.type == pafs.FileType.Directory:
+            (building / target.name).mkdir()
+        try:
+            pafs.copy_files(path, str(building / target.name), source_filesystem=filesystem,
+                            destination_filesystem=pafs.LocalFileSystem())
+            (building / ".complete").write_text(uri)
+            shutil.rmtree(folder, ignore_errors=True)
+            os.replace(building, folder)
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
+    except (pa.ArrowException, OSError) as exc:
+        raise UserError(f"cannot read {uri!r}: {exc}", where=where, hint=HINT) from None
+    return target
+
+
+def copy_out(local: Path, uri: str, *, where: str) -> None:
+    """A written output file to its URI (the URI names the file)."""
+    filesystem, path = _open(uri, where)
+    try:
+        parent = path.rsplit("/", 1)[0] if "/" in path.strip("/") else ""
+        if parent:
+            filesystem.create_dir(parent, recursive=True)
+        pafs.copy_files(str(local), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=filesystem)
+    except (pa.ArrowException, OSError) as exc:
+        raise UserError(f"cannot write {uri!r}: {exc}", where=where, hint=HINT) from None
