@@ -6,6 +6,8 @@ Exit codes: 0 done; 1 the run is incomplete (a node failed, its cause is printed
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -29,6 +31,21 @@ DAG_ARGUMENT = typer.Argument(..., help="The DAG file (YAML): inputs, nodes, out
 def _fail(error: UserError) -> None:
     Console(stderr=True, highlight=False).print(f"[red]error:[/red] {error.paragraph()}", markup=True, soft_wrap=True)
     raise typer.Exit(USAGE_EXIT_CODE)
+
+
+@contextmanager
+def _run_exits() -> Iterator[None]:
+    """How a run ends for the shell: 2 bad input (nothing ran), 1 incomplete, 130 interrupted."""
+    try:
+        yield
+    except UserError as error:
+        _fail(error)
+    except RunIncomplete as incomplete:
+        Console(stderr=True).print(f"[red]run incomplete:[/red] {incomplete}. Fix the cause and run the same command again to resume.")
+        raise typer.Exit(1)
+    except KeyboardInterrupt:
+        Console(stderr=True).print("interrupted: finished results are kept; run the same command again to resume.")
+        raise typer.Exit(130)
 
 
 @app.command()
@@ -61,20 +78,13 @@ def run(
     out = out or Path("runs") / dag.stem
     session = None
     try:
-        session = open_cluster(cluster, devices)
-        device_set = session.devices() if session else parse_devices(devices)
-        if session:
-            console.print(f"Ray cluster {session.address}: {device_set}", highlight=False)
-        result, progress = run_dag_file(dag, out, device_set, fresh=fresh, console=console, prefix_order=prefix_order,
-                                        schedule=schedule, cluster=session)
-    except UserError as error:
-        _fail(error)
-    except RunIncomplete as incomplete:
-        Console(stderr=True).print(f"[red]run incomplete:[/red] {incomplete}. Fix the cause and run the same command again to resume.")
-        raise typer.Exit(1)
-    except KeyboardInterrupt:
-        Console(stderr=True).print("interrupted: finished results are kept; run the same command again to resume.")
-        raise typer.Exit(130)
+        with _run_exits():
+            session = open_cluster(cluster, devices)
+            device_set = session.devices() if session else parse_devices(devices)
+            if session:
+                console.print(f"Ray cluster {session.address}: {device_set}", highlight=False)
+            result, progress = run_dag_file(dag, out, device_set, fresh=fresh, console=console, prefix_order=prefix_order,
+                                            schedule=schedule, cluster=session)
     finally:
         if session:
             session.close()
@@ -92,7 +102,7 @@ def run_batch(
                                     "body) for /v1/chat/completions and /v1/completions.", show_default=False),
     output: Path = typer.Option(..., "--output", "-o", help="Results file: one OpenAI batch output line per request, in order.",
                                 show_default=False),
-    model: list[str] = typer.Option(None, "--model", help="NAME=LOCAL: run body.model NAME on LOCAL (an embedded model such as "
+    model: list[str] = typer.Option(None, "--model", metavar="NAME=LOCAL", help="NAME=LOCAL: run body.model NAME on LOCAL (an embedded model such as "
                                     "smollm2-135m, a model directory or a hub id). Repeat for more models."),
     models: Path = typer.Option(None, "--models", help="YAML file mapping body.model names to local models (NAME: LOCAL)."),
     run_dir: Path = typer.Option(None, "--run-dir", help="Run folder (results as they commit, node files, logs). "
@@ -114,18 +124,10 @@ def run_batch(
     from batchllm.openai_batch import model_map, run_batch as run_batch_file
 
     console = Console(stderr=True)
-    try:
+    with _run_exits():
         mapping = model_map(model or [], models, batchllm_home())
         done = run_batch_file(input_file, output, mapping, run_dir=run_dir or Path("runs") / output.stem,
                               devices=parse_devices(devices), fresh=fresh, schedule=schedule, console=console)
-    except UserError as error:
-        _fail(error)
-    except RunIncomplete as incomplete:
-        Console(stderr=True).print(f"[red]run incomplete:[/red] {incomplete}. Fix the cause and run the same command again to resume.")
-        raise typer.Exit(1)
-    except KeyboardInterrupt:
-        Console(stderr=True).print("interrupted: finished results are kept; run the same command again to resume.")
-        raise typer.Exit(130)
     for line in done.summary:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     failed = ", ".join(f"{count:,} {code}" for code, count in done.counts.failed.items())
