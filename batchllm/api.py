@@ -27,6 +27,7 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 from rich.console import Console
 
+from batchllm.cluster.session import open_cluster
 from batchllm.dag.loader import load_dag, load_dag_mapping
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet, hardware_name, parse_devices
@@ -88,21 +89,26 @@ class RunOutput:
 
 def run(dag: str | os.PathLike | Mapping, inputs: Mapping[str, Any] | None = None, out: str | os.PathLike | None = None,
         devices: str | DeviceSet = "auto", schedule: str = "plan", fresh: bool = False, prefix_order: bool = True,
-        engine_factory: EngineFactory | None = None, *, console: Console | None = None,
+        engine_factory: EngineFactory | None = None, *, cluster: str | None = None, console: Console | None = None,
         profiles_root: Path = PROFILES_ROOT) -> RunOutput:
     """Run every node of `dag` and return its outputs; `batchllm run` with the same meaning
-    of every option (`out` default: `runs/<DAG file stem or dict name>`)."""
+    of every option (`out` default: `runs/<DAG file stem or dict name>`; `cluster`: `--cluster`,
+    e.g. "ray" or "host:port", engines then run as Ray actors on the cluster's devices)."""
     out_dir = Path(out) if out is not None else Path("runs") / _default_run_name(dag)
     spec, tables = _load(dag, inputs, lambda name: _input_folder(out_dir) / f"{name}.parquet")
-    device_set = devices if isinstance(devices, DeviceSet) else parse_devices(devices)
+    session = None if isinstance(devices, DeviceSet) else open_cluster(cluster, devices)
     written = _write_tables(tables)
     try:
+        device_set = devices if isinstance(devices, DeviceSet) else session.devices() if session else parse_devices(devices)
         result, progress = run_dag(spec, out_dir, device_set, fresh=fresh, console=console or Console(stderr=True),
                                    engine_factory=engine_factory, prefix_order=prefix_order, schedule=schedule,
-                                   profiles_root=profiles_root)
+                                   profiles_root=profiles_root, cluster=session)
     except UserError:
         written.undo()
         raise
+    finally:
+        if session is not None:
+            session.close()
     run_dir = RunDir(out_dir)
     return RunOutput(out_dir, dict(result.outputs), {n: run_dir.node_path(n) for n in spec.topological_order()}, result,
                      tuple(closing_lines(result, progress, out_dir)))
