@@ -1,7 +1,9 @@
 """Calibration on the real engine: how wrong the estimate is before, during and after runs
 that start from a wrong prior, and from a prior learnt on this machine.
 
-    .venv/bin/python benchmarks/calibration.py [OWN_PROFILE_DIR]     (about 30-40 minutes on 2 cores)
+    .venv/bin/python benchmarks/calibration.py [OWN_PROFILE_DIR] [--xeon-only]    (about 25-40 minutes on 2 cores)
+
+--xeon-only: only the `xeon` foreign cases and the learnt ones (each learnt from a xeon run).
 
 Model: the embedded smollm2-135m; devices cpu:2, planned by batchllm (`schedule: plan`).
 First the machine's own profile is taken with `batchllm profile --quick`'s code (into a
@@ -206,9 +208,11 @@ def main() -> None:
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"calibration benchmark at {commit}, {datetime.now(timezone.utc).isoformat(timespec='seconds')}, {this_machine('cpu').describe()}, "
           f"load average {os.getloadavg()[0]:.1f} (2 cores; shared with other jobs)", flush=True)
-    if len(sys.argv) > 1:  # a profile of this machine taken earlier (a store entry of `batchllm profile --quick`)
-        own = Profile.load(Path(sys.argv[1]))
-        print(f"own profile: {sys.argv[1]} ({own.kind}, {own.notes.get('method', '')})", flush=True)
+    arguments = [a for a in sys.argv[1:] if not a.startswith("--")]
+    foreign = ["xeon"] if "--xeon-only" in sys.argv else FOREIGN  # the learnt cases and the runs they learn from
+    if arguments:  # a profile of this machine taken earlier (a store entry of `batchllm profile --quick`)
+        own = Profile.load(Path(arguments[0]))
+        print(f"own profile: {arguments[0]} ({own.kind}, {own.notes.get('method', '')})", flush=True)
     else:
         quick_home = case_home("quick-profile")
         t0 = time.monotonic()
@@ -219,7 +223,7 @@ def main() -> None:
               "own x0.5": scaled_profile(own, 0.5)}
     rows = []
     for workload in WORKLOADS:
-        for prior in FOREIGN:
+        for prior in foreign:
             rows.append(run_case(workload, prior, prior_root(prior, priors[prior]), case_home(f"{workload.label}-{prior.replace(' ', '')}")))
             print(line(rows[-1]), flush=True)
     for index, workload in enumerate(WORKLOADS):
