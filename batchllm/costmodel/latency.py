@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from batchllm.costmodel.nnls import nnls_normal
+
 FEATURES = ("prefill_tokens", "prefill_attention", "decode_seqs", "decode_context")
 
 
@@ -68,31 +70,8 @@ class StepLatencyModel:
         seconds = np.asarray(seconds, float)
         keep = seconds > 0
         for _ in range(2):
-            coefficients = _nonnegative_least_squares(design[keep] / seconds[keep, None], np.ones(int(keep.sum())))
+            relative = design[keep] / seconds[keep, None]  # rows scaled so each step's relative error counts
+            coefficients = nnls_normal(relative.T @ relative, relative.sum(axis=0))
             ratio = (design @ coefficients) / np.where(seconds > 0, seconds, np.inf)
             keep = (seconds > 0) & (ratio > 0.5) & (ratio < 2.0)
         return cls(*map(float, coefficients)), int((seconds > 0).sum() - keep.sum())
-
-def _nonnegative_least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Active-set NNLS (Lawson-Hanson) on column-scaled data; small problems only."""
-    scale = np.where(np.abs(a).max(axis=0) > 0, np.abs(a).max(axis=0), 1.0)
-    a = a / scale
-    n = a.shape[1]
-    passive = np.zeros(n, bool)
-    x = np.zeros(n)
-    for _ in range(10 * n):
-        gradient = a.T @ (b - a @ x)
-        if passive.all() or gradient[~passive].max(initial=0) <= 1e-12:
-            break
-        passive[np.argmax(np.where(passive, -np.inf, gradient))] = True
-        while True:
-            z = np.zeros(n)
-            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
-            if (z[passive] > 0).all():
-                x = z
-                break
-            negative = passive & (z <= 0)
-            step = np.min(x[negative] / (x[negative] - z[negative]))
-            x = x + step * (z - x)
-            passive &= x > 1e-15
-    return x / scale

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from batchllm.costmodel.calibration.nnls import nnls_normal
+from batchllm.costmodel.nnls import nnls_normal
 from batchllm.costmodel.latency import StepFeatures, StepLatencyModel
 
 PRIOR_STEPS = 32.0  # the prior counts as this many steps

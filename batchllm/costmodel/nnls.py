@@ -1,5 +1,6 @@
-"""Non-negative least squares from normal equations (Gram matrix G = A'A, h = A'b), so a
-fit needs only sufficient statistics, never the rows themselves."""
+"""Non-negative least squares from normal equations (Gram matrix G = A'A, h = A'b): the
+profile fit (`latency.py`) and the running calibration (sufficient statistics, never the
+rows) share it."""
 
 from __future__ import annotations
 
