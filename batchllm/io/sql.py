@@ -23,6 +23,13 @@ def sql_identifiers(predicate: str) -> set[str]:
     return {quoted or bare for quoted, bare in _SQL_WORD.findall(without_strings)}
 
 
+def predicate_failed(predicate: str, exc: duckdb.Error, where: str) -> UserError:
+    """The error for a `where:` predicate DuckDB refused, quoting it and DuckDB's first line."""
+    first_line = str(exc).strip().splitlines()[0]
+    return UserError(f"the SQL predicate {predicate!r} failed in DuckDB: {first_line}", where=where,
+                     hint="write a boolean SQL expression over input columns and upstream node names")
+
+
 class WhereFilter:
     """A `where:` predicate evaluated batch after batch on one DuckDB connection, opened at
     the first batch (opening one costs ~20 ms of CPU: once per batch, it was a fifth of the
@@ -47,12 +54,7 @@ class WhereFilter:
         try:
             result = self._connection.sql(f"SELECT {key} FROM batch_rows WHERE ({self.predicate})").to_arrow_table()
         except duckdb.Error as exc:
-            first_line = str(exc).strip().splitlines()[0]
-            raise UserError(
-                f"the SQL predicate {self.predicate!r} failed in DuckDB: {first_line}",
-                where=self.where,
-                hint="write a boolean SQL expression over input columns and upstream node names",
-            ) from None
+            raise predicate_failed(self.predicate, exc, self.where) from None
         finally:
             self._connection.unregister("batch_rows")
         return result.column(0).combine_chunks()
@@ -83,9 +85,7 @@ def rows_where(source: InputSource, predicate: str, *, where: str, sample_rows: 
         count = connection.execute(f"SELECT count(*) FROM input_rows WHERE ({predicate})").fetchone()[0]
         sample = connection.execute(f"SELECT * FROM input_rows WHERE ({predicate}) LIMIT {int(sample_rows)}").to_arrow_table()
     except duckdb.Error as exc:
-        first_line = str(exc).strip().splitlines()[0]
-        raise UserError(f"the SQL predicate {predicate!r} failed in DuckDB: {first_line}", where=where,
-                        hint="write a boolean SQL expression over input columns and upstream node names") from None
+        raise predicate_failed(predicate, exc, where) from None
     finally:
         connection.close()
     if ROW_ID in sample.column_names:
