@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from batchllm.dag.model import ColumnRef, OutputSpec
 from batchllm.io.input_source import ROW_ID
 from batchllm.io.node_journal import ResultJournal
+from batchllm.io.sql import sql_literal
 
 MEMORY_LIMIT = "256MB"
 ROW_GROUP_ROWS = 65_536
@@ -60,13 +61,9 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _literal(text: str) -> str:
-    return "'" + str(text).replace("'", "''") + "'"
-
-
 def _connect(spill_dir: Path) -> duckdb.DuckDBPyConnection:
     connection = duckdb.connect(config={"memory_limit": MEMORY_LIMIT, "threads": 2, "preserve_insertion_order": True})
-    connection.execute(f"SET temp_directory = {_literal(str(spill_dir))}")
+    connection.execute(f"SET temp_directory = {sql_literal(str(spill_dir))}")
     connection.execute("SET enable_progress_bar = false")  # else DuckDB draws one on the terminal after 2 s
     return connection
 
@@ -83,7 +80,7 @@ def _result_value(alias: str, ref: ColumnRef) -> str:
     text is not JSON (e.g. cut at max_tokens) or the value does not have the property's type."""
     if ref.json_type is None:
         return f"{alias}.{ref.field}"
-    path = _literal(f'$."{ref.field}"')
+    path = sql_literal(f'$."{ref.field}"')
     value = (f"json_extract({alias}.text, {path})::VARCHAR" if ref.json_type == "json"
              else f"TRY_CAST(json_extract_string({alias}.text, {path}) AS {JSON_SQL_TYPES[ref.json_type]})")
     return f"CASE WHEN json_valid({alias}.text) THEN {value} END"
@@ -114,7 +111,7 @@ class _Segments:
             return ("(SELECT NULL::BIGINT AS row, NULL::INTEGER AS step, NULL::VARCHAR AS text, NULL::BIGINT AS "
                     "num_prompt_tokens, NULL::BIGINT AS num_output_tokens, NULL::VARCHAR AS finish_reason, "
                     "NULL::VARCHAR[] AS texts WHERE false)")
-        files = ", ".join(_literal(str(p)) for p in meeting)
+        files = ", ".join(sql_literal(str(p)) for p in meeting)
         return f"(SELECT * FROM read_parquet([{files}]) WHERE row >= {int(start)} AND row < {int(stop)})"
 
 
@@ -190,7 +187,7 @@ def _copy_windows_jsonl(source: InputFile, columns: list[str], query_of: Callabl
                     connection.register("input_window", window)
                     try:
                         query = query_of(start, start + window.num_rows)
-                        connection.execute(f"COPY ({query}) TO {_literal(str(part))} (FORMAT json)")
+                        connection.execute(f"COPY ({query}) TO {sql_literal(str(part))} (FORMAT json)")
                     finally:
                         connection.unregister("input_window")
                     with open(part, "rb") as lines:

@@ -23,6 +23,11 @@ def sql_identifiers(predicate: str) -> set[str]:
     return {quoted or bare for quoted, bare in _SQL_WORD.findall(without_strings)}
 
 
+def sql_literal(text: str) -> str:
+    """A SQL string literal: `text` in single quotes, its quotes doubled."""
+    return "'" + str(text).replace("'", "''") + "'"
+
+
 def predicate_failed(predicate: str, exc: duckdb.Error, where: str) -> UserError:
     """The error for a `where:` predicate DuckDB refused, quoting it and DuckDB's first line."""
     first_line = str(exc).strip().splitlines()[0]

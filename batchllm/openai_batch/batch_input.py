@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchllm.errors import UserError
+from batchllm.io.sql import sql_literal
 from batchllm.openai_batch.batch_dag import BatchGroup, node_names
 from batchllm.openai_batch.request_lines import LineRecord, parse_line
 
@@ -138,7 +139,7 @@ def _build(requests_file: Path, models: Mapping[str, str], folder: Path) -> None
     lines = _write_parsed(requests_file, models, parsed)
     connection = duckdb.connect(config={"memory_limit": MEMORY_LIMIT, "temp_directory": str(folder / "spill")})
     try:
-        source = f"read_parquet('{_quoted(parsed)}')"
+        source = f"read_parquet({sql_literal(parsed)})"
         # Later lines of a custom_id (the first keeps its own outcome): few, so held here.
         dups = connection.sql(f"SELECT line, first_line FROM (SELECT line, min(line) OVER (PARTITION BY custom_id) AS first_line "
                               f"FROM {source} WHERE custom_id IS NOT NULL) WHERE line <> first_line").to_arrow_table()
@@ -176,6 +177,3 @@ def _write_query(connection: duckdb.DuckDBPyConnection, query: str, path: Path, 
         for batch in connection.sql(query).to_arrow_reader(READ_BATCH_LINES):
             writer.write_batch(batch.cast(schema))
 
-
-def _quoted(path: Path) -> str:
-    return str(path).replace("'", "''")

@@ -27,6 +27,7 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 
+from batchllm.io.sql import sql_literal
 from batchllm.openai_batch.batch_input import MEMORY_LIMIT, READ_BATCH_LINES, BatchInput
 
 ERROR_PREFIX = "error:"  # how a node file's finish_reason says the engine refused a request
@@ -73,7 +74,7 @@ def _query(batch: BatchInput, node_files: Mapping[str, Path]) -> str:
                "NULL::BIGINT AS num_output_tokens, NULL::VARCHAR AS finish_reason WHERE false)")
     return (f"SELECT l.line, l.custom_id, l.model, l.kind, l.node, l.error_code, l.error_message, r.row_id, r.text, "
             f"{texts} AS texts, r.num_prompt_tokens, r.num_output_tokens, r.finish_reason "
-            f"FROM read_parquet({_literal(str(batch.lines_path))}) l LEFT JOIN {results} r "
+            f"FROM read_parquet({sql_literal(str(batch.lines_path))}) l LEFT JOIN {results} r "
             f"ON l.node IS NOT NULL AND r.row_id = l.custom_id ORDER BY l.line")
 
 
@@ -106,9 +107,5 @@ def _body(row: dict, ids: str, created: int) -> dict:
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
 
 
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def _list(paths: list[str]) -> str:
-    return "[" + ", ".join(_literal(p) for p in paths) + "]"
+    return "[" + ", ".join(sql_literal(p) for p in paths) + "]"
