@@ -233,7 +233,9 @@ def test_prompt_tokens_without_transformers_equal_transformers_on_the_embedded_m
     fast, reference = PromptTokenizer(model_dir), AutoTokenizer.from_pretrained(str(model_dir))
     assert fast.loads_without_transformers
     questions = pq.read_table(REPO / "examples" / "questions.parquet").column("question").to_pylist()
+    questions += [" a leading space", "\n\nnew lines first", "trailing spaces  ", "<|im_end|> inside", ""]
     requests = [EngineRequest(str(i), q, system="Be brief." if i % 2 else None) for i, q in enumerate(questions)]
+    assert fast.stitch(None) is not None and fast.stitch("Be brief.") is not None  # the ids below are stitched
     expected = [reference.apply_chat_template(([{"role": "system", "content": r.system}] if r.system else [])
                                               + [{"role": "user", "content": r.prompt}], add_generation_prompt=True, tokenize=True)
                 for r in requests]

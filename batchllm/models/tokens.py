@@ -6,6 +6,14 @@ once per system text around a sentinel, and used as a frame (`before + message +
 only when it proved to place the message verbatim; otherwise each prompt is rendered by
 `apply_chat_template` itself. Either way the ids equal `apply_chat_template(...,
 tokenize=True)`, which also tokenizes the rendered text without adding special tokens.
+
+Stitching (the fast tokenizer only): the tokenizer cuts its input at its added (special)
+tokens first and tokenizes each piece apart. So when a frame's `before` holds a special
+token and its `after` starts with one, and no added token could match across those
+boundaries (none strips the whitespace beside it, none contains the boundary tokens),
+the ids are `ids(before up to its last special token)` + `ids(the rest of before +
+message)` + `ids(after)`: the two fixed parts are tokenized once per frame, and each prompt
+costs only its own text. A frame is stitched only when that equality also held on probes.
 """
 
 from __future__ import annotations
@@ -13,12 +21,21 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from batchllm.engines.protocol import EngineRequest
 
 _SENTINEL = "\ue000batchllm-message\ue001"
 _PROBE = "  A probe: two  spaces,\na new line, {braces} and <tags>.  \n"  # a template that trims or escapes fails it
 _MAX_FRAMES = 1024  # distinct system texts whose frames are kept
+_STITCH_PROBES = ("", "x", " leading space", "\n\nnew lines\n", "trailing  ", _PROBE)
+
+
+class _Stitch(NamedTuple):
+    """A frame cut at special tokens: ids = head_ids + ids(tail + message) + after_ids."""
+    head_ids: list[int]
+    tail: str
+    after_ids: list[int]
 
 
 def _messages(system: str | None, content: str) -> list[dict[str, str]]:
@@ -31,8 +48,9 @@ class _RustTokenizer:
     renders it (Jinja2 sandbox, trim_blocks, lstrip_blocks, loop controls, the special
     tokens and `raise_exception` in scope)."""
 
-    def __init__(self, tokenizer, template, special_tokens: dict[str, str]):
+    def __init__(self, tokenizer, template, special_tokens: dict[str, str], added: list[dict]):
         self._tokenizer, self._template, self._special = tokenizer, template, special_tokens
+        self._cut_tokens = _cut_tokens(added)
 
     @classmethod
     def load(cls, model_dir: Path) -> "_RustTokenizer | None":
@@ -57,7 +75,8 @@ class _RustTokenizer:
         environment.globals["raise_exception"] = raise_exception
         special = {k: (v["content"] if isinstance(v, dict) else v) for k, v in config.items()
                    if k.endswith("_token") and isinstance(v, (str, dict))}
-        return cls(tokenizers.Tokenizer.from_file(str(files[0])), environment.from_string(template), special)
+        added = json.loads(files[0].read_text()).get("added_tokens") or []
+        return cls(tokenizers.Tokenizer.from_file(str(files[0])), environment.from_string(template), special, added)
 
     def render(self, messages: list[dict[str, str]]) -> str:
         return self._template.render(messages=messages, add_generation_prompt=True, tools=None, documents=None, **self._special)
@@ -65,6 +84,28 @@ class _RustTokenizer:
     def encode(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
         encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)  # no offsets: faster
         return [e.ids for e in encode(texts, add_special_tokens=add_special_tokens)]
+
+    def stitch(self, before: str, after: str) -> _Stitch | None:
+        """The frame cut at special tokens (see the module's docstring), or None."""
+        head_end = max((before.rfind(t) + len(t) for t in self._cut_tokens if t in before), default=-1)
+        if head_end < 0 or not any(after.startswith(t) for t in self._cut_tokens):
+            return None
+        head_ids, after_ids = self.encode([before[:head_end], after], add_special_tokens=False)
+        stitch = _Stitch(head_ids, before[head_end:], after_ids)
+        probes = self.encode([before + p + after for p in _STITCH_PROBES], add_special_tokens=False)
+        pieces = self.encode([stitch.tail + p for p in _STITCH_PROBES], add_special_tokens=False)
+        if any(whole != head_ids + piece + after_ids for whole, piece in zip(probes, pieces)):
+            return None
+        return stitch
+
+
+def _cut_tokens(added: list[dict]) -> list[str]:
+    """Added tokens the input is cut at with nothing beside them changed, and that no
+    other added token contains (so no match can span a cut)."""
+    plain = [t["content"] for t in added
+             if not (t.get("lstrip") or t.get("rstrip") or t.get("single_word") or t.get("normalized"))]
+    contents = [t["content"] for t in added]
+    return [t for t in plain if t and not any(t in other and t != other for other in contents)]
 
 
 class _TransformersTokenizer:
@@ -85,6 +126,7 @@ class PromptTokenizer:
         model_dir = Path(model_dir)
         self._tokenizer = _RustTokenizer.load(model_dir) or _TransformersTokenizer(model_dir)
         self._frames: dict[str | None, tuple[str, str] | None] = {}
+        self._stitches: dict[str | None, _Stitch | None] = {}
 
     @property
     def loads_without_transformers(self) -> bool:
@@ -107,6 +149,16 @@ class PromptTokenizer:
             self._frames[system] = frame
         return frame
 
+    def stitch(self, system: str | None) -> _Stitch | None:
+        """The frame of `system` cut for stitching (see the module's docstring), or None."""
+        if system in self._stitches:
+            return self._stitches[system]
+        frame = self.frame(system)
+        stitch = self._tokenizer.stitch(*frame) if frame and isinstance(self._tokenizer, _RustTokenizer) else None
+        if len(self._stitches) < _MAX_FRAMES:
+            self._stitches[system] = stitch
+        return stitch
+
     def prompt_text(self, request: EngineRequest) -> str:
         """The text the model reads: the chat template applied, or the raw prompt."""
         if not request.chat:
@@ -115,11 +167,12 @@ class PromptTokenizer:
         return frame[0] + request.prompt + frame[1] if frame else self._render(request.system, request.prompt)
 
     def token_ids_many(self, requests: Sequence[EngineRequest]) -> list[list[int]]:
-        chat = [r for r in requests if r.chat]
+        chat = [(r, self.stitch(r.system)) for r in requests if r.chat]
         ids: dict[int, list[int]] = {}
         if chat:
-            encoded = self._tokenizer.encode([self.prompt_text(r) for r in chat], add_special_tokens=False)
-            ids.update((id(r), e) for r, e in zip(chat, encoded))
+            texts = [stitch.tail + r.prompt if stitch else self.prompt_text(r) for r, stitch in chat]
+            encoded = self._tokenizer.encode(texts, add_special_tokens=False)
+            ids.update((id(r), stitch.head_ids + e + stitch.after_ids if stitch else e) for (r, stitch), e in zip(chat, encoded))
         plain = [r for r in requests if not r.chat]
         if plain:
             encoded = self._tokenizer.encode([r.prompt for r in plain], add_special_tokens=True)
