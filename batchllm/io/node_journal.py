@@ -34,6 +34,7 @@ from batchllm.errors import UserError
 
 STEP_BITS = 20  # a (row, step) key is row << STEP_BITS | step: up to a million steps a row
 STATS_KEY = b"batchllm.stats"
+_encode_line = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode  # one encoder: json.dumps with options builds one a call
 
 
 @dataclass(frozen=True)
@@ -224,10 +225,10 @@ class ResultJournal:
             if key in self._tail or key in batch:  # refused whole: nothing of the batch is taken
                 raise RuntimeError(f"node {self.node!r}: row {record.row} step {record.step} was already committed")
             batch[key] = record
-            lines.append(json.dumps({"row": record.row, "step": record.step, "texts": list(record.texts),
-                                     "num_prompt_tokens": record.num_prompt_tokens,
-                                     "num_output_tokens": record.num_output_tokens,
-                                     "finish_reason": record.finish_reason}, ensure_ascii=False))
+            lines.append(_encode_line({"row": record.row, "step": record.step, "texts": list(record.texts),
+                                       "num_prompt_tokens": record.num_prompt_tokens,
+                                       "num_output_tokens": record.num_output_tokens,
+                                       "finish_reason": record.finish_reason}))
         if not lines:
             return
         self._file.write("\n".join(lines) + "\n")

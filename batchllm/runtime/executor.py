@@ -295,7 +295,8 @@ class Executor:
             backlog.add(window.replicas, [self._engine_load(c) * mean_work for c in configs])
             if fresh:
                 self.progress.stats[name].ideal_cached_tokens = (self.progress.stats[name].ideal_cached_tokens or 0) + window.ideal_cached_tokens
-        low_water = sum(self.engines.get(c).engine.ready.max_num_seqs for c in configs)
+        # a window is prepared while the one before waits: engines never wait for the driver
+        low_water = max(WINDOW_UNITS, sum(self.engines.get(c).engine.ready.max_num_seqs for c in configs))
         feed = self.feeds[name]
         if len(backlog) >= low_water or not feed.has_more():
             return

@@ -12,7 +12,6 @@ first load, transformers import included, takes seconds).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -88,7 +87,7 @@ class RequestPreparer:
         if tokenizer is None:  # no prefix order: the engine tokenizes
             return split(requests, replicas, block_size, prefix_order=False)
         ids = tokenizer.result().token_ids_many(requests)
-        tokenized = [dataclasses.replace(r, prompt_token_ids=tuple(i)) for r, i in zip(requests, ids)]
+        tokenized = [r.with_token_ids(i) for r, i in zip(requests, ids)]
         return split(tokenized, replicas, block_size, self.prefix_order)
 
     def close(self) -> None:
