@@ -54,7 +54,7 @@ from batchllm.runtime.stage_planner import NodeProgress, RunningPlan
 POLL_S = 0.05
 IDLE_S = 0.002  # nothing in an engine and nothing being prepared: the stage is about to end
 MAX_ENGINE_RESTARTS = 2
-FIRST_WINDOW_UNITS = 1_024  # the first window of a node is small, so its engines get work at once
+FIRST_WINDOW_UNITS = 1_024  # a window for idle engines (a node's first, also on resume) is small: work at once
 WINDOW_UNITS = 8_192  # later windows: large enough for the prefix order to find what is shared
 
 
@@ -196,7 +196,7 @@ class Executor:
             self.backlogs[name].regroup(len(configs), lambda batch, parts: split(batch, parts, self.block_size_tokens,
                                                                                   self.preparer.prefix_order).replicas)
         while not self._replan and not any(n in self.finished or n in self.failed for n in stage.plans):
-            for name in [n for n in stage.plans if n in self.assigned]:
+            for name in [n for n in self.order if n in stage.plans and n in self.assigned]:  # producers first
                 self._feed(name)
                 self._top_up(name)
             self._collect(log)
@@ -301,7 +301,8 @@ class Executor:
         if len(backlog) >= low_water or not feed.has_more():
             return
         fresh = not feed.retry
-        size = WINDOW_UNITS if self.ledger[name].committed_units else FIRST_WINDOW_UNITS
+        idle = not len(backlog) and not any(self._engine_load(c) for c in configs)  # a run's or a resume's start
+        size = FIRST_WINDOW_UNITS if idle else WINDOW_UNITS
         units = feed.take_ready(max(size, 2 * low_water))
         if len(units):
             requests = feed.render(units)
