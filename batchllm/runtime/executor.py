@@ -54,7 +54,7 @@ from batchllm.runtime.stage_planner import NodeProgress, RunningPlan
 POLL_S = 0.05
 IDLE_S = 0.002  # nothing in an engine and nothing being prepared: the stage is about to end
 MAX_ENGINE_RESTARTS = 2
-FIRST_WINDOW_UNITS = 1_024  # a window for idle engines (a node's first, also on resume) is small: work at once
+FIRST_WINDOW_UNITS = 1_024  # a node's first window in a run (also a resumed one) is small: work at once
 WINDOW_UNITS = 8_192  # later windows: large enough for the prefix order to find what is shared
 
 
@@ -90,6 +90,7 @@ class Executor:
         self.plan_since_s: dict[str, float] = {}  # node -> clock when its current plan's engines were ready
         self.backlogs = {n: Backlog(work_of) for n in dag.nodes}
         self.preparing: dict[str, tuple[Future, bool]] = {}  # node -> window being prepared, fresh units?
+        self.windows_taken: set[str] = set()  # nodes that took a window in this run
         self.block_size_tokens = 16
         self._started = time.monotonic()
         self._ready_at_s: float | None = None
@@ -301,8 +302,8 @@ class Executor:
         if len(backlog) >= low_water or not feed.has_more():
             return
         fresh = not feed.retry
-        idle = not len(backlog) and not any(self._engine_load(c) for c in configs)  # a run's or a resume's start
-        size = FIRST_WINDOW_UNITS if idle else WINDOW_UNITS
+        size = WINDOW_UNITS if name in self.windows_taken else FIRST_WINDOW_UNITS  # the first of this run: small
+        self.windows_taken.add(name)
         units = feed.take_ready(max(size, 2 * low_water))
         if len(units):
             requests = feed.render(units)
