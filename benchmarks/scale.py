@@ -20,7 +20,9 @@ Printed per size: driver peak RSS (VmHWM of the driver process, polled, and its 
 getrusage at exit; GB = 10^9 bytes), the peak of its other child processes (not engines)
 summed, requests/s through the driver ((node, row, step) units committed in the run /
 time from engines ready to the run's end), units per CPU second of the driver (its cost,
-which other work on a shared machine does not change), engines ready after the command started, the
+which other work on a shared machine does not change) and per CPU second of its main thread
+(the serial part: tokenizing and ordering run in other threads, and the tokenizer spreads over
+every core, so on a machine with more cores the main loop is what limits), engines ready after the command started, the
 time from engines ready to the first request sent (as the driver reports it in
 `RunResult.first_request_s`, and as measured at the engine handles), resume (re-run start
 -> first new unit committed on disk; and -> first result back from an engine), and
@@ -279,6 +281,13 @@ class DriverRun:
         return (self.units_at_end - self.units_at_start) / self.cpu_s if self.cpu_s > 0 else None
 
     @property
+    def units_per_main_thread_cpu_s(self) -> float | None:
+        """Units per CPU second of the driver's main loop: the part that does not spread over
+        cores (tokenizing and ordering run in other threads; the tokenizer uses every core)."""
+        main_s = self.events.get("done", {}).get("main_thread_cpu_s")
+        return (self.units_at_end - self.units_at_start) / main_s if main_s else None
+
+    @property
     def peak_rss_gb(self) -> float:
         own = self.events.get("done", {}).get("max_rss_kb", 0)
         return max(self.peak_rss_kb, own) * 1024 / GB
@@ -466,6 +475,8 @@ def print_size(result: SizeResult, by_node: str) -> None:
         ("requests/s (after ready)", lambda r: _s(r.requests_per_s, 0)),
         ("driver CPU s (all threads)", lambda r: _s(r.cpu_s, 1)),
         ("units per driver CPU s", lambda r: _s(r.units_per_cpu_s, 0)),
+        ("main thread CPU s (serial part)", lambda r: _s(r.events.get("done", {}).get("main_thread_cpu_s"), 1)),
+        ("units per main-thread CPU s", lambda r: _s(r.units_per_main_thread_cpu_s, 0)),
         ("driver peak RSS GB", lambda r: _s(r.peak_rss_gb)),
         ("other children peak RSS GB", lambda r: _s(r.helpers_peak_rss_kb * 1024 / GB)),
         ("first result s (after start)", lambda r: _s(r.since_start(r.events.get("first_result", {}).get("time")))),
