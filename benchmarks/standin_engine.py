@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 
 from batchllm.engines.process_engine import ProcessEngine
-from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord, WorkerReady
+from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord, WorkerReady, error_reason
 
 BLOCK_SIZE_TOKENS = 16
 MAX_NUM_SEQS = 256
@@ -58,7 +58,7 @@ class StandinStepper:
         tokens = prompt_tokens(request)
         if tokens >= MAX_MODEL_LEN:
             return EngineResult(request.request_id, ("",) * request.n, tokens, 0,
-                                f"error: prompt of {tokens} tokens does not fit max_model_len {MAX_MODEL_LEN}")
+                                error_reason(f"prompt of {tokens} tokens does not fit max_model_len {MAX_MODEL_LEN}"))
         self._queue.append(request)
         return None
 

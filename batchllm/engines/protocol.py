@@ -29,13 +29,30 @@ class EngineRequest:
                              self.top_p, self.seed, self.n, tuple(token_ids), self.output)
 
 
+ERROR_PREFIX = "error: "  # a finish reason saying the request could not run, and why
+
+
+def error_reason(why: str) -> str:
+    """The finish reason of a request the engine could not run."""
+    return ERROR_PREFIX + why
+
+
+def is_error(finish_reason: str) -> bool:
+    return finish_reason.startswith(ERROR_PREFIX)
+
+
+def error_of(finish_reason: str) -> str:
+    """Why the request could not run (an error finish reason without its prefix)."""
+    return finish_reason[len(ERROR_PREFIX):].strip()
+
+
 @dataclass(frozen=True)
 class EngineResult:
     request_id: str
     texts: tuple[str, ...]  # n completions; texts[0] is the main one
     num_prompt_tokens: int
     num_output_tokens: int  # summed over the n completions
-    finish_reason: str  # "stop" | "length" | "error: ..." (the request could not run)
+    finish_reason: str  # "stop" | "length" | error_reason(...) (the request could not run)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
-from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord, WorkerReady
+from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord, WorkerReady, error_reason
 from batchllm.models.tokens import PromptTokenizer
 
 
@@ -137,12 +137,12 @@ class VllmStepper:
         )
         ids = list(request.prompt_token_ids) if request.prompt_token_ids is not None else self._tokenizer.token_ids(request)
         if len(ids) >= self.ready.max_model_len:
-            reason = f"error: prompt has {len(ids)} tokens, the engine's max_model_len is {self.ready.max_model_len}"
+            reason = error_reason(f"prompt has {len(ids)} tokens, the engine's max_model_len is {self.ready.max_model_len}")
             return EngineResult(request.request_id, ("",), len(ids), 0, reason)
         try:
             self._engine.add_request(request.request_id, {"prompt_token_ids": ids}, params)
         except (VLLMError, ValueError) as exc:  # any other request vLLM refuses
-            return EngineResult(request.request_id, ("",), len(ids), 0, f"error: {exc}")
+            return EngineResult(request.request_id, ("",), len(ids), 0, error_reason(str(exc)))
         self._live[request.request_id] = _LiveRequest.new(len(ids), request.n)
         return None
 

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from batchllm.engines.protocol import is_error
 from batchllm.errors import UserError
 
 STEP_BITS = 20  # a (row, step) key is row << STEP_BITS | step: up to a million steps a row
@@ -54,7 +55,7 @@ class ResultRecord:
 @dataclass(frozen=True)
 class JournalStats:
     committed: int = 0
-    failed: int = 0  # finish_reason "error: ..."
+    failed: int = 0  # finish reasons that are errors (engines.protocol.is_error)
     prompt_tokens: int = 0
     output_tokens: int = 0
 
@@ -64,7 +65,7 @@ class JournalStats:
 
     @classmethod
     def of(cls, records: Sequence[ResultRecord]) -> "JournalStats":
-        return cls(len(records), sum(1 for r in records if r.finish_reason.startswith("error:")),
+        return cls(len(records), sum(1 for r in records if is_error(r.finish_reason)),
                    sum(r.num_prompt_tokens for r in records), sum(r.num_output_tokens for r in records))
 
 

@@ -27,10 +27,10 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 
+from batchllm.engines.protocol import error_of, is_error
 from batchllm.io.sql import sql_literal
 from batchllm.openai_batch.batch_input import MEMORY_LIMIT, READ_BATCH_LINES, BatchInput
 
-ERROR_PREFIX = "error:"  # how a node file's finish_reason says the engine refused a request
 
 
 @dataclass(frozen=True)
@@ -88,9 +88,9 @@ def output_line(row: dict, digest: str, created: int, incomplete: str | None) ->
         why = f": {incomplete}" if incomplete else ""
         line["error"] = {"code": "not_completed", "message": f"line {row['line']}: no result yet{why}; "
                                                               "run the same command again to resume"}
-    elif row["finish_reason"].startswith(ERROR_PREFIX):
+    elif is_error(row["finish_reason"]):
         line["error"] = {"code": "request_failed",
-                         "message": f"line {row['line']}: {row['finish_reason'][len(ERROR_PREFIX):].strip()}"}
+                         "message": f"line {row['line']}: {error_of(row['finish_reason'])}"}
     else:
         line["response"] = {"status_code": 200, "request_id": f"req_{ids[32:]}", "body": _body(row, ids, created)}
     return line

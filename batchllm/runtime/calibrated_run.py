@@ -41,7 +41,7 @@ from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.estimator import Workload
 from batchllm.costmodel.latency import StepFeatures
 from batchllm.costmodel.profile import ReplicaShape
-from batchllm.engines.protocol import EngineConfig, EngineResult, StepRecord, WorkerReady
+from batchllm.engines.protocol import EngineConfig, EngineResult, StepRecord, WorkerReady, is_error
 from batchllm.planner.problem import NodeWorkload, PlanProblem, build_problem
 from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.stage_planner import NodeProgress, RunningPlan, StageChoice, StagePlanner
@@ -161,7 +161,7 @@ class CalibratedRun:
         n = self.by_node[node].requests_per_unit
         evidence = self.node_evidence[node]
         for result in results:
-            if result.finish_reason.startswith("error"):
+            if is_error(result.finish_reason):
                 continue
             length, finished = round(result.num_output_tokens / n), result.finish_reason != "length"
             model.lengths.observe(length, finished, n)

@@ -31,7 +31,7 @@ import numpy as np
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet
 from batchllm.engines.process_engine import EngineFactory
-from batchllm.engines.protocol import EngineConfig, EngineResult
+from batchllm.engines.protocol import EngineConfig, EngineResult, is_error
 from batchllm.errors import RunIncomplete
 from batchllm.io.input_source import InputSource
 from batchllm.io.node_journal import ResultJournal, ResultRecord
@@ -370,7 +370,7 @@ class Executor:
         self.feeds[name].requeue(self.ledger.commit(name, units))
         prompt_tokens = sum(r.num_prompt_tokens for r in results)
         output_tokens = sum(r.num_output_tokens for r in results)
-        failed = sum(1 for r in results if r.finish_reason.startswith("error:"))
+        failed = sum(1 for r in results if is_error(r.finish_reason))
         self._start_progress(name)
         self.progress.advance(name, units=len(results), prompt_tokens=prompt_tokens, output_tokens=output_tokens, failed=failed)
         if observer := self._observer():
