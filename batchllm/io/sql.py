@@ -87,8 +87,8 @@ def rows_where(source: InputSource, predicate: str, *, where: str, sample_rows: 
     connection = duckdb.connect(config={"enable_external_access": False, "threads": 2})
     try:
         connection.register("input_rows", ds.dataset(source.path, format="parquet"))
-        count = connection.execute(f"SELECT count(*) FROM input_rows WHERE ({predicate})").fetchone()[0]
-        sample = connection.execute(f"SELECT * FROM input_rows WHERE ({predicate}) LIMIT {int(sample_rows)}").to_arrow_table()
+        count = connection.sql(f"SELECT count(*) FROM input_rows WHERE ({predicate})").fetchall()[0][0]
+        sample = connection.sql(f"SELECT * FROM input_rows WHERE ({predicate}) LIMIT {int(sample_rows)}").to_arrow_table()
     except duckdb.Error as exc:
         raise predicate_failed(predicate, exc, where) from None
     finally:
