@@ -296,15 +296,14 @@ class Executor:
             backlog.add(window.replicas, [self._engine_load(c) * mean_work for c in configs])
             if fresh:
                 self.progress.stats[name].ideal_cached_tokens = (self.progress.stats[name].ideal_cached_tokens or 0) + window.ideal_cached_tokens
-        # a window is prepared while the one before waits: engines never wait for the driver
-        low_water = max(WINDOW_UNITS, sum(self.engines.get(c).engine.ready.max_num_seqs for c in configs))
+        at_once = sum(self.engines.get(c).engine.ready.max_num_seqs for c in configs)
         feed = self.feeds[name]
-        if len(backlog) >= low_water or not feed.has_more():
+        if len(backlog) >= max(WINDOW_UNITS, at_once) or not feed.has_more():  # the next window is prepared while one waits
             return
         fresh = not feed.retry
         size = WINDOW_UNITS if name in self.windows_taken else FIRST_WINDOW_UNITS  # the first of this run: small
         self.windows_taken.add(name)
-        units = feed.take_ready(max(size, 2 * low_water))
+        units = feed.take_ready(max(size, 2 * at_once))
         if len(units):
             requests = feed.render(units)
             self.preparing[name] = (self.preparer.submit(requests, configs[0].model, self.block_size_tokens, len(configs)), fresh)
