@@ -48,9 +48,9 @@ class _RustTokenizer:
     renders it (Jinja2 sandbox, trim_blocks, lstrip_blocks, loop controls, the special
     tokens and `raise_exception` in scope)."""
 
-    def __init__(self, tokenizer, template, special_tokens: dict[str, str], added: list[dict]):
+    def __init__(self, tokenizer, template, special_tokens: dict[str, str]):
         self._tokenizer, self._template, self._special = tokenizer, template, special_tokens
-        self._cut_tokens = _cut_tokens(added)
+        self._cut_tokens = _cut_tokens(list(tokenizer.get_added_tokens_decoder().values()))
 
     @classmethod
     def load(cls, model_dir: Path) -> "_RustTokenizer | None":
@@ -75,8 +75,7 @@ class _RustTokenizer:
         environment.globals["raise_exception"] = raise_exception
         special = {k: (v["content"] if isinstance(v, dict) else v) for k, v in config.items()
                    if k.endswith("_token") and isinstance(v, (str, dict))}
-        added = json.loads(files[0].read_text()).get("added_tokens") or []
-        return cls(tokenizers.Tokenizer.from_file(str(files[0])), environment.from_string(template), special, added)
+        return cls(tokenizers.Tokenizer.from_file(str(files[0])), environment.from_string(template), special)
 
     def render(self, messages: list[dict[str, str]]) -> str:
         return self._template.render(messages=messages, add_generation_prompt=True, tools=None, documents=None, **self._special)
@@ -99,12 +98,11 @@ class _RustTokenizer:
         return stitch
 
 
-def _cut_tokens(added: list[dict]) -> list[str]:
-    """Added tokens the input is cut at with nothing beside them changed, and that no
-    other added token contains (so no match can span a cut)."""
-    plain = [t["content"] for t in added
-             if not (t.get("lstrip") or t.get("rstrip") or t.get("single_word") or t.get("normalized"))]
-    contents = [t["content"] for t in added]
+def _cut_tokens(added: list) -> list[str]:
+    """Added tokens (`tokenizers.AddedToken`) the input is cut at with nothing beside them
+    changed, and that no other added token contains (so no match can span a cut)."""
+    plain = [t.content for t in added if not (t.lstrip or t.rstrip or t.single_word or t.normalized)]
+    contents = [t.content for t in added]
     return [t for t in plain if t and not any(t in other and t != other for other in contents)]
 
 
