@@ -32,9 +32,11 @@ from batchllm.io.input_source import ROW_ID
 from batchllm.io.node_journal import ResultJournal
 from batchllm.io.sql import sql_literal
 
-MEMORY_LIMIT = "256MB"
+MEMORY_LIMIT = "128MB"
+DUCKDB_THREADS = 1  # two threads: ~+60 MB of DuckDB's allocator caches for a write that is a small part of a run
 ROW_GROUP_ROWS = 65_536
-WINDOW_ROWS = 32_768  # input rows per join: +200 MB at any size (the whole data set at once: +420 MB at 1M rows, +510 MB at 10M)
+WINDOW_ROWS = 16_384  # input rows per join: peak +0.18 GB at 1M or 10M rows, in a process of its own (32,768 rows on
+#                       two threads: +0.28 GB; the whole data set at once: +420 MB at 1M rows, +510 MB at 10M)
 READ_BUFFER_BYTES = 1 << 20  # the input's pages stream through this buffer
 JSON_SQL_TYPES = {"integer": "BIGINT", "number": "DOUBLE", "boolean": "BOOLEAN", "string": "VARCHAR", "json": "VARCHAR"}
 ARROW_TYPES = {"BIGINT": pa.int64(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(), "VARCHAR": pa.string()}
@@ -62,7 +64,7 @@ def _quote(name: str) -> str:
 
 
 def _connect(spill_dir: Path) -> duckdb.DuckDBPyConnection:
-    connection = duckdb.connect(config={"memory_limit": MEMORY_LIMIT, "threads": 2, "preserve_insertion_order": True})
+    connection = duckdb.connect(config={"memory_limit": MEMORY_LIMIT, "threads": DUCKDB_THREADS, "preserve_insertion_order": True})
     connection.execute(f"SET temp_directory = {sql_literal(str(spill_dir))}")
     connection.execute("SET enable_progress_bar = false")  # else DuckDB draws one on the terminal after 2 s
     return connection

@@ -54,7 +54,7 @@ class WhereFilter:
         for name, column in upstream.items():
             table = table.append_column(name, column)
         if self._connection is None:
-            self._connection = duckdb.connect(config={"enable_external_access": False})
+            self._connection = duckdb.connect(config={"enable_external_access": False, "threads": 1})  # small batches
         self._connection.register("batch_rows", table)
         try:
             result = self._connection.sql(f"SELECT {key} FROM batch_rows WHERE ({self.predicate})").to_arrow_table()

@@ -42,6 +42,7 @@ from batchllm.runtime.engine_configs import engine_config
 from batchllm.runtime.engine_set import EngineLoss, EngineSet
 from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.ledger import Ledger, NodeLedger
+from batchllm.runtime.memory import release_free_memory
 from batchllm.runtime.node_feed import MergedUpstream, NodeFeed, Upstream, parse_request_id
 from batchllm.runtime.prepare import PreparedWindow, RequestPreparer, split, work_of
 from batchllm.runtime.progress import NodeStats, RunProgress
@@ -115,12 +116,15 @@ class Executor:
         finally:
             self.engines.stop_all()
             self.preparer.close()
+            for feed in self.feeds.values():
+                feed.close()
             for journal in self.journals.values():
                 journal.sync()
             self.report.finish(time.monotonic() - started)
             if self.report.stages:
                 self.report.write(self.run_dir.root / "run.json")
                 write_run_html(self.report, self.device_ids, self.run_dir.root / "run.html")
+        release_free_memory()
         try:
             outputs = self._write_outputs()
         finally:

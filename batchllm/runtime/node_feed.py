@@ -162,6 +162,11 @@ class NodeFeed:
             self.admit(start, min(start + WINDOW_ROWS, self.ledger.rows))
         self._all_decided = True
 
+    def close(self) -> None:
+        """Its `where:` filter's DuckDB connection (a new feed opens one again if needed)."""
+        if self._where_filter is not None:
+            self._where_filter.close()
+
     def _where(self, rows: np.ndarray) -> np.ndarray:
         table = self._rows_table(rows)
         texts = {name: pa.array(u.texts(rows), pa.string()) for name, u in self.upstream.items()}
