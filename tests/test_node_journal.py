@@ -32,6 +32,18 @@ def test_records_survive_reopening_and_compaction(tmp_path):
     assert reopened.stats() == JournalStats(committed=4, failed=0, prompt_tokens=10 * 4 + 5 + 1 + 3 + 2, output_tokens=8)
 
 
+def test_texts_come_from_the_segments_whose_key_range_meets_them_before_and_after_reopening(tmp_path):
+    journal = ResultJournal(tmp_path / "a", "fp", "a", segment_records=2)
+    journal.append_many([record(8), record(1)])  # seg 0: rows 1..8
+    journal.append_many([record(4, 2), record(20)])  # seg 1: rows 4..20, meets seg 0's range
+    journal.append_many([record(30)])  # the tail
+    rows, steps = np.array([20, 1, 4, 30, 8, 5, 4]), np.array([0, 0, 2, 0, 0, 0, 0])
+    expected = ["t20.0", "t1.0", "t4.2", "t30.0", "t8.0", None, None]
+    assert journal.texts(rows, steps) == expected
+    journal.close()
+    assert ResultJournal(tmp_path / "a", "fp", "a", segment_records=2).texts(rows, steps) == expected
+
+
 def test_a_torn_last_line_is_cut_off(tmp_path):
     journal = ResultJournal(tmp_path / "a", "fp", "a")
     journal.append_many([record(0), record(1)])

@@ -92,6 +92,7 @@ class ResultJournal:
         folder.mkdir(parents=True, exist_ok=True)
         self._check_header(fingerprint)
         self._segments: list[Path] = []
+        self._key_ranges: list[tuple[int, int]] = []  # per segment: its first and last (row, step) key
         self._segment_stats = JournalStats()
         self._tail: dict[int, ResultRecord] = {}  # key -> record, in the current tail part
         self._cache: tuple[Path, np.ndarray, pa.Array] | None = None  # the last segment texts() read
@@ -127,7 +128,9 @@ class ResultJournal:
             tails.pop(part).unlink()
         self._segments = [segments[k] for k in sorted(segments)]
         for path in self._segments:
-            stats = pq.read_schema(path).metadata[STATS_KEY]
+            metadata = pq.read_metadata(path)
+            self._key_ranges.append(_key_range(metadata))
+            stats = metadata.schema.to_arrow_schema().metadata[STATS_KEY]
             self._segment_stats = self._segment_stats.plus(JournalStats(**json.loads(stats)))
         if len(tails) > 1:
             raise RuntimeError(f"{self.folder}: more than one uncompacted part ({sorted(tails)}): journal is corrupt")
@@ -185,32 +188,23 @@ class ResultJournal:
         if missing:
             wanted = keys[missing]
             low, high = int(wanted.min()), int(wanted.max())
-            for path in self._segments:
-                segment_keys, texts = self._segment_texts(path, low, high)
-                if segment_keys is None:
+            for path, (first, last) in zip(self._segments, self._key_ranges):
+                if last < low or first > high:
                     continue
+                segment_keys, texts = self._segment_texts(path)
                 at = np.searchsorted(segment_keys, wanted).clip(max=len(segment_keys) - 1)
                 hit = segment_keys[at] == wanted
                 for k, position in zip(np.asarray(missing)[hit].tolist(), at[hit].tolist()):
                     found[k] = texts[position].as_py()
         return found
 
-    def _segment_texts(self, path: Path, low: int, high: int) -> tuple[np.ndarray | None, pa.Array | None]:
-        """A segment's sorted keys and texts, if its key range meets [low, high]."""
-        if self._cache is not None and self._cache[0] == path:
-            _, keys, texts = self._cache
-        else:
-            metadata = pq.read_metadata(path)
-            first, last = _key_range(metadata)
-            if last < low or first > high:
-                return None, None
+    def _segment_texts(self, path: Path) -> tuple[np.ndarray, pa.Array]:
+        """A segment's sorted keys and texts (the last segment read is kept)."""
+        if self._cache is None or self._cache[0] != path:
             table = pq.read_table(path, columns=["row", "step", "text"])
             keys = key_of(table.column("row").to_numpy(), table.column("step").to_numpy())
-            texts = table.column("text").combine_chunks()
-            self._cache = (path, keys, texts)
-        if keys[-1] < low or keys[0] > high:
-            return None, None
-        return keys, texts
+            self._cache = (path, keys, table.column("text").combine_chunks())
+        return self._cache[1], self._cache[2]
 
     def stats(self) -> JournalStats:
         return self._segment_stats.plus(JournalStats.of(list(self._tail.values())))
@@ -264,6 +258,7 @@ class ResultJournal:
         self._file.close()
         self._tail_path(self._part).unlink()
         self._segments.append(segment)
+        self._key_ranges.append((records[0].row << STEP_BITS | records[0].step, records[-1].row << STEP_BITS | records[-1].step))
         self._segment_stats = self._segment_stats.plus(stats)
         self._tail = {}
         self._part += 1
