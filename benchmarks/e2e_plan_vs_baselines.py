@@ -146,7 +146,8 @@ def run_schedules(dag: Path, folder: Path, name: str, devices, console: Console)
             print(f"{name:9} {schedule:10} {walls[schedule]:7.1f} s  engines started {result.engines_started}", flush=True)
             continue
         stages = "; ".join(" + ".join(f"{n} {v.plan} on {v.devices}" for n, v in s.nodes.items()) for s in r.stages)
-        print(f"{name:9} {schedule:10} {walls[schedule]:7.1f} s  estimated {r.estimated_s:6.1f} s  overhead {r.overhead_s:5.1f} s "
+        estimated = "   n/a" if r.estimated_s is None else f"{r.estimated_s:6.1f}"  # sequential: no estimate
+        print(f"{name:9} {schedule:10} {walls[schedule]:7.1f} s  estimated {estimated} s  overhead {r.overhead_s:5.1f} s "
               f"({r.overhead_s / r.wall_s:.1%})  engines started {result.engines_started}  stages: {stages}", flush=True)
     plan = reports["plan"]
     print(f"{name:9} ratios: sequential/plan {walls['sequential'] / walls['plan']:.2f}x, max/plan {walls['max'] / walls['plan']:.2f}x, "

@@ -37,8 +37,8 @@ class NodeInStage:
 class StageLog:
     index: int
     start_s: float
-    estimated_s: float  # the planner's length of this stage when it began
-    estimated_rest_s: float  # the planner's time to the end of the run when it began
+    estimated_s: float | None  # the planner's length of this stage when it began (None: no cost model, e.g. sequential)
+    estimated_rest_s: float | None  # the planner's time to the end of the run when it began (None: likewise)
     planning_s: float
     end_s: float = 0.0
     nodes: dict[str, NodeInStage] = field(default_factory=dict)
