@@ -35,8 +35,8 @@ from batchllm.io.sql import sql_literal
 MEMORY_LIMIT = "128MB"
 DUCKDB_THREADS = 1  # two threads: ~+60 MB of DuckDB's allocator caches for a write that is a small part of a run
 ROW_GROUP_ROWS = 65_536
-WINDOW_ROWS = 16_384  # input rows per join: peak +0.18 GB at 1M or 10M rows, in a process of its own (32,768 rows on
-#                       two threads: +0.28 GB; the whole data set at once: +420 MB at 1M rows, +510 MB at 10M)
+WINDOW_ROWS = 16_384  # input rows per join. Writing a 3-node data set alone: peak +0.17 GB at 1M rows, +0.19 GB at 10M
+#                       (20 s); 32,768 rows on two threads: +0.29 GB (16 s); the whole data set at once: +0.51 GB at 10M
 READ_BUFFER_BYTES = 1 << 20  # the input's pages stream through this buffer
 JSON_SQL_TYPES = {"integer": "BIGINT", "number": "DOUBLE", "boolean": "BOOLEAN", "string": "VARCHAR", "json": "VARCHAR"}
 ARROW_TYPES = {"BIGINT": pa.int64(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(), "VARCHAR": pa.string()}
