@@ -240,7 +240,8 @@ class ResultJournal:
         if not self._tail:
             return
         self.sync()
-        records = [self._tail[k] for k in sorted(self._tail)]
+        keys = sorted(self._tail)
+        records = [self._tail[k] for k in keys]
         columns = {"row": [r.row for r in records], "step": [r.step for r in records], "text": [r.text for r in records],
                    "num_prompt_tokens": [r.num_prompt_tokens for r in records],
                    "num_output_tokens": [r.num_output_tokens for r in records],
@@ -258,7 +259,7 @@ class ResultJournal:
         self._file.close()
         self._tail_path(self._part).unlink()
         self._segments.append(segment)
-        self._key_ranges.append((records[0].row << STEP_BITS | records[0].step, records[-1].row << STEP_BITS | records[-1].step))
+        self._key_ranges.append((keys[0], keys[-1]))
         self._segment_stats = self._segment_stats.plus(stats)
         self._tail = {}
         self._part += 1
