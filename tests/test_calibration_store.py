@@ -123,7 +123,7 @@ class SteppingEngine(FakeEngine):
             self._steps.append(StepRecord(self.latency.step_s(features), prefill, 1 if prefill else 0, running,
                                           running * (60 + 5 * k), 0, 0))
         lengths = [8 + (sum(map(ord, r.request_id)) % 40) for r in results]
-        return [dataclasses.replace(r, num_output_tokens=n, finish_reason="length" if n >= 40 else "stop")
+        return [r._replace(num_output_tokens=n, finish_reason="length" if n >= 40 else "stop")
                 for r, n in zip(results, lengths)]
 
     def drain_steps(self) -> list:

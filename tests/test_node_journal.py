@@ -3,6 +3,8 @@ recovery from a crash at every point of its protocol."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -30,6 +32,19 @@ def test_records_survive_reopening_and_compaction(tmp_path):
     assert keys(reopened) == [(1, 0), (2, 0), (3, 1), (5, 0)]
     assert reopened.texts(np.array([5, 2, 3, 3, 9]), np.array([0, 0, 1, 0, 0])) == ["t5.0", "t2.0", "t3.1", None, None]
     assert reopened.stats() == JournalStats(committed=4, failed=0, prompt_tokens=10 * 4 + 5 + 1 + 3 + 2, output_tokens=8)
+
+
+@pytest.mark.parametrize("texts", [("plain",), ('quote " backslash \\ slash /',), ("new\nline\ttab\x00\x1f\u2028",),
+                                   ("ünïcødé 日本 🙂", "second sample"), ("",)])
+def test_a_tail_line_is_what_json_dumps_gives_and_reads_back(tmp_path, texts):
+    item = ResultRecord(123456789, 7, texts, 40, 3, "error: it's \"odd\"")
+    fields = {"row": 123456789, "step": 7, "texts": list(texts), "num_prompt_tokens": 40, "num_output_tokens": 3,
+              "finish_reason": "error: it's \"odd\""}
+    assert item.json_line() == json.dumps(fields, ensure_ascii=False)
+    journal = ResultJournal(tmp_path / "a", "fp", "a", samples=len(texts))
+    journal.append_many([item])
+    journal.close()
+    assert ResultJournal(tmp_path / "a", "fp", "a", samples=len(texts)).texts(np.array([123456789]), np.array([7])) == [texts[0]]
 
 
 def test_texts_come_from_the_segments_whose_key_range_meets_them_before_and_after_reopening(tmp_path):

@@ -1,16 +1,21 @@
-"""Plain records crossing the engine boundary (picklable; no vLLM types)."""
+"""Plain records crossing the engine boundary (picklable; no vLLM types).
+
+A request and its result are NamedTuples: each is built, pickled and unpickled a few
+times per (row, step), and a NamedTuple does each two to four times faster than a frozen
+dataclass (1M rows: ~10 s of the driver's main thread).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from batchllm.dag.model import OutputConstraint
 from batchllm.engines.devices import Replica
 
 
-@dataclass(frozen=True)
-class EngineRequest:
+class EngineRequest(NamedTuple):
     request_id: str
     prompt: str  # the user message when `chat`, else the raw completion prompt
     system: str | None = None
@@ -24,7 +29,7 @@ class EngineRequest:
     output: OutputConstraint | None = None  # structured output the engine enforces
 
     def with_token_ids(self, token_ids: Sequence[int]) -> "EngineRequest":
-        """This request with its prompt's token ids (positional: `dataclasses.replace` costs twice as much)."""
+        """This request with its prompt's token ids (positional: `_replace` costs twice as much)."""
         return EngineRequest(self.request_id, self.prompt, self.system, self.chat, self.max_tokens, self.temperature,
                              self.top_p, self.seed, self.n, tuple(token_ids), self.output)
 
@@ -46,8 +51,7 @@ def error_of(finish_reason: str) -> str:
     return finish_reason[len(ERROR_PREFIX):].strip()
 
 
-@dataclass(frozen=True)
-class EngineResult:
+class EngineResult(NamedTuple):
     request_id: str
     texts: tuple[str, ...]  # n completions; texts[0] is the main one
     num_prompt_tokens: int

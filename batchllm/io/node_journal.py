@@ -23,7 +23,9 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -35,11 +37,9 @@ from batchllm.errors import UserError
 
 STEP_BITS = 20  # a (row, step) key is row << STEP_BITS | step: up to a million steps a row
 STATS_KEY = b"batchllm.stats"
-_encode_line = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode  # one encoder: json.dumps with options builds one a call
 
 
-@dataclass(frozen=True)
-class ResultRecord:
+class ResultRecord(NamedTuple):  # one per committed (row, step): a NamedTuple is built three times faster than a dataclass
     row: int  # the row's position in its input
     step: int
     texts: tuple[str, ...]
@@ -50,6 +50,12 @@ class ResultRecord:
     @property
     def text(self) -> str:
         return self.texts[0]
+
+    def json_line(self) -> str:
+        """The record as its tail line (what `json.dumps` of its fields gives, three times faster)."""
+        return (f'{{"row": {self.row}, "step": {self.step}, "texts": [{", ".join(map(encode_basestring, self.texts))}], '
+                f'"num_prompt_tokens": {self.num_prompt_tokens}, "num_output_tokens": {self.num_output_tokens}, '
+                f'"finish_reason": {encode_basestring(self.finish_reason)}}}')
 
 
 @dataclass(frozen=True)
@@ -139,7 +145,7 @@ class ResultJournal:
         part, path = next(iter(tails.items()))
         data = path.read_bytes()
         committed_end = data.rfind(b"\n") + 1
-        for number, line in enumerate(data[:committed_end].decode("utf-8").splitlines(), start=1):
+        for number, line in enumerate(_lines(data[:committed_end]), start=1):
             item = json.loads(line)
             record = ResultRecord(item["row"], item["step"], tuple(item["texts"]), item["num_prompt_tokens"],
                                   item["num_output_tokens"], item["finish_reason"])
@@ -220,10 +226,7 @@ class ResultJournal:
             if key in self._tail or key in batch:  # refused whole: nothing of the batch is taken
                 raise RuntimeError(f"node {self.node!r}: row {record.row} step {record.step} was already committed")
             batch[key] = record
-            lines.append(_encode_line({"row": record.row, "step": record.step, "texts": list(record.texts),
-                                       "num_prompt_tokens": record.num_prompt_tokens,
-                                       "num_output_tokens": record.num_output_tokens,
-                                       "finish_reason": record.finish_reason}))
+            lines.append(record.json_line())
         if not lines:
             return
         self._file.write("\n".join(lines) + "\n")
@@ -242,13 +245,12 @@ class ResultJournal:
         self.sync()
         keys = sorted(self._tail)
         records = [self._tail[k] for k in keys]
-        columns = {"row": [r.row for r in records], "step": [r.step for r in records], "text": [r.text for r in records],
-                   "num_prompt_tokens": [r.num_prompt_tokens for r in records],
-                   "num_output_tokens": [r.num_output_tokens for r in records],
-                   "finish_reason": [r.finish_reason for r in records]}
+        rows, steps, texts, prompt_tokens, output_tokens, reasons = zip(*records)  # the records' fields as columns
+        columns = {"row": rows, "step": steps, "text": [t[0] for t in texts], "num_prompt_tokens": prompt_tokens,
+                   "num_output_tokens": output_tokens, "finish_reason": reasons}
         if self.samples > 1:
-            columns["texts"] = [list(r.texts) for r in records]
-        stats = JournalStats.of(records)
+            columns["texts"] = [list(t) for t in texts]
+        stats = JournalStats(len(records), sum(map(is_error, reasons)), sum(prompt_tokens), sum(output_tokens))
         schema = self.schema.with_metadata({STATS_KEY: json.dumps(stats.__dict__).encode()})
         segment = self._segment_path(self._part)
         temporary = segment.with_name(segment.name + ".tmp")
@@ -283,6 +285,12 @@ def _key_range(metadata: pq.FileMetaData) -> tuple[int, int]:
     return int(row_min) << STEP_BITS, (int(row_max) << STEP_BITS) | ((1 << STEP_BITS) - 1)
 
 
+def _lines(data: bytes) -> list[str]:
+    """The lines of newline-ended tail data: cut at "\\n" only (`splitlines` also cuts at
+    U+2028, U+0085 and others, which JSON leaves unescaped inside a text)."""
+    return data.decode("utf-8").split("\n")[:-1]
+
+
 def _write_atomically(path: Path, text: str) -> None:
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(text, encoding="utf-8")
@@ -298,7 +306,7 @@ def read_records(folder: Path) -> pa.Table:
         if int(tail.stem[5:]) in compacted:
             continue
         data = tail.read_bytes()
-        lines = [json.loads(line) for line in data[:data.rfind(b"\n") + 1].decode().splitlines()]
+        lines = [json.loads(line) for line in _lines(data[:data.rfind(b"\n") + 1])]
         if lines:
             tables.append(pa.table({"row": [x["row"] for x in lines], "step": [x["step"] for x in lines],
                                     "text": [x["texts"][0] for x in lines],

@@ -342,11 +342,14 @@ class Executor:
             else:
                 time.sleep(IDLE_S)
         polled = self.engines.poll(POLL_S, busy=lambda slot: self.ledger.running_on[slot] > 0)
-        by_node: dict[int, list[EngineResult]] = {}
+        by_node: dict[int, tuple[list[int], list[EngineResult]]] = {}
         for result in polled.results:
-            by_node.setdefault(parse_request_id(result.request_id)[0], []).append(result)
-        for index, results in by_node.items():
-            self._commit(self.order[index], results, log)
+            index, unit = parse_request_id(result.request_id)
+            units, results = by_node.setdefault(index, ([], []))
+            units.append(unit)
+            results.append(result)
+        for index, (units, results) in by_node.items():
+            self._commit(self.order[index], np.array(units, np.int64), results, log)
         for config, step in polled.steps:
             node = self._node_of(config)
             log.add_step(engine_label(config), step.wall_s)
@@ -364,8 +367,8 @@ class Executor:
                 self.progress.set_total(name, self.ledger[name].total_units)
         self._settle()
 
-    def _commit(self, name: str, results: list[EngineResult], log: StageLog) -> None:
-        units = np.fromiter((parse_request_id(r.request_id)[1] for r in results), np.int64, len(results))
+    def _commit(self, name: str, units: np.ndarray, results: list[EngineResult], log: StageLog) -> None:
+        """Journal the node's results (of `units`, in the same order) and mark them committed."""
         rows, steps = self.ledger[name].row_step_of(units)
         self.journals[name].append_many([
             ResultRecord(row, step, r.texts, r.num_prompt_tokens, r.num_output_tokens, r.finish_reason)
