@@ -295,9 +295,7 @@ class Executor:
             if len(window.replicas) != len(configs):  # the replicas changed while it was prepared
                 window = split([r for part in window.replicas for r in part], len(configs), self.block_size_tokens,
                                self.preparer.prefix_order)
-            requests = [r for part in window.replicas for r in part]
-            mean_work = sum(map(work_of, requests)) / max(len(requests), 1)
-            backlog.add(window.replicas, [self._engine_load(c) * mean_work for c in configs])
+            backlog.add(window.replicas, [self._engine_load(c) * window.mean_work for c in configs])
             if fresh:
                 self.progress.stats[name].ideal_cached_tokens = (self.progress.stats[name].ideal_cached_tokens or 0) + window.ideal_cached_tokens
         at_once = sum(self.engines.get(c).engine.ready.max_num_seqs for c in configs)

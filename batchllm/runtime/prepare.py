@@ -27,6 +27,7 @@ class PreparedWindow:
     replicas: list[list[EngineRequest]]  # per replica, in submission order, token ids filled in
     prompt_tokens: int
     ideal_cached_tokens: int  # what an unbounded prefix cache serves for this window in the best order
+    mean_work: float  # of its requests (`work_of`), worked out here, off the driver's main loop
 
 
 def work_of(request: EngineRequest) -> float:
@@ -43,12 +44,14 @@ def split(requests: Sequence[EngineRequest], replicas: int, block_size: int, pre
     prompts = [r.prompt_token_ids or () for r in requests]
     tokens = sum(map(len, prompts))
     if not requests:
-        return PreparedWindow([[] for _ in range(replicas)], 0, 0)
+        return PreparedWindow([[] for _ in range(replicas)], 0, 0, 0.0)
+    mean_work = sum(map(work_of, requests)) / len(requests)
     if prefix_order:
         order = order_requests(prompts, block_size=block_size, replicas=replicas,
                                extra_work=[r.max_tokens * r.n for r in requests])
-        return PreparedWindow([[requests[i] for i in indices] for indices in order.replicas], tokens, order.ideal_cached_tokens)
-    return PreparedWindow(_split_by_work(requests, replicas), tokens, 0)
+        return PreparedWindow([[requests[i] for i in indices] for indices in order.replicas], tokens,
+                              order.ideal_cached_tokens, mean_work)
+    return PreparedWindow(_split_by_work(requests, replicas), tokens, 0, mean_work)
 
 
 def _split_by_work(requests: Sequence[EngineRequest], parts: int) -> list[list[EngineRequest]]:
