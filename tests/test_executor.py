@@ -84,6 +84,12 @@ def test_resume_after_a_driver_crash_is_exactly_once(workspace):
     assert sorted(sent(resumed)) == [("b", "q3"), ("b", "q4")] + [("judge", q) for q, _ in QUESTIONS]
     for node in ORDER:
         assert node_keys(workspace.out, node) == ALL_KEYS, node
+    status = json.loads((workspace.out / ".batchllm" / "status.json").read_text())
+    for node in ["b", "judge"]:  # the nodes the resumed run worked on: their counts include what the first run did
+        results = pq.read_table(workspace.out / "nodes" / f"{node}.parquet")
+        assert {k: status["nodes"][node][k] for k in ("committed", "failed", "prompt_tokens", "output_tokens")} == {
+            "committed": 4, "failed": 0, "prompt_tokens": sum(results.column("num_prompt_tokens").to_pylist()),
+            "output_tokens": sum(results.column("num_output_tokens").to_pylist())}, node
 
 
 def test_engine_death_is_retried_then_the_node_fails_and_independent_nodes_finish(workspace):

@@ -102,6 +102,7 @@ class Executor:
         prints = node_fingerprints(self.dag, self.sources)
         self.journals = {n: ResultJournal(self.run_dir.journal_folder(n), prints[n], n, samples=self.dag.nodes[n].sampling.n)
                          for n in self.order}
+        self.earlier = {n: j.stats() for n, j in self.journals.items()}  # what earlier invocations committed
         self.ledger = Ledger({n: self._node_ledger(n) for n in self.order})
         self.feeds = {}
         for index, name in enumerate(self.order):
@@ -386,7 +387,7 @@ class Executor:
             ledger = self.ledger[name]
             model = self.dag.nodes[name].model
             self.progress.start_node(NodeStats(name, model, ledger.total_units, ledger.committed_units,
-                                               price=self.dag.prices.get(model)))
+                                               earlier=self.earlier[name], price=self.dag.prices.get(model)))
 
     # -- outputs ------------------------------------------------------------------------------
     def _write_outputs(self) -> dict[str, Path]:

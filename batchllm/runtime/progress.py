@@ -20,10 +20,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
-
-from batchllm.dag.model import Price
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from batchllm.dag.model import Price
+from batchllm.io.node_journal import JournalStats
 from batchllm.runtime.status import END_STATES, NodeStatus, RunStatus, format_duration, write_status
 
 RATE_WINDOW_S = 60.0  # the ETA uses the rate over this much recent time
@@ -40,9 +40,10 @@ class NodeStats:
     units_total: int
     units_done_before: int
     units_done_now: int = 0
-    failed: int = 0  # results whose finish_reason starts with "error:"
+    failed: int = 0  # results whose finish_reason starts with "error:" (this invocation's, as the tokens)
     prompt_tokens: int = 0
     output_tokens: int = 0
+    earlier: JournalStats = JournalStats()  # what earlier invocations committed: in the status's counts, not in rates
     engine_load_s: float = 0.0
     started_at: float = 0.0  # on the progress clock; set by RunProgress.start_node
     busy_s: float = 0.0  # inside engine steps
@@ -206,8 +207,9 @@ class RunProgress:
 
     def status(self, now_s: float) -> RunStatus:
         nodes = {s.node: NodeStatus(
-            model=s.model, committed=s.units_done, total=s.units_total, failed=s.failed, prompt_tokens=s.prompt_tokens,
-            output_tokens=s.output_tokens, output_tokens_per_s=s.output_tokens_per_s(now_s), eta_s=eta_s(s, now_s))
+            model=s.model, committed=s.units_done, total=s.units_total, failed=s.earlier.failed + s.failed,
+            prompt_tokens=s.earlier.prompt_tokens + s.prompt_tokens, output_tokens=s.earlier.output_tokens + s.output_tokens,
+            output_tokens_per_s=s.output_tokens_per_s(now_s), eta_s=eta_s(s, now_s))
             for s in self.stats.values()}
         rest_s = None if self.rest is None or self.state != "running" else max(self.rest[0] - (now_s - self.rest[1]), 0.0)
         return RunStatus(state=self.state, elapsed_s=now_s - self._started_s, nodes=nodes, started_at=self.started_at,

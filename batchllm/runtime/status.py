@@ -34,10 +34,10 @@ class NodeStatus:
     model: str
     committed: int
     total: int
-    failed: int  # results whose finish_reason starts with "error:"
+    failed: int  # results whose finish_reason starts with "error:"; these three count every invocation's results
     prompt_tokens: int
     output_tokens: int
-    output_tokens_per_s: float
+    output_tokens_per_s: float  # this invocation's
     eta_s: float | None  # None: no rate known yet
 
 
