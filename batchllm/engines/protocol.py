@@ -1,8 +1,8 @@
 """Plain records crossing the engine boundary (picklable; no vLLM types).
 
 A request and its result are NamedTuples: each is built, pickled and unpickled a few
-times per (row, step), and a NamedTuple does each two to four times faster than a frozen
-dataclass (1M rows: ~10 s of the driver's main thread).
+times per (row, step); as NamedTuples they are built 1.4-2.6x and unpickled 3.5-4.5x faster
+than as frozen dataclasses (measured on this project's records).
 """
 
 from __future__ import annotations

