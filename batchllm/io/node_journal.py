@@ -71,8 +71,10 @@ class JournalStats:
 
     @classmethod
     def of(cls, records: Sequence[ResultRecord]) -> "JournalStats":
-        return cls(len(records), sum(1 for r in records if is_error(r.finish_reason)),
-                   sum(r.num_prompt_tokens for r in records), sum(r.num_output_tokens for r in records))
+        if not records:
+            return cls()
+        _, _, _, prompt_tokens, output_tokens, reasons = zip(*records)  # the records' fields as columns
+        return cls(len(records), sum(map(is_error, reasons)), sum(prompt_tokens), sum(output_tokens))
 
 
 def segment_schema(samples: int) -> pa.Schema:
@@ -250,7 +252,7 @@ class ResultJournal:
                    "num_output_tokens": output_tokens, "finish_reason": reasons}
         if self.samples > 1:
             columns["texts"] = [list(t) for t in texts]
-        stats = JournalStats(len(records), sum(map(is_error, reasons)), sum(prompt_tokens), sum(output_tokens))
+        stats = JournalStats.of(records)
         schema = self.schema.with_metadata({STATS_KEY: json.dumps(stats.__dict__).encode()})
         segment = self._segment_path(self._part)
         temporary = segment.with_name(segment.name + ".tmp")
