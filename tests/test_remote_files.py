@@ -83,3 +83,21 @@ def test_a_bad_input_uri_is_exit_2_before_anything_is_written(workspace, uri, me
         run(workspace, DAG % (uri, "file:///tmp/unused.parquet"))
     assert error.value.where.endswith("inputs.questions.path")
     assert not workspace.out.exists()
+
+
+@pytest.mark.parametrize("target, message", [
+    ("{bucket}/in/questions.jsonl/answers.parquet", r"copy_to '.*' cannot be written: '.*questions.jsonl' is a file, not a folder"),
+    ("{bucket}/in", r"copy_to '.*/in' is a folder"),
+    ("nosuch://bucket/answers.parquet", "cannot open 'nosuch://bucket/answers.parquet'"),
+])
+def test_a_bad_copy_to_is_exit_2_before_anything_runs(workspace, bucket, target, message):
+    uri = target.format(bucket=f"file://{bucket}")
+    with pytest.raises(UserError, match=message) as error:
+        run(workspace, DAG % (f"file://{bucket}/in/questions.jsonl", uri))
+    assert error.value.where.endswith("outputs.answers.copy_to")
+    assert not workspace.out.exists()
+
+
+def test_a_copy_to_folder_that_does_not_exist_yet_is_accepted_and_made(workspace, bucket):
+    run(workspace, DAG % (f"file://{bucket}/in/questions.jsonl", f"file://{bucket}/new/deeper/answers.parquet"))
+    assert pq.read_table(bucket / "new" / "deeper" / "answers.parquet").num_rows == len(QUESTIONS)

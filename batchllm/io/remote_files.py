@@ -74,6 +74,30 @@ def local_copy(uri: str, *, where: str) -> Path:
     return target
 
 
+def check_copy_target(uri: str, *, where: str) -> None:
+    """Before a run: `uri` can take the output file, as far as can be told without writing.
+    Its filesystem opens (scheme, credentials), it is not a folder, and its nearest existing
+    parent is a folder (writable, on local disk). Nothing is created."""
+    filesystem, path = _open(uri, where)
+    try:
+        if filesystem.get_file_info(path).type == pafs.FileType.Directory:
+            raise UserError(f"copy_to {uri!r} is a folder", where=where, hint="name the file to write, e.g. .../results.parquet")
+        parent = path.rstrip("/").rsplit("/", 1)[0] if "/" in path.strip("/") else ""
+        while parent:
+            info = filesystem.get_file_info(parent)
+            if info.type == pafs.FileType.File:
+                raise UserError(f"copy_to {uri!r} cannot be written: {parent!r} is a file, not a folder", where=where,
+                                hint="pick a path whose parents are folders (or do not exist yet)")
+            if info.type == pafs.FileType.Directory:
+                if isinstance(filesystem, pafs.LocalFileSystem) and not os.access(parent, os.W_OK):
+                    raise UserError(f"copy_to {uri!r} cannot be written: folder {parent!r} is not writable", where=where,
+                                    hint="pick a folder you can write to")
+                return
+            parent = parent.rsplit("/", 1)[0] if "/" in parent.strip("/") else ""
+    except (pa.ArrowException, OSError) as exc:
+        raise UserError(f"cannot reach {uri!r}: {exc}", where=where, hint=HINT) from None
+
+
 def copy_out(local: Path, uri: str, *, where: str) -> None:
     """A written output file to its URI (the URI names the file)."""
     filesystem, path = _open(uri, where)

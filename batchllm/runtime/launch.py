@@ -16,6 +16,7 @@ from batchllm.engines.devices import DeviceSet
 from batchllm.engines.process_engine import EngineFactory, start_vllm_engine
 from batchllm.errors import RunIncomplete, UserError
 from batchllm.io.input_source import InputSource
+from batchllm.io.remote_files import check_copy_target
 from batchllm.models.registry import batchllm_home
 from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.planner.cluster import local_cluster, run_settings
@@ -69,6 +70,9 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
         raise UserError(f"unknown schedule {schedule!r}", where="--schedule", hint=f"use one of {', '.join(SCHEDULES)}")
     home = home or batchllm_home()
     sources = check_dag(dag, home)
+    for name, output in dag.outputs.items():  # a bad target found at the end would cost the run's hours
+        if output.copy_to is not None:
+            check_copy_target(output.copy_to, where=f"{dag.path}, line {output.line}, outputs.{name}.copy_to")
     stages = None
     if schedule != "sequential":
         stages, why_not = _stage_planner(dag, sources, devices, schedule, profiles_root, home)
