@@ -191,3 +191,23 @@ def test_prices_for_a_model_no_node_uses_are_refused(workspace):
             nodes:
               a: {model: ./tiny-model, prompt: "{{ question }}"}
             """))
+
+
+def test_a_steady_rate_slower_than_the_model_sets_the_eta_and_a_burst_of_commits_does_not(tmp_path):
+    progress, clock, _ = log_progress(tmp_path)
+    progress.start_node(NodeStats("gen", "m", units_total=100_000, units_done_before=0))
+    for second in range(1, 61):  # 100 units/s for a minute: 94,000 left take 940 s at that rate
+        clock.now_s = 100.0 + second
+        progress.advance("gen", units=100)
+    progress.set_estimates({"gen": 60.0}, 60.0, 60.0)  # the engines alone would take a minute
+    stats = progress.stats["gen"]
+    assert eta_s(stats, 160.0) == 940.0
+    progress.set_estimates({"gen": 2_000.0}, 2_000.0, 60.0)  # a model slower than the rate stands
+    assert eta_s(stats, 160.0) == 2_000.0
+
+    progress.start_node(NodeStats("judge", "m", units_total=5_000, units_done_before=0))
+    for second in range(1, 21):  # few units, as when every request runs at once and the first end
+        clock.now_s = 160.0 + second
+        progress.advance("judge", units=10)
+    progress.set_estimates({"judge": 30.0}, 30.0, 80.0)
+    assert eta_s(progress.stats["judge"], 180.0) == 30.0  # the rate (9,600 s) is not steady yet: the model's
