@@ -202,6 +202,7 @@ def test_a_steady_rate_slower_than_the_model_sets_the_eta_and_a_burst_of_commits
     progress.set_estimates({"gen": 60.0}, 60.0, 60.0)  # the engines alone would take a minute
     stats = progress.stats["gen"]
     assert eta_s(stats, 160.0) == 940.0
+    assert progress.status(160.0).rest_s == 940.0  # nor does the run end before its node
     progress.set_estimates({"gen": 2_000.0}, 2_000.0, 60.0)  # a model slower than the rate stands
     assert eta_s(stats, 160.0) == 2_000.0
 

@@ -226,7 +226,8 @@ class RunProgress:
             prompt_tokens=s.earlier.prompt_tokens + s.prompt_tokens, output_tokens=s.earlier.output_tokens + s.output_tokens,
             output_tokens_per_s=s.output_tokens_per_s(now_s), eta_s=eta_s(s, now_s))
             for s in self.stats.values()}
-        rest_s = None if self.rest is None or self.state != "running" else max(self.rest[0] - (now_s - self.rest[1]), 0.0)
+        rest_s = None if self.rest is None or self.state != "running" else max(
+            self.rest[0] - (now_s - self.rest[1]), *(n.eta_s for n in nodes.values() if n.eta_s is not None), 0.0)  # no node ends after the run
         return RunStatus(state=self.state, elapsed_s=now_s - self._started_s, nodes=nodes, started_at=self.started_at,
                          updated_at=self.wall_time(), rest_s=rest_s)
 
