@@ -11,7 +11,6 @@ printed is the reading's alone. Prints one line per phase: seconds and peak RSS 
 from __future__ import annotations
 
 import argparse
-import resource
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from peak_rss import peak_rss_kb  # this folder's: the process's own peak, not its parent's
 
 WINDOW_ROWS = 16_384
 WRITE_CHUNK_ROWS = 1_000_000
@@ -45,7 +45,7 @@ def write_file(path: Path, rows: int, row_group_rows: int) -> None:
 
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_rss_kb() / 1024
 
 
 def measure(path: Path) -> None:

@@ -6,7 +6,7 @@ Appends `--records` short results to a `ResultJournal` (default segment_records,
 batches of `--batch`, rows in roughly increasing order (each block of 65,536 rows shuffled,
 as a pipelined run commits them), then closes it, reopens it and prints one line per phase:
 seconds, a rate where it means something, and the process's peak RSS so far
-(resource.getrusage: the whole process, DuckDB included). The input file for the node file
+(VmHWM: the whole process, DuckDB included; see peak_rss.py). The input file for the node file
 and the data set (an int64 id and a short prompt per row) is written first, by a child
 process, so its memory is not counted.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import resource
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from peak_rss import peak_rss_kb  # this folder's: the process's own peak, not its parent's
 
 SHUFFLE_BLOCK_ROWS = 65_536
 WINDOW_ROWS = 16_384
@@ -43,7 +43,7 @@ def write_input(path: Path, rows: int) -> None:
 
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_rss_kb() / 1024
 
 
 def report(phase: str, seconds: float, extra: str = "") -> None:

@@ -16,8 +16,8 @@ the driver's. Three runs per size:
   interrupted  from scratch, `kill -9` once about half the units are committed on disk
   resumed      the same command again on the interrupted folder, to the end
 
-Printed per size: driver peak RSS (VmHWM of the driver process, polled, and its own
-getrusage at exit; GB = 10^9 bytes), the peak of its other child processes (not engines)
+Printed per size: driver peak RSS (VmHWM of the driver process, polled, and as it reads
+its own at exit, never getrusage's: see peak_rss.py; GB = 10^9 bytes), the peak of its other child processes (not engines)
 summed, requests/s through the driver ((node, row, step) units committed in the run /
 time from engines ready to the run's end), units per CPU second of the driver (its cost,
 which other work on a shared machine does not change) and per CPU second of its main thread

@@ -12,7 +12,7 @@ JSON object a line on stdout, flushed as it happens (the console goes to stderr)
     {"event": "ready", "time": ...}                             an engine first reported ready
     {"event": "first_submit", "time": ..., "ready_time": ...}   first requests sent; when every engine started so far was ready
     {"event": "first_result", "time": ...}                      first results received from an engine
-    {"event": "done", "time": ..., "exit_code": 0|1|2, "max_rss_kb": ..., "cpu_s": <its threads' CPU s>,
+    {"event": "done", "time": ..., "exit_code": 0|1|2, "max_rss_kb": <its VmHWM>, "cpu_s": <its threads' CPU s>,
      "first_request_s": <the driver's own or null>, "main_thread_cpu_s": <its main loop's CPU s>, ...}
 
 `--schedule auto` takes the default (`plan`) when this CPU has a profile of every model of
@@ -41,6 +41,7 @@ from batchllm.engines.devices import DeviceSet, hardware_name  # noqa: E402
 from batchllm.errors import RunIncomplete, UserError  # noqa: E402
 from batchllm.planner.plan_file import PROFILES_ROOT  # noqa: E402
 from batchllm.runtime.launch import run_dag_file  # noqa: E402
+from benchmarks.peak_rss import peak_rss_kb  # noqa: E402
 from benchmarks.standin_engine import standin_engine  # noqa: E402
 
 DEVICES = DeviceSet("cpu", (0, 1))
@@ -133,7 +134,7 @@ def main() -> int:
     first_request_s = getattr(result, "first_request_s", None)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     emit("done", exit_code=exit_code, error=error, engines_started=clock.engines, first_request_s=first_request_s,
-         max_rss_kb=usage.ru_maxrss, cpu_s=usage.ru_utime + usage.ru_stime, main_thread_cpu_s=time.thread_time())
+         max_rss_kb=peak_rss_kb(), cpu_s=usage.ru_utime + usage.ru_stime, main_thread_cpu_s=time.thread_time())
     return exit_code
 
 
