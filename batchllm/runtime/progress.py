@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -30,9 +31,9 @@ RATE_WINDOW_S = 60.0  # the ETA uses the rate over this much recent time
 SAMPLE_SPACING_S = 1.0  # at most one (time, units done) sample per node per this long
 MAX_SAMPLES = 256  # > RATE_WINDOW_S / SAMPLE_SPACING_S, so the window is always covered
 BAR_REFRESH_PER_S = 4.0
-STEADY_UNITS = 1_024  # units committed within the rate window for the rate to stand beside the model's ETA
-STEADY_SPAN_S = RATE_WINDOW_S / 2  # (requests that all run at once commit together, near their end:
-# in such a run the rate says nothing until the end, and the model's ETA stands alone)
+STEADY_UNITS = 1_024  # a pace stands beside the model's ETA once this many units were committed within the
+STEADY_SPAN_S = RATE_WINDOW_S / 2  # window, over this long (requests that all run at once commit together near
+# their end: there the pace says nothing until the end, and the model's ETA stands alone)
 MAX_ESTIMATES = 4096  # calibrated re-estimates of the rest of the run kept (one per few seconds)
 
 
@@ -72,33 +73,41 @@ class NodeStats:
         return self.output_tokens / elapsed_s if elapsed_s > 0 else 0.0
 
 
+class RecentPace(NamedTuple):
+    """A node's pace over the last RATE_WINDOW_S: the time its units left take at it."""
+
+    eta_s: float
+    units: int  # committed within the window
+    span_s: float  # from the window's oldest sample to now
+
+    @property
+    def steady(self) -> bool:
+        return self.units >= STEADY_UNITS and self.span_s >= STEADY_SPAN_S
+
+
 def eta_s(stats: NodeStats, now_s: float) -> float | None:
     """Time left for the node. The calibrated cost model's estimate when the run has one
-    (counted down since it was estimated), unless the node has run steadily for a while
-    (`steady_rate_eta_s`) slower than that: the model knows only the engines, and a run
-    can be held back by anything else (the driver, its input, a producer). Without a model,
-    units left over the rate of the last RATE_WINDOW_S (from the oldest sample in the window
-    to now, so a stalled node's ETA grows); None while no rate is known."""
+    (counted down since it was estimated), unless the node's recent pace is steady and
+    slower: the model knows only the engines, and a run can be held back by anything else
+    (the driver, its input, a producer). Without a model, the recent pace (from the oldest
+    sample in the window to now, so a stalled node's ETA grows); None while it is unknown."""
     left = stats.units_total - stats.units_done
     if left <= 0:
         return 0.0
-    by_rate = _rate_eta_s(stats, now_s, left)
+    pace = recent_pace(stats, now_s, left)
     if stats.model_eta is None:
-        return None if by_rate is None else by_rate[0]
+        return None if pace is None else pace.eta_s
     by_model = max(stats.model_eta[0] - (now_s - stats.model_eta[1]), 0.0)
-    if by_rate is None or by_rate[1] < STEADY_UNITS or by_rate[2] < STEADY_SPAN_S:
-        return by_model
-    return max(by_model, by_rate[0])
+    return max(by_model, pace.eta_s) if pace is not None and pace.steady else by_model
 
 
-def _rate_eta_s(stats: NodeStats, now_s: float, left: int) -> tuple[float, int, float] | None:
-    """(units left over the recent rate, units committed in the window, its span in s)."""
+def recent_pace(stats: NodeStats, now_s: float, left: int) -> RecentPace | None:
     since_s = now_s - RATE_WINDOW_S
     start = next(((t, done) for t, done in stats.recent if t >= since_s), None)
     if start is None or now_s <= start[0] or stats.units_done <= start[1]:
         return None
     units, span_s = stats.units_done - start[1], now_s - start[0]
-    return left * span_s / units, units, span_s
+    return RecentPace(left * span_s / units, units, span_s)
 
 
 def progress_line(stats: NodeStats, now_s: float) -> str:
