@@ -108,3 +108,23 @@ def test_restoring_in_batches_in_any_order_equals_restoring_at_once():
         batched.restore_committed(rows[part], steps[part])
     assert statuses(batched) == statuses(whole) == ["COMMITTED", "COMMITTED", "READY", "WAITING", "COMMITTED", "COMMITTED", "READY"]
     assert list(batched.counts) == list(whole.counts) and list(batched.row_state) == list(whole.row_state)
+
+
+def test_expected_units_take_the_decided_rows_skip_share_to_the_undecided_ones():
+    ledger = NodeLedger("tech", 1_000)
+    assert ledger.expected_units == 1_000  # nothing decided: every row may take part
+    ledger.admit(np.arange(0, 40))
+    assert ledger.expected_units == 1_000  # nothing skipped yet
+    ledger.skip(np.arange(40, 100))  # 40 of 100 decided rows kept
+    assert (ledger.total_units, ledger.expected_units) == (940, 40 + round(900 * 0.4))
+    ledger.admit(np.arange(100, 1_000))  # all decided: the estimate is the total
+    assert (ledger.total_units, ledger.expected_units) == (940, 940)
+    assert list(ledger.row_counts) == [0, 940, 60]
+
+
+def test_expected_units_of_an_iterating_node_count_its_mean_steps_and_restores_count_rows_once():
+    ledger = NodeLedger("chain", 4, steps=np.array([2, 2, 4, 0]))  # 8 units, 2 a row on average
+    ledger.restore_committed(np.array([0, 0]), np.array([0, 1]))  # both steps of row 0: one row admitted
+    ledger.skip(np.array([1]))
+    assert list(ledger.row_counts) == [2, 1, 1]
+    assert ledger.expected_units == (8 - 2) - round(2 * 2 * 0.5)

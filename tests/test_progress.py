@@ -212,3 +212,14 @@ def test_a_steady_rate_slower_than_the_model_sets_the_eta_and_a_burst_of_commits
         progress.advance("judge", units=10)
     progress.set_estimates({"judge": 30.0}, 30.0, 80.0)
     assert eta_s(progress.stats["judge"], 180.0) == 30.0  # the rate (9,600 s) is not steady yet: the model's
+
+
+def test_the_eta_counts_the_units_a_node_is_expected_to_have_not_every_undecided_row(tmp_path):
+    progress, clock, _ = log_progress(tmp_path)
+    progress.start_node(NodeStats("tech", "m", units_total=10_000, units_done_before=0))
+    for second in range(1, 11):  # 10 units/s
+        clock.now_s = 100.0 + second
+        progress.advance("tech", units=10)
+    progress.set_total("tech", 10_000, units_expected=4_100)  # 60 % of the decided rows were skipped
+    assert eta_s(progress.stats["tech"], 110.0) == (4_100 - 100) * 9 / 90
+    assert progress.progress_lines(110.0, running_only=False) == ["tech: 100/10,000 units (1%), 0 output tok/s, ETA 0:06:40"]

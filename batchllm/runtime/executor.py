@@ -371,7 +371,7 @@ class Executor:
                 self._reconcile(log)
         for name in self.assigned:
             if name in self.progress.stats:
-                self.progress.set_total(name, self.ledger[name].total_units)
+                self.progress.set_total(name, self.ledger[name].total_units, self.ledger[name].expected_units)
         self._settle()
 
     def _commit(self, name: str, units: np.ndarray, results: list[EngineResult], log: StageLog) -> None:

@@ -66,6 +66,8 @@ class NodeLedger:
         self.row_state = np.zeros(rows, np.int8)
         self.counts = np.zeros(len(UnitStatus), np.int64)
         self.counts[UnitStatus.WAITING] = units
+        self.row_counts = np.zeros(len(RowState), np.int64)  # rows per RowState, kept in step with row_state
+        self.row_counts[RowState.PENDING] = rows
 
     # -- addressing ------------------------------------------------------------------
     @property
@@ -107,6 +109,17 @@ class NodeLedger:
     def committed_units(self) -> int:
         return int(self.counts[UnitStatus.COMMITTED])
 
+    @property
+    def expected_units(self) -> int:
+        """`total_units` less the share of the undecided rows' units that the decided rows
+        suggest will be skipped (a `where:` branch, or a consumer of one): an estimate, for
+        the time left, of what `total_units` will be once every row is decided."""
+        pending, admitted, skipped = (int(self.row_counts[s]) for s in (RowState.PENDING, RowState.ADMITTED, RowState.SKIPPED))
+        if not pending or not skipped:
+            return self.total_units
+        pending_units = pending * self.units / max(self.rows, 1)  # mean steps a row, for iterating nodes
+        return self.total_units - round(pending_units * skipped / (admitted + skipped))
+
     def is_settled(self) -> bool:
         """Every unit committed or skipped."""
         return self.counts[UnitStatus.COMMITTED] + self.counts[UnitStatus.SKIPPED] == self.units
@@ -121,7 +134,7 @@ class NodeLedger:
     def admit(self, rows: np.ndarray) -> None:
         """The rows take part: their first steps are READY."""
         rows = np.asarray(rows, np.int64)
-        self.row_state[rows] = RowState.ADMITTED
+        self._set_rows(rows, RowState.ADMITTED)
         if self.offsets is not None:
             rows = rows[self.steps_of(rows) > 0]
         first = self.unit_of(rows, np.zeros(len(rows), np.int64))
@@ -129,8 +142,15 @@ class NodeLedger:
 
     def skip(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, np.int64)
-        self.row_state[rows] = RowState.SKIPPED
+        self._set_rows(rows, RowState.SKIPPED)
         self._move(self._units_of_rows(rows), UnitStatus.SKIPPED)
+
+    def _set_rows(self, rows: np.ndarray, to: RowState) -> None:
+        """`rows` distinct."""
+        if len(rows):
+            self.row_counts -= np.bincount(self.row_state[rows], minlength=len(RowState))
+            self.row_state[rows] = to
+            self.row_counts[to] += len(rows)
 
     def _units_of_rows(self, rows: np.ndarray) -> np.ndarray:
         if self.offsets is None:
@@ -200,7 +220,7 @@ class NodeLedger:
         for iterating nodes the step after a row's last committed one is READY."""
         rows = np.asarray(rows, np.int64)
         units = self.unit_of(rows, steps)
-        self.row_state[rows] = RowState.ADMITTED
+        self._set_rows(np.unique(rows) if self.offsets is not None else rows, RowState.ADMITTED)  # a row per step
         self._move(units, UnitStatus.COMMITTED)
         if self.offsets is not None:
             following = units + 1

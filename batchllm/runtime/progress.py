@@ -43,6 +43,7 @@ class NodeStats:
     model: str
     units_total: int
     units_done_before: int
+    units_expected: int | None = None  # units_total less the undecided rows' likely skips (None: units_total)
     units_done_now: int = 0
     failed: int = 0  # results whose finish_reason starts with "error:" (this invocation's, as the tokens)
     prompt_tokens: int = 0
@@ -94,6 +95,7 @@ def eta_s(stats: NodeStats, now_s: float) -> float | None:
     left = stats.units_total - stats.units_done
     if left <= 0:
         return 0.0
+    left = max(left if stats.units_expected is None else stats.units_expected - stats.units_done, 1)
     pace = recent_pace(stats, now_s, left)
     if stats.model_eta is None:
         return None if pace is None else pace.eta_s
@@ -161,8 +163,10 @@ class RunProgress:
         self.stats[stats.node] = stats
         self._tasks[stats.node] = self._bars.add_task(stats.node, total=stats.units_total, completed=stats.units_done_before, rate="")
 
-    def set_total(self, node: str, units_total: int) -> None:
-        """A node learns its total as its producers finish rows."""
+    def set_total(self, node: str, units_total: int, units_expected: int | None = None) -> None:
+        """A node learns its total as its producers finish rows (`units_expected`: what the
+        rows decided so far suggest it will be, for the time left)."""
+        self.stats[node].units_expected = units_expected
         if self.stats[node].units_total != units_total:
             self.stats[node].units_total = units_total
             self._bars.update(self._tasks[node], total=units_total)
