@@ -89,3 +89,13 @@ def test_units_lost_with_an_engine_are_found_again_behind_the_cursor(tmp_path, m
     feed.requeue(ledger.release(4)["gen"])
     assert list(feed.take_ready(4)) == [0, 1, 2, 3] and list(feed.take_ready(4)) == [4, 5]
     assert len(feed.take_ready(4)) == 0
+
+
+def test_one_call_passes_every_decided_window_and_decides_a_bounded_number(tmp_path, monkeypatch):
+    monkeypatch.setattr(node_feed, "WINDOW_ROWS", 1)
+    monkeypatch.setattr(node_feed, "DECIDING_WINDOWS", 1)
+    world = World(tmp_path, producers=())
+    feed = world.feed(node("gen", "{{ text }}"), tmp_path, {})
+    feed.ledger.restore_committed(np.array([0, 1, 2, 3]), np.zeros(4, np.int64))  # a resume: 4 rows done
+    assert list(feed.take_ready(10)) == [4] and feed.cursor == 5  # rows 0-3 passed, one row decided
+    assert list(feed.take_ready(10)) == [5] and not feed.has_more()

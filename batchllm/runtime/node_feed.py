@@ -30,7 +30,9 @@ from batchllm.io.sql import WhereFilter, sql_identifiers
 from batchllm.runtime.ledger import FinalState, NodeLedger, RowState, UnitStatus
 
 WINDOW_ROWS = 16_384  # rows admitted per scan step
-SCAN_WINDOWS = 8  # past the cursor, windows one call looks at for ready units
+DECIDING_WINDOWS = 8  # windows with undecided rows one call looks at for ready units (a selective `where:`
+# needs several to fill a window); windows whose rows are all decided cost microseconds and are passed
+# without counting (a resume past millions of committed rows feeds the engines at once)
 POSITION = "__batchllm_position"
 
 
@@ -119,10 +121,10 @@ class NodeFeed:
                 units = units[:limit - count]
             taken.append(units)
             count += len(units)
-        start, windows = self.cursor, 0
-        while count < limit and start < self.ledger.rows and windows < SCAN_WINDOWS:
+        start, deciding = self.cursor, 0
+        while count < limit and start < self.ledger.rows and deciding < DECIDING_WINDOWS:
             stop = min(start + WINDOW_ROWS, self.ledger.rows)
-            self.admit(start, stop)
+            deciding += self.admit(start, stop)
             first, last = self.ledger.unit_range(start, stop)
             ready = first + np.flatnonzero(self.ledger.status[first:last] == UnitStatus.READY)
             take = min(len(ready), limit - count)
@@ -131,16 +133,17 @@ class NodeFeed:
             decided = not (self.ledger.row_state[start:stop] == RowState.PENDING).any()
             if start == self.cursor and decided and take == len(ready):
                 self.cursor = stop
-            start, windows = stop, windows + 1
+            start = stop
         units = np.concatenate(taken) if taken else np.zeros(0, np.int64)
         self.ledger.queue(units)
         return units
 
-    def admit(self, start: int, stop: int) -> None:
-        """Decide the window's undecided rows whose upstream outputs are all there."""
+    def admit(self, start: int, stop: int) -> bool:
+        """Decide the window's undecided rows whose upstream outputs are all there. False
+        when every row of the window was decided already."""
         pending = start + np.flatnonzero(self.ledger.row_state[start:stop] == RowState.PENDING)
         if not len(pending):
-            return
+            return False
         candidates = pending
         if self.upstream:
             states = np.stack([u.final_state(start, stop)[pending - start] for u in self.upstream.values()])
@@ -152,6 +155,7 @@ class NodeFeed:
             self.ledger.skip(np.setdiff1d(candidates, kept, assume_unique=True))
             candidates = kept
         self.ledger.admit(candidates)
+        return True
 
     def admit_all(self) -> None:
         """Decide every row (the producers have finished): rows no upstream output reaches
