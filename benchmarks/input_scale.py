@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from peak_rss import peak_rss_kb  # this folder's: the process's own peak, not its parent's
+from peak_rss import peak_rss_mb  # this folder's: the process's own peak, not its parent's
 
 WINDOW_ROWS = 16_384
 WRITE_CHUNK_ROWS = 1_000_000
@@ -42,10 +42,6 @@ def write_file(path: Path, rows: int, row_group_rows: int) -> None:
             words = [vocabulary.take(pa.array(rng.integers(0, len(vocabulary), count))) for _ in range(WORDS_PER_PROMPT)]
             prompts = pc.binary_join_element_wise("Summarize:", *words, " ")
             writer.write_table(pa.table({"id": ids, "prompt": prompts}, schema=schema), row_group_size=row_group_rows)
-
-
-def peak_rss_mb() -> float:
-    return peak_rss_kb() / 1024
 
 
 def measure(path: Path) -> None:

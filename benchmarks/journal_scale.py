@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from peak_rss import peak_rss_kb  # this folder's: the process's own peak, not its parent's
+from peak_rss import peak_rss_mb  # this folder's: the process's own peak, not its parent's
 
 SHUFFLE_BLOCK_ROWS = 65_536
 WINDOW_ROWS = 16_384
@@ -40,10 +40,6 @@ def write_input(path: Path, rows: int) -> None:
             ids = pa.array(np.arange(start, min(rows, start + WRITE_CHUNK_ROWS), dtype=np.int64))
             prompts = pc.binary_join_element_wise("question ", pc.cast(ids, pa.string()), "")
             writer.write_table(pa.table({"id": pc.multiply(ids, 7), "prompt": prompts}, schema=schema))
-
-
-def peak_rss_mb() -> float:
-    return peak_rss_kb() / 1024
 
 
 def report(phase: str, seconds: float, extra: str = "") -> None:

@@ -25,3 +25,7 @@ def peak_rss_kb() -> int:
         pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # elsewhere: bytes on macOS, KiB on the BSDs
     return peak // 1024 if sys.platform == "darwin" else peak
+
+
+def peak_rss_mb() -> float:
+    return peak_rss_kb() / 1024

@@ -74,6 +74,11 @@ def local_copy(uri: str, *, where: str) -> Path:
     return target
 
 
+def _parent(path: str) -> str:
+    """The folder a filesystem path is in ("" at the top)."""
+    return path.rsplit("/", 1)[0] if "/" in path.strip("/") else ""
+
+
 def check_copy_target(uri: str, *, where: str) -> None:
     """Before a run: `uri` can take the output file, as far as can be told without writing.
     Its filesystem opens (scheme, credentials), it is not a folder, and its nearest existing
@@ -82,7 +87,7 @@ def check_copy_target(uri: str, *, where: str) -> None:
     try:
         if filesystem.get_file_info(path).type == pafs.FileType.Directory:
             raise UserError(f"copy_to {uri!r} is a folder", where=where, hint="name the file to write, e.g. .../results.parquet")
-        parent = path.rstrip("/").rsplit("/", 1)[0] if "/" in path.strip("/") else ""
+        parent = _parent(path.rstrip("/"))
         while parent:
             info = filesystem.get_file_info(parent)
             if info.type == pafs.FileType.File:
@@ -93,7 +98,7 @@ def check_copy_target(uri: str, *, where: str) -> None:
                     raise UserError(f"copy_to {uri!r} cannot be written: folder {parent!r} is not writable", where=where,
                                     hint="pick a folder you can write to")
                 return
-            parent = parent.rsplit("/", 1)[0] if "/" in parent.strip("/") else ""
+            parent = _parent(parent)
     except (pa.ArrowException, OSError) as exc:
         raise UserError(f"cannot reach {uri!r}: {exc}", where=where, hint=HINT) from None
 
@@ -102,7 +107,7 @@ def copy_out(local: Path, uri: str, *, where: str) -> None:
     """A written output file to its URI (the URI names the file)."""
     filesystem, path = _open(uri, where)
     try:
-        parent = path.rsplit("/", 1)[0] if "/" in path.strip("/") else ""
+        parent = _parent(path)
         if parent:
             filesystem.create_dir(parent, recursive=True)
         pafs.copy_files(str(local), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=filesystem)
