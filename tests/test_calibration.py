@@ -175,7 +175,7 @@ def test_outputs_cut_at_max_tokens_are_censored_not_taken_as_their_length():
     for length in (16, 32, 60):
         assert cdf_at(posterior, length) == pytest.approx(1 - np.exp(-length / 100.0), abs=0.02)
     assert cdf_at(posterior, cap) < 0.5  # about half run past the cap: not a spike of outputs ending at 64
-    assert posterior.censored_at == 512  # the prior's cap is the longest censoring
+    assert posterior.censored_at == round(512 * calibration.scale())  # the stretched prior's cap is the longest censoring
 
 
 def test_outputs_still_running_are_censored_at_their_age():
@@ -199,12 +199,66 @@ def test_the_length_priors_weight_fades_with_outputs():
     prior = flat_prior()
     calibration = LengthCalibration(prior)
     assert np.allclose([cdf_at(calibration.posterior(), l) for l in (10, 100, 400)], [cdf_at(prior, l) for l in (10, 100, 400)])
-    shares = [calibration.prior_share]
+    shares, at_20 = [calibration.prior_share], [cdf_at(prior, 20)]
     for count in (10, 100, 1000):
         calibration.observe_many([20] * count, [True] * count)
         shares.append(calibration.prior_share)
-        assert cdf_at(calibration.posterior(), 20) == pytest.approx(count / (count + calibration.prior_outputs) + 0.0, abs=0.05)
+        at_20.append(cdf_at(calibration.posterior(), 20))
+        # at least the outputs' share ends by 20; the prior's pseudo-outputs, stretched towards them, may too
+        assert at_20[-1] >= count / (count + calibration.prior_outputs) - 0.01
     assert shares == sorted(shares, reverse=True)
+    assert at_20 == sorted(at_20) and at_20[-1] > 0.99
+
+
+def long_prior(cap: int = 256, seed: int = 11) -> LengthDistribution:
+    """A profile's lengths: long answers, a fifth of them cut at its cap."""
+    lengths = np.maximum(np.random.default_rng(seed).gamma(4.0, 40.0, 400).astype(int), 1)
+    return LengthDistribution.fit(np.minimum(lengths, cap), lengths < cap)
+
+
+def test_the_stretch_fit_recovers_a_run_whose_lengths_are_the_priors_times_a_factor():
+    prior = long_prior()
+    for factor in (0.25, 0.5, 2.0):
+        calibration = LengthCalibration(prior)
+        lengths = np.maximum(np.round(prior.sample(2000, seed=3) * factor), 1).astype(int)
+        cap = int(prior.censored_at * factor)
+        calibration.observe_many(np.minimum(lengths, cap), lengths < cap)
+        assert calibration.scale() == pytest.approx(factor, rel=0.1)
+
+
+def test_the_stretch_stays_near_one_on_little_or_agreeing_evidence():
+    prior = long_prior()
+    assert LengthCalibration(prior).scale() == 1.0
+    few = LengthCalibration(prior)
+    few.observe_many([3, 5], [True, True])  # two very short answers do not make every answer short
+    assert 0.7 < few.scale() < 1.3
+    agreeing = LengthCalibration(prior)
+    lengths = prior.sample(400, seed=5)
+    agreeing.observe_many(lengths[lengths <= 60], [True] * int((lengths <= 60).sum()))
+    assert agreeing.scale(running=[(60, float((lengths > 60).sum()))]) == pytest.approx(1.0, abs=0.15)
+
+
+def test_outputs_still_running_take_the_stretched_priors_tail():
+    """All requests start together, their lengths a third of the prior's; at the age where
+    about half have ended, the rest are expected to run on as a third of the prior says,
+    not as long as the prior's own tail."""
+    prior = long_prior()
+    lengths = np.maximum(np.round(prior.sample(300, seed=9) / 3), 1).astype(int)
+    age = int(np.median(lengths))
+    ended = lengths[lengths <= age]
+    calibration = LengthCalibration(prior)
+    calibration.observe_many(ended, [True] * ended.size)
+    running = [(age, float((lengths > age).sum()))]
+
+    def mean_beyond(distribution: LengthDistribution) -> float:
+        masses = np.diff(np.concatenate([[0.0], distribution.cdf]))
+        beyond = distribution.lengths > age
+        return float((masses[beyond] * distribution.lengths[beyond]).sum() / masses[beyond].sum())
+
+    true = lengths[lengths > age].mean()
+    assert calibration.scale(running) == pytest.approx(1 / 3, rel=0.15)
+    assert mean_beyond(calibration.posterior(running)) == pytest.approx(true, rel=0.15)
+    assert mean_beyond(prior) > 2 * true  # what the unstretched prior's tail would have said
 
 
 # -- start costs and a model's profile ---------------------------------------------------------

@@ -5,9 +5,16 @@ says only "at least this long", and so does an output still being generated (its
 tokens so far). Without the second, the first outputs of a run, which are the short
 ones, would make every output look short.
 
-Prior: the profile's CDF counted as `prior_outputs` pseudo-outputs (its probability
-masses; the mass it holds at its own cap is censored there). Counts per length only, so
-memory is bounded by the longest output, not by the run.
+Prior: the profile's CDF, stretched or shrunk to this run's outputs, counted as
+`prior_outputs` pseudo-outputs (its probability masses; the mass it holds at its own cap is
+censored there). The stretch is the factor s that makes "this run's lengths are the prior's
+times s" most likely given every output seen so far, finished, cut or still running (an
+accelerated-failure-time fit, s on a log grid, ln s held near 0 by a normal prior of
+LOG_SCALE_SIGMA). Kaplan-Meier covers only the lengths outputs have reached: beyond the age
+of those still running, the posterior is the prior's shape alone, so a prior of long
+answers kept predicting long answers for a run whose outputs end at a third of its lengths
+(at 20 % of such a run, half its outputs had ended, the rest took the prior's tail).
+Counts per length only, so memory is bounded by the longest output, not by the run.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import numpy as np
 from batchllm.costmodel.lengths import LengthDistribution
 
 PRIOR_OUTPUTS = 32.0  # the prior counts as this many outputs
+LOG_SCALE_SIGMA = 0.5  # the prior on ln s: a stretch of 1.65 (or 1/1.65) is one standard deviation
+LOG_SCALE_GRID = np.linspace(-3.0, 3.0, 121)  # ln s: stretches of 1/20 to 20, 5 % apart
 
 
 @dataclass
@@ -53,9 +62,29 @@ class LengthCalibration:
     def prior_share(self) -> float:
         return self.prior_outputs / (self.prior_outputs + self.outputs)
 
+    def scale(self, running: Iterable[tuple[int, float]] = ()) -> float:
+        """s: this run's lengths look like the prior's times s (1.0 before any evidence)."""
+        running = [(int(age), float(count)) for age, count in running if count > 0 and age >= 1]
+        if not self._ended and not self._cut and not running:
+            return 1.0
+        ended = np.array(list(self._ended.items()), float).reshape(-1, 2)
+        censored = np.array(list(self._cut.items()) + running, float).reshape(-1, 2)
+        stretch = np.exp(LOG_SCALE_GRID)[:, None]  # one row per candidate s
+        prior_cdf = _prior_cdf(self.prior)
+        # The stretched prior, mixed with a uniform length over [1, longest] weighing as one of
+        # its pseudo-outputs: a length it rules out costs much, not all (else one output decides s).
+        longest = float(max(self.prior.censored_at, ended[:, 0].max(initial=1), censored[:, 0].max(initial=1)))
+        uniform = 1.0 / (self.prior_outputs + 1.0)
+        density = (1 - uniform) * (prior_cdf(ended[:, 0] / stretch) - prior_cdf((ended[:, 0] - 1) / stretch)) + uniform / longest
+        survival = (1 - uniform) * (1.0 - prior_cdf(censored[:, 0] / stretch)) + uniform * (1 - censored[:, 0] / longest)
+        log_likelihood = (np.log(density) @ ended[:, 1] + np.log(np.maximum(survival, 1e-12)) @ censored[:, 1]
+                          - 0.5 * (LOG_SCALE_GRID / LOG_SCALE_SIGMA) ** 2)
+        return float(np.exp(LOG_SCALE_GRID[int(np.argmax(log_likelihood))]))
+
     def posterior(self, running: Iterable[tuple[int, float]] = ()) -> LengthDistribution:
         """The updated CDF. `running`: (tokens so far, how many) of outputs still being
         generated, censored at their age."""
+        running = list(running)
         ended: dict[int, float] = {}
         censored: dict[int, float] = {}
 
@@ -63,9 +92,14 @@ class LengthCalibration:
             if weight > 0 and length >= 1:
                 table[length] = table.get(length, 0.0) + weight
 
+        stretch = self.scale(running)
+        prior_cap = max(1, round(self.prior.censored_at * stretch))
         masses = np.diff(np.concatenate([[0.0], self.prior.cdf]))
         for length, mass in zip(self.prior.lengths.tolist(), masses.tolist()):
-            add(censored if length >= self.prior.censored_at else ended, length, mass * self.prior_outputs)
+            if length >= self.prior.censored_at:
+                add(censored, prior_cap, mass * self.prior_outputs)
+            else:
+                add(ended, max(1, round(length * stretch)), mass * self.prior_outputs)
         for length, count in self._ended.items():
             add(ended, length, count)
         for length, count in self._cut.items():
@@ -84,6 +118,20 @@ class LengthCalibration:
         cdf[-1] = 1.0  # the mass beyond the longest length seen sits there
         cut_points = [l for l, w in self._cut.items() if w > 0]
         if masses[-1] > 0 and self.prior.lengths[-1] >= self.prior.censored_at:
-            cut_points.append(int(self.prior.censored_at))
+            cut_points.append(prior_cap)
         censored_at = max(cut_points) if cut_points else int(support[-1]) + 1
         return LengthDistribution(support, cdf, censored_at)
+
+
+def _prior_cdf(prior: LengthDistribution):
+    """The prior's CDF as a continuous function of the length (linear between its points,
+    from 0 at length 0); past its last uncensored length it stays there: the mass at the cap
+    runs on beyond it."""
+    censored = prior.lengths >= prior.censored_at
+    xs = np.concatenate([[0.0], prior.lengths[~censored].astype(float)])
+    ys = np.concatenate([[0.0], prior.cdf[~censored]])
+
+    def cdf(length: np.ndarray) -> np.ndarray:
+        return np.interp(length, xs, ys)
+
+    return cdf
