@@ -69,6 +69,28 @@ def test_ensemble_outputs_and_one_shared_engine(workspace):
     assert report["schedule"] == "sequential"
 
 
+def test_no_ledger_or_feed_is_alive_while_the_outputs_are_written(workspace, monkeypatch):
+    """The ledger's arrays (two bytes a row per node) are freed before the writes allocate:
+    nothing, not even a loop variable of the run, keeps a feed or a ledger."""
+    import gc
+
+    from batchllm.runtime import executor
+    from batchllm.runtime.ledger import NodeLedger
+    from batchllm.runtime.node_feed import NodeFeed
+
+    alive: list[int] = []
+    write = executor.write_node_file
+
+    def counting_write(*args, **kwargs):
+        gc.collect()
+        alive.append(sum(isinstance(o, (NodeLedger, NodeFeed)) for o in gc.get_objects()))
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(executor, "write_node_file", counting_write)
+    run(workspace, FakeEngineFactory())
+    assert alive == [0, 0, 0]
+
+
 def test_a_finished_run_starts_no_engine_when_run_again(workspace):
     run(workspace, FakeEngineFactory())
     again = FakeEngineFactory()

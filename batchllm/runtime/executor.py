@@ -115,17 +115,7 @@ class Executor:
             while self._unfinished():
                 self._run_stage()
         finally:
-            self.engines.stop_all()
-            self.preparer.close()
-            for feed in self.feeds.values():
-                feed.close()
-            for journal in self.journals.values():
-                journal.sync()
-            self.report.finish(time.monotonic() - started)
-            if self.report.stages:
-                self.report.write(self.run_dir.root / "run.json")
-                write_run_html(self.report, self.device_ids, self.run_dir.root / "run.html")
-        self._drop_stage_state()
+            self._end_stage_loop(time.monotonic() - started)
         release_free_memory()
         try:
             outputs = self._write_outputs()
@@ -136,10 +126,22 @@ class Executor:
             raise RunIncomplete("; ".join(f"node {n}: {cause.splitlines()[0]}" for n, cause in self.failed.items()))
         return RunResult(len(self.engines.starts), dict(self.failed), outputs, self.report)
 
-    def _drop_stage_state(self) -> None:
-        """Free what only the stage loop reads before the output writes allocate: the ledger's
-        per-unit arrays (two bytes a row per node: 60 MB for three nodes at 10M rows), the
-        feeds and the backlogs. The writes read the journals and the inputs."""
+    def _end_stage_loop(self, wall_s: float) -> None:
+        """Stop the engines, sync the journals, write the report, and free what only the
+        stage loop reads before the output writes allocate: the ledger's per-unit arrays
+        (two bytes a row per node: 60 MB for three nodes at 10M rows), the feeds and the
+        backlogs. The writes read the journals and the inputs. (A method, so that no local
+        of `run` keeps a feed, and through it every ledger, alive during the writes.)"""
+        self.engines.stop_all()
+        self.preparer.close()
+        for feed in self.feeds.values():
+            feed.close()
+        for journal in self.journals.values():
+            journal.sync()
+        self.report.finish(wall_s)
+        if self.report.stages:
+            self.report.write(self.run_dir.root / "run.json")
+            write_run_html(self.report, self.device_ids, self.run_dir.root / "run.html")
         self.feeds, self.backlogs, self.preparing = {}, {}, {}
         self.ledger = Ledger({})
 
