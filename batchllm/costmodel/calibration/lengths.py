@@ -20,7 +20,7 @@ Counts per length only, so memory is bounded by the longest output, not by the r
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -124,7 +124,7 @@ class LengthCalibration:
         return LengthDistribution(support, cdf, censored_at)
 
 
-def _prior_cdf(prior: LengthDistribution):
+def _prior_cdf(prior: LengthDistribution) -> Callable[[np.ndarray], np.ndarray]:
     """The prior's CDF as a continuous function of the length (linear between its points,
     from 0 at length 0); past its last uncensored length it stays there: the mass at the cap
     runs on beyond it."""
