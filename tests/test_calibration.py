@@ -238,6 +238,17 @@ def test_the_stretch_stays_near_one_on_little_or_agreeing_evidence():
     assert agreeing.scale(running=[(60, float((lengths > 60).sum()))]) == pytest.approx(1.0, abs=0.15)
 
 
+def test_a_posterior_is_fitted_again_only_when_something_new_was_observed():
+    calibration = LengthCalibration(long_prior())
+    calibration.observe_many([10, 12], [True, True])
+    first = calibration.posterior([(20, 5.0)])
+    assert calibration.posterior([(20, 5.0)]) is first
+    assert calibration.posterior([(30, 5.0)]) is not first
+    calibration.observe(14, True)
+    again = calibration.posterior([(20, 5.0)])
+    assert again is not first and cdf_at(again, 14) > cdf_at(first, 14)
+
+
 def test_outputs_still_running_take_the_stretched_priors_tail():
     """All requests start together, their lengths a third of the prior's; at the age where
     about half have ended, the rest are expected to run on as a third of the prior says,

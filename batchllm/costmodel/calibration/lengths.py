@@ -38,6 +38,8 @@ class LengthCalibration:
     prior_outputs: float = PRIOR_OUTPUTS
     _ended: dict[int, float] = field(default_factory=dict, repr=False)  # length -> outputs that stopped there
     _cut: dict[int, float] = field(default_factory=dict, repr=False)  # length -> outputs cut there (max_tokens)
+    _observed: int = field(default=0, repr=False)  # observe() calls that counted: with `running`, what a posterior is of
+    _last: tuple[tuple, LengthDistribution] | None = field(default=None, repr=False)  # the last posterior, by that key
 
     def __post_init__(self) -> None:
         if self.prior_outputs <= 0:
@@ -50,6 +52,7 @@ class LengthCalibration:
             return  # no token: no information about the length distribution
         target = self._ended if finished else self._cut
         target[length] = target.get(length, 0.0) + count
+        self._observed += 1
 
     def observe_many(self, lengths: Iterable[int], finished: Iterable[bool]) -> None:
         for length, done in zip(lengths, finished):
@@ -84,8 +87,16 @@ class LengthCalibration:
 
     def posterior(self, running: Iterable[tuple[int, float]] = ()) -> LengthDistribution:
         """The updated CDF. `running`: (tokens so far, how many) of outputs still being
-        generated, censored at their age."""
+        generated, censored at their age. Asked again with nothing new observed and the same
+        `running`, the last one (an ETA asks twice a node; the stretch fit is ~10 ms at 2,000
+        distinct lengths)."""
         running = list(running)
+        key = (self._observed, tuple(running))
+        if self._last is None or self._last[0] != key:
+            self._last = (key, self._fit(running))
+        return self._last[1]
+
+    def _fit(self, running: list[tuple[int, float]]) -> LengthDistribution:
         ended: dict[int, float] = {}
         censored: dict[int, float] = {}
 
