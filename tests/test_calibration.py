@@ -369,3 +369,21 @@ def test_the_time_running_outputs_still_need_follows_their_ages_and_lengths():
     assert batch_left_s(TRUTH, ten, running=0, age=4, prompt_tokens=30, max_tokens=64) == 0.0
     long = flat_prior(512)  # lengths spread: more outputs running means a longer tail
     assert batch_left_s(TRUTH, long, 50, 20, 30, 256) > batch_left_s(TRUTH, long, 2, 20, 30, 256)
+
+
+def test_outputs_older_than_every_ended_length_still_have_tokens_to_go():
+    """Short outputs on a prior of long ones: late in the run a few still run, older than
+    anything the stretched prior or the ended outputs reach. They go on about as the ends
+    per token so far say (geometric lengths here, mean 15: 15 tokens to go at any age), not end now."""
+    lengths = 1 + np.random.default_rng(5).geometric(1 / 15, 400)
+    age = 45
+    ended = lengths[lengths <= age]
+    calibration = LengthCalibration(long_prior())
+    calibration.observe_many(ended, [True] * ended.size)
+    running = [(age, float((lengths > age).sum()))]
+    posterior = calibration.posterior(running)
+    beyond = posterior.lengths > age
+    masses = np.diff(np.concatenate([[0.0], posterior.cdf]))
+    to_go = float((masses[beyond] * posterior.lengths[beyond]).sum() / masses[beyond].sum()) - age
+    assert running[0][1] >= 5 and calibration.scale(running) < 0.3
+    assert to_go == pytest.approx(15.0, rel=0.3)

@@ -14,7 +14,8 @@ LOG_SCALE_SIGMA). Kaplan-Meier covers only the lengths outputs have reached: bey
 of those still running, the posterior is the prior's shape alone, so a prior of long
 answers kept predicting long answers for a run of short ones (200 numbers prompts on the
 Xeon profile's lengths, at age 30 with 87 ended: 91 tokens left for the rest, where 11
-were; stretched by s = 0.14: 6).
+were; stretched by s = 0.14: 6). Past the last length an output ended at, the tail is
+geometric (`_with_tail`), so outputs older than every ended one still have tokens to go.
 Counts per length only, so memory is bounded by the longest output, not by the run.
 """
 
@@ -30,6 +31,7 @@ from batchllm.costmodel.lengths import LengthDistribution
 PRIOR_OUTPUTS = 32.0  # the prior counts as this many outputs
 LOG_SCALE_SIGMA = 0.5  # the prior on ln s: a stretch of 1.65 (or 1/1.65) is one standard deviation
 LOG_SCALE_GRID = np.linspace(-3.0, 3.0, 121)  # ln s: stretches of 1/20 to 20, 5 % apart
+TAIL_QUANTILES = 1.0 - 0.5 ** np.arange(1, 8)  # points of the tail past the last ended length: half its mass, 3/4, ...
 
 
 @dataclass
@@ -124,13 +126,14 @@ class LengthCalibration:
         at_risk = np.cumsum((events + cuts)[::-1])[::-1]
         survival = np.cumprod(1.0 - np.divide(events, at_risk, out=np.zeros_like(events), where=at_risk > 0))
         cdf = 1.0 - survival
-        keep = np.concatenate([[True], np.diff(cdf) > 1e-12])  # lengths no output ends at carry no mass
-        keep[-1] = True
-        support, cdf = support[keep], cdf[keep]
-        cdf[-1] = 1.0  # the mass beyond the longest length seen sits there
         cut_points = [l for l, w in self._cut.items() if w > 0]
         if masses[-1] > 0 and self.prior.lengths[-1] >= self.prior.censored_at:
             cut_points.append(prior_cap)
+        support, cdf = _with_tail(support, cdf, events, events + cuts, max(cut_points, default=0))
+        keep = np.concatenate([[True], np.diff(cdf) > 1e-12])  # lengths no output ends at carry no mass
+        keep[-1] = True
+        support, cdf = support[keep], cdf[keep]
+        cdf[-1] = 1.0  # what is left sits at the last length: the cap, or the tail's end
         censored_at = max(cut_points) if cut_points else int(support[-1]) + 1
         return LengthDistribution(support, cdf, censored_at)
 
@@ -147,3 +150,32 @@ def _prior_cdf(prior: LengthDistribution) -> Callable[[np.ndarray], np.ndarray]:
         return np.interp(length, xs, ys)
 
     return cdf
+
+
+def _with_tail(support: np.ndarray, cdf: np.ndarray, events: np.ndarray, weights: np.ndarray,
+               cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """Kaplan-Meier leaves the mass past its last ended length on its last point; when that
+    point is the age of outputs still running, it says they end now (200 numbers prompts at
+    age 45: 22 still running, ~13 tokens each to go; a posterior ending them all at 45).
+    Past the last ended length the tail is geometric instead, its hazard the ends per token
+    at risk over the upper half of the lengths seen (outputs running on without ending lower
+    it), and cut at `cap` (max_tokens, or the stretched prior's cap) when that lies beyond.
+    Its points are the tail's quantiles from the last ended length and from the oldest age,
+    so outputs of any age see their own tokens to go."""
+    ended_at = np.flatnonzero(events > 0)
+    if not len(ended_at):
+        return support, cdf
+    last = int(ended_at[-1])
+    left, last_length, oldest = 1.0 - float(cdf[last]), int(support[last]), int(support[-1])
+    if left <= 1e-12 or cap == last_length:  # nothing past it, or the rest is cut right there
+        return support, cdf
+    low = last_length // 2
+    exposure = float(weights @ (np.clip(support, low, oldest) - low))
+    hazard = float(events[support > low].sum()) / exposure if exposure > 0 else 1.0 / last_length
+    hazard = min(max(hazard, 1e-6), 0.5)
+    offsets = np.ceil(np.log(1.0 - TAIL_QUANTILES) / np.log1p(-hazard)).astype(np.int64)
+    tail = np.unique(np.concatenate([last_length + offsets, oldest + offsets]))
+    if cap > last_length:
+        tail = np.append(tail[tail < cap], cap)
+    tail_cdf = 1.0 - left * (1.0 - hazard) ** (tail - last_length)
+    return np.concatenate([support[:last + 1], tail]), np.concatenate([cdf[:last + 1], tail_cdf])
