@@ -42,7 +42,7 @@ from batchllm.runtime.engine_configs import engine_config
 from batchllm.runtime.engine_set import EngineLoss, EngineSet
 from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.ledger import Ledger, NodeLedger
-from batchllm.runtime.memory import release_free_memory
+from batchllm.runtime.memory import PeriodicTrim, release_free_memory
 from batchllm.runtime.node_feed import MergedUpstream, NodeFeed, Upstream, parse_request_id
 from batchllm.runtime.prepare import PreparedWindow, RequestPreparer, split, work_of
 from batchllm.runtime.progress import NodeStats, RunProgress
@@ -95,6 +95,7 @@ class Executor:
         self.block_size_tokens = 16
         self._started = time.monotonic()
         self._ready_at_s: float | None = None
+        self._trim = PeriodicTrim()
         self.report = RunReport(dag.name, str(devices), stages.method, models={n: s.model for n, s in dag.nodes.items()})
 
     # -- the run ------------------------------------------------------------------------
@@ -217,6 +218,7 @@ class Executor:
                 self._top_up(name)
             self._collect(log)
             self.progress.tick()
+            self._trim.tick()
             if observer := self._observer():
                 observer.tick(self._clock_s(), self.progress, lambda: (self._progress(self._clock_s()), self._running()))
         log.end(self._clock_s(), {n: self.ledger[n].committed_units for n in stage.plans})

@@ -1,21 +1,62 @@
-"""Giving back to the OS what a run freed, before the output writes allocate anew.
+"""Keeping the driver's memory to what it holds.
 
-The writes allocate through DuckDB's and Arrow's allocators, which cannot reuse pages
-that glibc malloc keeps for the run's threads (token ids, results): freed, but resident.
-Measured at 100,000 rows: 0.43 -> 0.38 GB before the writes.
+The driver's threads (the main loop, the prepare thread, the tokenizer's, the engines'
+readers) allocate and free token ids and results all run long; glibc gives each new
+thread an arena of its own (up to 8 per core) and keeps what they free, resident, in them; the output writes allocate anew through DuckDB's and Arrow's
+allocators, which cannot reuse those pages. So a run caps glibc's arenas at
+`MALLOC_ARENAS` (`limit_malloc_arenas`), the run loop returns free pages every
+`TRIM_EVERY_S` (`PeriodicTrim`), and everything is returned once more before the writes
+(`release_free_memory`; measured at 100,000 rows: 0.43 -> 0.38 GB before the writes).
 """
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import time
+from collections.abc import Callable
 
 import pyarrow as pa
+
+TRIM_EVERY_S = 10.0  # a trim takes ~5-10 ms (measured on a fragmented 120 MB heap)
+MALLOC_ARENAS = 2
+_M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
+
+
+def limit_malloc_arenas(count: int = MALLOC_ARENAS) -> None:
+    """Threads that start allocating from now on share `count` arenas (process-wide, and
+    glibc cannot lift it again: harmless, MALLOC_ARENA_MAX does the same from the
+    environment). Measured, 1,000,000 rows through the stand-in engine: driver peak RSS
+    0.54 / 0.48 / 0.55 GB (full / interrupted / resumed pass) -> 0.50 / 0.45 / 0.52 GB (the
+    periodic trim alone: 0.52 / 0.49 / 0.54; both: 0.50 / 0.46 / 0.53), requests/s unchanged
+    within noise."""
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)  # glibc only (not musl or macOS)
+    if mallopt is not None:
+        mallopt(_M_ARENA_MAX, count)
+
+
+def _malloc_trim() -> None:
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def release_free_memory() -> None:
     gc.collect()
     pa.default_memory_pool().release_unused()
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc only (not musl or macOS)
-    if trim is not None:
-        trim(0)
+    _malloc_trim()
+
+
+class PeriodicTrim:
+    """`tick()` from a loop: gives glibc's free pages back at most every `every_s`."""
+
+    def __init__(self, every_s: float = TRIM_EVERY_S, clock: Callable[[], float] = time.monotonic,
+                 trim: Callable[[], None] = _malloc_trim):
+        self.every_s, self._clock, self._trim = every_s, clock, trim
+        self._last_s = clock()
+
+    def tick(self) -> None:
+        now_s = self._clock()
+        if now_s - self._last_s >= self.every_s:
+            self._last_s = now_s
+            self._trim()
