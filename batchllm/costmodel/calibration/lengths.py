@@ -31,7 +31,7 @@ from batchllm.costmodel.lengths import LengthDistribution
 PRIOR_OUTPUTS = 32.0  # the prior counts as this many outputs
 LOG_SCALE_SIGMA = 0.5  # the prior on ln s: a stretch of 1.65 (or 1/1.65) is one standard deviation
 LOG_SCALE_GRID = np.linspace(-3.0, 3.0, 121)  # ln s: stretches of 1/20 to 20, 5 % apart
-TAIL_QUANTILES = 1.0 - 0.5 ** np.arange(1, 8)  # points of the tail past the last ended length: half its mass, 3/4, ...
+TAIL_TOKENS = 512  # the geometric tail past the last ended length: a point per token this far
 
 
 @dataclass
@@ -127,9 +127,10 @@ class LengthCalibration:
         survival = np.cumprod(1.0 - np.divide(events, at_risk, out=np.zeros_like(events), where=at_risk > 0))
         cdf = 1.0 - survival
         cut_points = [l for l, w in self._cut.items() if w > 0]
-        if masses[-1] > 0 and self.prior.lengths[-1] >= self.prior.censored_at:
-            cut_points.append(prior_cap)
         support, cdf = _with_tail(support, cdf, events, events + cuts, max(cut_points, default=0))
+        if (masses[-1] > 0 and self.prior.lengths[-1] >= self.prior.censored_at
+                and prior_cap >= max(self._ended, default=0)):  # outputs of the run ended past it: not a cap here
+            cut_points.append(prior_cap)
         keep = np.concatenate([[True], np.diff(cdf) > 1e-12])  # lengths no output ends at carry no mass
         keep[-1] = True
         support, cdf = support[keep], cdf[keep]
@@ -159,22 +160,27 @@ def _with_tail(support: np.ndarray, cdf: np.ndarray, events: np.ndarray, weights
     age 45: 22 still running, ~13 tokens each to go; a posterior ending them all at 45).
     Past the last ended length the tail is geometric instead, its hazard the ends per token
     at risk over the upper half of the lengths seen (outputs running on without ending lower
-    it), and cut at `cap` (max_tokens, or the stretched prior's cap) when that lies beyond.
-    Its points are the tail's quantiles from the last ended length and from the oldest age,
-    so outputs of any age see their own tokens to go."""
+    it), and cut at `cap` (the longest output of the run cut at max_tokens) when that lies
+    beyond the oldest output still running (a cut below it is another max_tokens, not
+    theirs; the stretched prior's cap is a censoring, not a cut). Every length of the
+    tail has its point for `TAIL_TOKENS` tokens past the last ended length and past the
+    oldest age (so survival at any age is the geometric's own); the rest sits on the last."""
     ended_at = np.flatnonzero(events > 0)
     if not len(ended_at):
         return support, cdf
     last = int(ended_at[-1])
     left, last_length, oldest = 1.0 - float(cdf[last]), int(support[last]), int(support[-1])
+    if cap < oldest:
+        cap = 0
     if left <= 1e-12 or cap == last_length:  # nothing past it, or the rest is cut right there
         return support, cdf
     low = last_length // 2
     exposure = float(weights @ (np.clip(support, low, oldest) - low))
     hazard = float(events[support > low].sum()) / exposure if exposure > 0 else 1.0 / last_length
     hazard = min(max(hazard, 1e-6), 0.5)
-    offsets = np.ceil(np.log(1.0 - TAIL_QUANTILES) / np.log1p(-hazard)).astype(np.int64)
-    tail = np.unique(np.concatenate([last_length + offsets, oldest + offsets]))
+    span = min(TAIL_TOKENS, int(np.ceil(np.log(1e-3) / np.log1p(-hazard))))  # 99.9 % of the tail, or TAIL_TOKENS
+    steps = np.arange(1, span + 1)
+    tail = np.unique(np.concatenate([last_length + steps, oldest + steps]))
     if cap > last_length:
         tail = np.append(tail[tail < cap], cap)
     tail_cdf = 1.0 - left * (1.0 - hazard) ** (tail - last_length)
