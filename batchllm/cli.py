@@ -73,7 +73,9 @@ def run(
     """
     from batchllm.cluster.session import open_cluster
     from batchllm.runtime.launch import run_dag_file
+    from batchllm.runtime.memory import limit_malloc_arenas
 
+    limit_malloc_arenas()  # this process is the driver, from here on (runtime/memory.py says why)
     console = Console(stderr=True)
     out = out or Path("runs") / dag.stem
     session = None
@@ -122,7 +124,9 @@ def run_batch(
     Example: batchllm run-batch -i requests.jsonl -o results.jsonl --model gpt-4o-mini=smollm2-135m
     """
     from batchllm.openai_batch import model_map, run_batch as run_batch_file
+    from batchllm.runtime.memory import limit_malloc_arenas
 
+    limit_malloc_arenas()  # this process is the driver, from here on (runtime/memory.py says why)
     console = Console(stderr=True)
     with _run_exits():
         mapping = model_map(model or [], models, batchllm_home())

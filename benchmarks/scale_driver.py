@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/scale_driver.py DAG OUT [--schedule auto] [--fresh]
 
-Calls `run_dag_file` exactly as `batchllm run` does, except that engines are
+Calls `run_dag_file` exactly as `batchllm run` does (malloc arenas limited first, as there), except that engines are
 `benchmarks.standin_engine.standin_engine` (a real worker process answering at once) on
 cores 0 and 1. Each engine is wrapped only to time it from the driver's side. Prints one
 JSON object a line on stdout, flushed as it happens (the console goes to stderr):
@@ -41,6 +41,7 @@ from batchllm.engines.devices import DeviceSet, hardware_name  # noqa: E402
 from batchllm.errors import RunIncomplete, UserError  # noqa: E402
 from batchllm.planner.plan_file import PROFILES_ROOT  # noqa: E402
 from batchllm.runtime.launch import run_dag_file  # noqa: E402
+from batchllm.runtime.memory import limit_malloc_arenas  # noqa: E402
 from benchmarks.peak_rss import peak_rss_kb  # noqa: E402
 from benchmarks.standin_engine import standin_engine  # noqa: E402
 
@@ -123,6 +124,7 @@ def main() -> int:
         return _TimedEngine(engine, clock)
 
     exit_code, result, error = 0, None, None
+    limit_malloc_arenas()  # as `batchllm run` does
     try:
         outcome = run_dag_file(args.dag, args.out, DEVICES, fresh=args.fresh, console=Console(stderr=True),
                                engine_factory=factory, schedule=schedule)

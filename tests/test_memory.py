@@ -1,4 +1,5 @@
 import ctypes
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -58,12 +59,15 @@ report(sys.argv[2] + ".after")
 def test_limited_arenas_keep_every_thread_in_them(tmp_path):
     """Eight threads allocating at once get arenas of their own, unless limited: then they
     share those there were (the imports' threads may have made one before the limit)."""
-    def heaps(mode: str) -> tuple[int, int]:
+    def heaps(mode: str, **env: str) -> tuple[int, int]:
         report = tmp_path / mode
-        subprocess.run([sys.executable, "-c", ARENAS_PROBE, mode, str(report)], check=True, cwd=Path(__file__).parent.parent)
+        subprocess.run([sys.executable, "-c", ARENAS_PROBE, mode, str(report)], check=True, cwd=Path(__file__).parent.parent,
+                       env={k: v for k, v in os.environ.items() if k not in ("MALLOC_ARENA_MAX", "GLIBC_TUNABLES")} | env)
         return tuple(Path(f"{report}.{when}").read_text().count("<heap nr=") for when in ("before", "after"))
 
     before, after = heaps("limited")
     assert after == before <= 2
     before, after = heaps("free")
     assert after >= before + 7
+    before, after = heaps("limited", MALLOC_ARENA_MAX="4")  # the user's own limit is kept
+    assert after == 4

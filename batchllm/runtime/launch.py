@@ -25,7 +25,6 @@ from batchllm.planner.plan_file import PROFILES_ROOT
 from batchllm.planner.problem import build_problem
 from batchllm.runtime.calibrated_run import CalibratedRun
 from batchllm.runtime.executor import Executor, RunResult
-from batchllm.runtime.memory import limit_malloc_arenas
 from batchllm.runtime.prepare import RequestPreparer
 from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.run_dir import RunDir
@@ -69,7 +68,6 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
     the devices that survive."""
     if schedule not in SCHEDULES:
         raise UserError(f"unknown schedule {schedule!r}", where="--schedule", hint=f"use one of {', '.join(SCHEDULES)}")
-    limit_malloc_arenas()  # before the run's threads start
     home = home or batchllm_home()
     sources = check_dag(dag, home)
     for name, output in dag.outputs.items():  # a bad target found at the end would cost the run's hours
