@@ -3,6 +3,7 @@ lengths with censoring, start costs, and a model's calibrated profile. No engine
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -306,6 +307,29 @@ def test_a_shape_no_engine_ran_is_rescaled_by_what_the_measured_shape_showed():
     assert profile.shapes["w2-tp1"].load_time_s == pytest.approx(prior.shapes["w2-tp1"].load_time_s * load_factor)
     assert profile.shapes["w1-tp1"].load_time_s == pytest.approx(prior.shapes["w1-tp1"].load_time_s * load_factor)
     assert calibration.evidence().shapes_measured == ("w1-tp1",)
+
+
+def test_what_the_store_keeps_of_a_shape_no_engine_ran_is_a_learnt_priors_own_numbers():
+    """Rescaled while the run plans, but filed as the learnt prior had it: else a shape
+    measured once drifts by every later run's factor of the other shapes. A shipped prior's
+    shapes are filed rescaled (better than another machine's numbers)."""
+    shipped = committed_profile()
+    learnt = dataclasses.replace(shipped, kind="learnt")
+    for prior, kept in ((learnt, True), (shipped, False)):
+        calibration = ModelCalibration(prior)
+        truth = scaled(prior.shapes["w1-tp1"].latency, 0.5)
+        features, seconds = synthetic_steps(600, seed=8, model=truth)
+        for row, wall_s in zip(features, seconds):
+            calibration.observe_step("w1-tp1", StepFeatures(*row), float(wall_s))
+        calibration.observe_load("w1-tp1", prior.shapes["w1-tp1"].load_time_s / 2)
+        filed, planned = calibration.profile_to_keep(), calibration.profile()
+        assert filed.shapes["w1-tp1"] == planned.shapes["w1-tp1"]  # measured: the run's
+        assert planned.shapes["w2-tp1"].latency == scaled(prior.shapes["w2-tp1"].latency, calibration.factors().step)
+        if kept:
+            assert filed.shapes["w2-tp1"].latency == prior.shapes["w2-tp1"].latency
+            assert filed.shapes["w2-tp1"].load_time_s == prior.shapes["w2-tp1"].load_time_s
+        else:
+            assert filed.shapes["w2-tp1"] == planned.shapes["w2-tp1"]
 
 
 def test_a_model_with_no_evidence_takes_the_machines_factors_and_its_engine_facts():

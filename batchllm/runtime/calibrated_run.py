@@ -303,12 +303,13 @@ class CalibratedRun:
                 lines.append(f"learnt profile of {name} not saved: its engines reported {ran!r}, not "
                              f"{self.settings['engine_version']!r} (a stand-in engine teaches nothing about the real one)")
                 continue
-            calibrated = model.profile(fallback=self.machine_factors())
+            calibrated = model.profile_to_keep(fallback=self.machine_factors())
+            unmeasured = [k for k in calibrated.shapes if k not in evidence.shapes_measured]
             learnt = replace(calibrated, kind="learnt", hardware=cluster.identity.folder_name, identity=cluster.identity,
                              engine={**calibrated.engine, **{k: v for k, v in self.settings.items() if k in ("dtype", "enforce_eager")}},
                              notes={"prior": f"{model.prior.kind} {model.prior.hardware}/{model.prior.model}",
                                     "shapes_measured": list(evidence.shapes_measured),
-                                    "shapes_rescaled": [k for k in calibrated.shapes if k not in evidence.shapes_measured]})
+                                    ("shapes_kept" if model.prior.kind == "learnt" else "shapes_rescaled"): unmeasured})
             folder = self.store.save(learnt, cluster.identity, self.settings, source=self.source,
                                      evidence={"steps": evidence.steps, "outputs": evidence.outputs, "loads": evidence.loads,
                                                "shapes_measured": list(evidence.shapes_measured)})

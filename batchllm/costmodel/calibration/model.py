@@ -5,7 +5,9 @@ A shape no engine ran yet keeps its prior, rescaled by the speed factor measured
 shapes that did run (and the start cost by theirs): the machine that makes one shape 2x
 slower than its profile makes the others so too, and re-planning must not prefer a shape
 only because it was never measured. A model not run yet takes `fallback` factors (those of
-the other models on the same machine), when given.
+the other models on the same machine), when given. What a run files in the store
+(`profile_to_keep`) differs in one way: a shape it did not run keeps a learnt prior's own
+numbers (see there).
 """
 
 from __future__ import annotations
@@ -104,3 +106,21 @@ class ModelCalibration:
                                   kv_capacity_tokens=self.kv_capacity_tokens.get(key, shape.kv_capacity_tokens))
         return replace(self.prior, engine={**self.prior.engine, **self.engine}, shapes=shapes,
                        lengths=lengths or self.lengths.posterior())
+
+    def profile_to_keep(self, fallback: SpeedFactors | None = None) -> Profile:
+        """The calibrated profile as the local store keeps it. When the prior was learnt on
+        this machine, a shape this run did not run (or start) keeps the prior's numbers:
+        they were measured here by an earlier run, and the speed factor of the shapes that
+        did run is mostly noise for them (rescaled at every save, an unmeasured shape
+        drifted run after run by the product of other shapes' factors)."""
+        calibrated = self.profile(fallback=fallback)
+        if self.prior.kind != "learnt":
+            return calibrated
+        shapes = {}
+        for key, shape in calibrated.shapes.items():
+            before = self.prior.shapes[key]
+            stepped = key in self.latency and self.latency[key].steps > 0
+            started = key in self.loads and self.loads[key].loads > 0
+            shapes[key] = replace(shape, latency=shape.latency if stepped else before.latency,
+                                  load_time_s=shape.load_time_s if started else before.load_time_s)
+        return replace(calibrated, shapes=shapes)
