@@ -106,21 +106,23 @@ def test_the_status_file_from_start_through_ticks_to_the_end(tmp_path):
     with progress:
         assert json.loads(path.read_text()) == {"state": "running", "elapsed_s": 0.0, "nodes": {}, "pid": os.getpid(),
                                                 "started_at": "T100", "updated_at": "T100"}
-        progress.start_node(NodeStats("gen", "/models/m", units_total=1000, units_done_before=0))
+        progress.start_node(NodeStats("gen", "/models/m", units_total=1000, units_done_before=40))
+        started = json.loads(path.read_text())["nodes"]  # at once: its engines take a while to start
+        assert (started["gen"]["committed"], started["gen"]["total"]) == (40, 1000)
         clock.now_s = 101.0
         progress.advance("gen", units=25, prompt_tokens=5, output_tokens=7)
         progress.tick()  # written every 2 s: not yet
-        assert json.loads(path.read_text())["nodes"] == {}
+        assert json.loads(path.read_text())["nodes"] == started
         for second in range(2, 11):
             clock.now_s = 100.0 + second
             progress.advance("gen", units=25, prompt_tokens=5, output_tokens=7, failed=1 if second == 3 else 0)
             progress.tick()
         assert json.loads(path.read_text()) == {
             "state": "running", "elapsed_s": 10.0, "pid": os.getpid(), "started_at": "T100", "updated_at": "T110",
-            "nodes": {"gen": {"model": "/models/m", "committed": 250, "total": 1000, "failed": 1, "prompt_tokens": 50,
-                              "output_tokens": 70, "output_tokens_per_s": 7.0, "eta_s": 30.0}}}
+            "nodes": {"gen": {"model": "/models/m", "committed": 290, "total": 1000, "failed": 1, "prompt_tokens": 50,
+                              "output_tokens": 70, "output_tokens_per_s": 7.0, "eta_s": 28.4}}}
         clock.now_s = 111.0
-        progress.advance("gen", units=750)
+        progress.advance("gen", units=710)
         progress.finish_node("gen")
         progress.close("finished")
     data = json.loads(path.read_text())

@@ -162,6 +162,7 @@ class RunProgress:
         stats.started_at = self.clock()
         self.stats[stats.node] = stats
         self._tasks[stats.node] = self._bars.add_task(stats.node, total=stats.units_total, completed=stats.units_done_before, rate="")
+        self._write_status(self.clock())  # before its engines start (tens of seconds): a resume shows what is done
 
     def set_total(self, node: str, units_total: int, units_expected: int | None = None) -> None:
         """A node learns its total as its producers finish rows (`units_expected`: what the
