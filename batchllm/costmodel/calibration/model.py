@@ -96,6 +96,20 @@ class ModelCalibration:
         own = self.factors()
         step_factor = own.step if own.steps or fallback is None else fallback.step
         load_factor = own.load if own.loads or fallback is None else fallback.load
+        return self._profile(lengths, step_factor, load_factor)
+
+    def profile_to_keep(self, fallback: SpeedFactors | None = None) -> Profile:
+        """The calibrated profile as the local store keeps it. When the prior was learnt on
+        this machine, a shape this run did not run (or start) keeps the prior's numbers:
+        they were measured here by an earlier run, and the speed factor of the shapes that
+        did run is mostly noise for them (rescaled at every save, an unmeasured shape
+        drifted run after run by the product of other shapes' factors)."""
+        if self.prior.kind == "learnt":
+            return self._profile(None, step_factor=1.0, load_factor=1.0)
+        return self.profile(fallback=fallback)
+
+    def _profile(self, lengths: LengthDistribution | None, step_factor: float, load_factor: float) -> Profile:
+        """Measured shapes refit; the others' step times and start costs times the factors."""
         shapes = {}
         for key, shape in self.prior.shapes.items():
             calibration = self.latency.get(key)
@@ -106,21 +120,3 @@ class ModelCalibration:
                                   kv_capacity_tokens=self.kv_capacity_tokens.get(key, shape.kv_capacity_tokens))
         return replace(self.prior, engine={**self.prior.engine, **self.engine}, shapes=shapes,
                        lengths=lengths or self.lengths.posterior())
-
-    def profile_to_keep(self, fallback: SpeedFactors | None = None) -> Profile:
-        """The calibrated profile as the local store keeps it. When the prior was learnt on
-        this machine, a shape this run did not run (or start) keeps the prior's numbers:
-        they were measured here by an earlier run, and the speed factor of the shapes that
-        did run is mostly noise for them (rescaled at every save, an unmeasured shape
-        drifted run after run by the product of other shapes' factors)."""
-        calibrated = self.profile(fallback=fallback)
-        if self.prior.kind != "learnt":
-            return calibrated
-        shapes = {}
-        for key, shape in calibrated.shapes.items():
-            before = self.prior.shapes[key]
-            stepped = key in self.latency and self.latency[key].steps > 0
-            started = key in self.loads and self.loads[key].loads > 0
-            shapes[key] = replace(shape, latency=shape.latency if stepped else before.latency,
-                                  load_time_s=shape.load_time_s if started else before.load_time_s)
-        return replace(calibrated, shapes=shapes)
