@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from batchllm.engines.process_engine import EngineFailed
+from batchllm.engines.engine import EngineFailed
 from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, WorkerReady
 
 

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from batchllm.engines.devices import Replica
-from batchllm.engines.process_engine import EngineFailed, ProcessEngine
+from batchllm.engines.engine import EngineFailed
+from batchllm.engines.process_engine import ProcessEngine
 from batchllm.engines.protocol import EngineConfig, EngineRequest
 from tests.fakes import FakeStepperFactory
 

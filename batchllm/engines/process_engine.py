@@ -1,6 +1,6 @@
 """The driver's handle on one engine worker process.
 
-`Engine` is the interface the runtime uses; `ProcessEngine` runs any stepper (the real
+`ProcessEngine` (an `Engine`, see engines/engine.py) runs any `Stepper` (the real
 vLLM one by default) in a spawned process. `WorkerEngine` is the driver's side of the
 worker's messages, shared with the Ray-actor engine (engines/ray_engine.py), which
 runs the same worker loop inside an actor.
@@ -17,8 +17,9 @@ import multiprocessing
 import queue
 import time
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Sequence
 
+from batchllm.engines.engine import EngineFailed, StepperFactory
 from batchllm.engines.protocol import (
     EngineConfig,
     EngineRequest,
@@ -33,21 +34,6 @@ from batchllm.engines.protocol import (
 from batchllm.engines.worker import worker_main
 
 
-class EngineFailed(RuntimeError):
-    """The engine could not start or died; the message says why."""
-
-
-class Engine(Protocol):
-    config: EngineConfig
-    ready: WorkerReady
-
-    def submit(self, requests: Sequence[EngineRequest]) -> None: ...
-    def poll(self, timeout_s: float) -> list[EngineResult]: ...
-    def drain_steps(self) -> list[StepRecord]: ...
-    def stop(self) -> None: ...
-
-
-EngineFactory = Callable[[EngineConfig], Engine]
 
 
 def _log_tail(path: str | None, lines: int = 15) -> str:
@@ -143,7 +129,7 @@ class WorkerEngine:
 
 
 class ProcessEngine(WorkerEngine):
-    def __init__(self, config: EngineConfig, stepper_factory, start_timeout_s: float = 1800.0):
+    def __init__(self, config: EngineConfig, stepper_factory: StepperFactory, start_timeout_s: float = 1800.0):
         super().__init__(config, start_timeout_s)
         context = multiprocessing.get_context("spawn")
         self._inbox, self._outbox = context.Queue(), context.Queue()

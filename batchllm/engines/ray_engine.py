@@ -24,7 +24,8 @@ import threading
 import time
 from pathlib import Path
 
-from batchllm.engines.process_engine import EngineFailed, WorkerEngine, _VllmStepperFactory
+from batchllm.engines.engine import EngineFailed
+from batchllm.engines.process_engine import WorkerEngine, _VllmStepperFactory
 from batchllm.engines.protocol import EngineConfig, StopWorker, WorkerFailed
 from batchllm.engines.worker import worker_main
 

@@ -14,6 +14,7 @@ import signal
 import sys
 import traceback
 
+from batchllm.engines.engine import Stepper, StepperFactory
 from batchllm.engines.protocol import (
     EngineConfig,
     StopWorker,
@@ -40,7 +41,7 @@ def _redirect_output(log_path: str | None) -> None:
         os.close(fd)
 
 
-def worker_main(config: EngineConfig, inbox, outbox, stepper_factory) -> None:
+def worker_main(config: EngineConfig, inbox, outbox, stepper_factory: StepperFactory) -> None:
     """Entry point of the worker process (spawned)."""
     _die_with_parent()
     _redirect_output(config.log_path)
@@ -54,7 +55,7 @@ def worker_main(config: EngineConfig, inbox, outbox, stepper_factory) -> None:
         sys.stdout.flush()
 
 
-def serve(stepper, inbox, outbox, parent_alive) -> None:
+def serve(stepper: Stepper, inbox, outbox, parent_alive) -> None:
     while True:
         messages = _take_messages(inbox, block=not stepper.has_work(), parent_alive=parent_alive)
         for message in messages:

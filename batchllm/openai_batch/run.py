@@ -22,7 +22,7 @@ from rich.console import Console
 
 from batchllm import api
 from batchllm.engines.devices import DeviceSet
-from batchllm.engines.process_engine import EngineFactory
+from batchllm.engines.engine import EngineFactory
 from batchllm.errors import RunIncomplete, UserError
 from batchllm.openai_batch.batch_dag import batch_dag
 from batchllm.openai_batch.batch_input import BatchInput, prepare_batch

@@ -26,7 +26,7 @@ from batchllm.costmodel.lengths import LengthDistribution
 from batchllm.costmodel.profile import ModelFacts, Profile, ReplicaShape, ShapeProfile
 from batchllm.engines.devices import DeviceSet, Replica, engine_dtype
 from batchllm.engines.hardware import this_machine
-from batchllm.engines.process_engine import EngineFactory
+from batchllm.engines.engine import EngineFactory
 from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord
 
 PROMPTS = Path(__file__).resolve().parent.parent.parent / "profiles" / "prompts"

@@ -21,7 +21,7 @@ from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.profile import Profile
 from batchllm.dag.model import EngineSpec
 from batchllm.engines.devices import DeviceSet, Replica, engine_dtype
-from batchllm.engines.process_engine import EngineFactory
+from batchllm.engines.engine import EngineFactory
 from batchllm.engines.protocol import EngineConfig, EngineRequest
 from batchllm.planner.cluster import cluster_profile, local_cluster, run_settings
 from batchllm.profiling.profiler import WARMUP_STEPS, prompts, run_requests, shapes_to_profile

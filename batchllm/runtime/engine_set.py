@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from batchllm.engines.process_engine import Engine, EngineFactory, EngineFailed
+from batchllm.engines.engine import Engine, EngineFactory, EngineFailed
 from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord
 
 

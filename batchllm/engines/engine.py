@@ -1,0 +1,58 @@
+"""The two seams of the engine layer.
+
+- `Engine`: what the runtime drives, one per replica: requests in, results and the
+  engine's own step records out, stop. A vLLM engine in a worker process
+  (`ProcessEngine`), one in a Ray actor (`RayEngine`), and scripted ones in tests
+  implement it; an engine behind an HTTP endpoint would too.
+- `Stepper`: what runs inside a worker process and is stepped one iteration at a time
+  (`VllmStepper`; stand-ins in tests and benchmarks): the worker adds requests and steps
+  while it has work, and sends each step's finished results and its record to the driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord, WorkerReady
+
+
+class EngineFailed(RuntimeError):
+    """The engine could not start or died; the message says why."""
+
+
+class Engine(Protocol):
+    config: EngineConfig
+    ready: WorkerReady  # waits until the engine is up (raises EngineFailed when it cannot start)
+
+    def submit(self, requests: Sequence[EngineRequest]) -> None: ...
+
+    def poll(self, timeout_s: float) -> list[EngineResult]:
+        """Results finished since the last poll, waiting up to `timeout_s` for the first."""
+        ...
+
+    def drain_steps(self) -> list[StepRecord]:
+        """The engine's step records since the last call."""
+        ...
+
+    def stop(self) -> None: ...
+
+
+EngineFactory = Callable[[EngineConfig], Engine]
+
+
+class Stepper(Protocol):
+    ready: WorkerReady
+
+    def add(self, request: EngineRequest) -> EngineResult | None:
+        """Take a request; a result instead when it cannot run (its finish reason says why)."""
+        ...
+
+    def has_work(self) -> bool: ...
+
+    def step(self) -> tuple[list[EngineResult], StepRecord]:
+        """One iteration: the requests it finished, and what it computed and how long it took."""
+        ...
+
+
+StepperFactory = Callable[[EngineConfig], Stepper]
