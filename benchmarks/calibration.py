@@ -68,7 +68,7 @@ from batchllm.planner.best import best_schedule  # noqa: E402
 from batchllm.planner.timeline import Timeline  # noqa: E402
 from batchllm.profiling.quick import quick_profile  # noqa: E402
 from batchllm.runtime import launch  # noqa: E402
-from batchllm.runtime.calibrated_run import CalibratedRun  # noqa: E402
+from batchllm.runtime.run_calibration import RunCalibration  # noqa: E402
 
 MODEL = "smollm2-135m"
 DEVICES = DeviceSet("cpu", (0, 1))
@@ -150,25 +150,25 @@ def parse_plan(text: str) -> ExecutionPlan:
 
 def run_case(workload: Workload, prior: str, root: Path, home: Path) -> dict:
     """Plan and run the workload; the numbers of one case."""
-    captured: list[CalibratedRun] = []
-    original = launch._stage_planner
+    captured: list[RunCalibration] = []
+    original = launch._calibrated_planning
 
     def capture(*args, **kwargs):
-        stages, why = original(*args, **kwargs)
-        if stages is not None:
-            captured.append(stages)
-        return stages, why
+        planning, why = original(*args, **kwargs)
+        if planning is not None:
+            captured.append(planning.calibration)
+        return planning, why
 
     out = WORK / "runs" / f"{workload.label}-{prior.replace(' ', '')}"
     out.parent.mkdir(parents=True, exist_ok=True)
     log = open(WORK / "runs" / f"{workload.label}-{prior.replace(' ', '')}.log", "w")
     load_before = os.getloadavg()[0]
-    launch._stage_planner = capture
+    launch._calibrated_planning = capture
     try:
         result, progress = launch.run_dag_file(dag_file(workload), out, DEVICES, fresh=True, console=Console(file=log, width=200),
                                                engine_factory=start_vllm_engine, home=home, schedule="plan", profiles_root=root)
     finally:
-        launch._stage_planner = original
+        launch._calibrated_planning = original
         log.close()
     report = result.report
     calibrated = captured[0]
@@ -185,7 +185,7 @@ def run_case(workload: Workload, prior: str, root: Path, home: Path) -> dict:
         if plans:
             timeline = timeline.advance(plans)
     final_s = (best_schedule(timeline).total_s if not timeline.done else timeline.now_s)
-    notes = [n for n in calibrated.planner.problem.notes]
+    notes = [n for n in calibrated.problem.notes]
     return {"workload": workload.label, "prior": prior, "plan": " / ".join(f"{n}:{s.plan}" for st in report.stages for n, s in st.nodes.items()),
             "wall_s": wall_s, "initial_s": initial_s, "initial_error": (initial_s - wall_s) / wall_s,
             "at_20_s": at_20[0] if at_20 else None, "rest_error": rest_error, "final_s": final_s, "final_error": (final_s - wall_s) / wall_s,

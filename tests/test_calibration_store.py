@@ -23,7 +23,7 @@ from batchllm.engines.protocol import EngineResult, StepRecord
 from batchllm.models.registry import batchllm_home
 from batchllm.planner import cluster as cluster_module
 from batchllm.planner.plan_file import plan_dag_file
-from batchllm.runtime.calibrated_run import step_features
+from batchllm.runtime.run_calibration import step_features
 from batchllm.runtime.launch import run_dag_file
 from batchllm.runtime.status import read_status
 from tests.conftest import ENSEMBLE_DAG

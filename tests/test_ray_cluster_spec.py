@@ -72,7 +72,7 @@ def test_replicas_map_indices_to_one_nodes_devices():
 def test_a_lost_node_leaves_the_others_renumbered():
     assert TWO_NODES.without_nodes({"node-a"}) == DeviceSet("cpu", (2,), (NodeDevices("node-b", (5,)),))
     assert TWO_NODES.without_nodes({"node-a"}).replica((0,), 1) == Replica("cpu", (5,), 1, node="node-b")
-    replanner = NodeLossReplanner(alive_nodes=lambda: {"node-b"}, stages_for=lambda devices: ("stages for", devices))
+    replanner = NodeLossReplanner(alive_nodes=lambda: {"node-b"}, planning_for=lambda devices: ("stages for", devices))
     surviving, stages = replanner.after_loss(TWO_NODES)
     assert surviving.node_sizes == (1,) and stages == ("stages for", surviving)
     assert NodeLossReplanner(lambda: {"node-a", "node-b"}, lambda d: d).after_loss(TWO_NODES) is None  # an engine crash, not a node
@@ -114,7 +114,7 @@ def test_plans_for_a_cluster_keep_tensor_parallel_groups_inside_nodes(spec):
 
 def test_sequential_stages_on_a_cluster_run_one_engine_per_node():
     stages = SequentialStages(TWO_NODES, ["a"])
-    from batchllm.runtime.stage_planner import NodeProgress
+    from batchllm.runtime.stage_chooser import NodeProgress
 
     stage = stages.choose({"a": NodeProgress(0, 4, True)}, {}).stage
     plan = stage.plans["a"]

@@ -15,10 +15,10 @@ from batchllm.errors import RunIncomplete
 @dataclass(frozen=True)
 class NodeLossReplanner:
     alive_nodes: Callable[[], set[str]]  # the cluster's nodes alive now
-    stages_for: Callable[[DeviceSet], object]  # a stage chooser for a device set (as at the start of the run)
+    planning_for: Callable[[DeviceSet], object]  # a RunPlanning for a device set (as at the start of the run)
 
     def after_loss(self, devices: DeviceSet) -> tuple[DeviceSet, object] | None:
-        """(surviving devices, their stage chooser) when nodes of `devices` are gone, else None."""
+        """(surviving devices, their RunPlanning) when nodes of `devices` are gone, else None."""
         lost = {n.node for n in devices.nodes} - self.alive_nodes()
         if not lost:
             return None
@@ -26,4 +26,4 @@ class NodeLossReplanner:
         if not surviving.ids:
             raise RunIncomplete(f"every node of the cluster is lost ({', '.join(sorted(n[:8] for n in lost))}); "
                                 "results so far are kept")
-        return surviving, self.stages_for(surviving)
+        return surviving, self.planning_for(surviving)

@@ -9,8 +9,12 @@ loop; the backlog hands each engine what it runs at once; results are committed 
 node's journal and the ledger. A consumer in the same stage as its producer takes rows
 as they are committed. The stage ends when one of its nodes finishes (or fails).
 
-Loop, three calls a turn: feed (ready units -> prepared requests -> engines), collect
-(results -> journal + ledger), settle (nodes finished or failed).
+One turn is `step()`: admit (each node's ready units -> a prepared window -> its
+backlog), submit (backlogs -> engines, up to what each runs at once), collect (the
+engines' results and step records), commit (results -> journal + ledger; nodes finished
+or failed). It returns what happened as a `StepResult`, which the stage loop hands to the
+progress, the stage's log and the run's observers (calibration, estimates); engines lost
+in a turn are restarted by the stage loop, not inside the turn.
 
 Invariant: the ledger is the one record of where each (node, row, step) is; a unit is
 committed to its journal only from RUNNING, so at most once, and a unit lost with its
@@ -30,8 +34,8 @@ import numpy as np
 
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet
-from batchllm.engines.process_engine import EngineFactory
-from batchllm.engines.protocol import EngineConfig, EngineResult, is_error
+from batchllm.engines.engine import EngineFactory
+from batchllm.engines.protocol import EngineConfig, EngineResult
 from batchllm.errors import RunIncomplete
 from batchllm.io.input_source import InputSource
 from batchllm.io.node_journal import ResultJournal, ResultRecord
@@ -39,7 +43,7 @@ from batchllm.io.output_files import FinalSource, InputFile, write_node_file, wr
 from batchllm.io.remote_files import copy_out
 from batchllm.runtime.backlog import Backlog
 from batchllm.runtime.engine_configs import engine_config
-from batchllm.runtime.engine_set import EngineLoss, EngineSet
+from batchllm.runtime.engine_set import EngineLoss, EngineSet, Polled
 from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.ledger import Ledger, NodeLedger
 from batchllm.runtime.memory import PeriodicTrim, release_free_memory
@@ -48,9 +52,9 @@ from batchllm.runtime.prepare import PreparedWindow, RequestPreparer, split, wor
 from batchllm.runtime.progress import NodeStats, RunProgress
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_gantt import write_run_html
-from batchllm.runtime.observer import RunObserver
 from batchllm.runtime.run_report import RunReport, StageLog, engine_label
-from batchllm.runtime.stage_planner import NodeProgress, RunningPlan
+from batchllm.runtime.stage_chooser import DeviceLossReplanner, NodeProgress, RunningPlan, RunPlanning
+from batchllm.runtime.step_result import EngineStep, NodeCommit, StepResult
 
 POLL_S = 0.05
 IDLE_S = 0.002  # nothing in an engine and nothing being prepared: the stage is about to end
@@ -74,19 +78,20 @@ class RunResult:
 
 class Executor:
     def __init__(self, dag: DagSpec, sources: dict[str, InputSource], run_dir: RunDir, devices: DeviceSet,
-                 engine_factory: EngineFactory, progress: RunProgress, home: Path, stages, preparer: RequestPreparer,
-                 replanner=None):
+                 engine_factory: EngineFactory, progress: RunProgress, home: Path, planning: RunPlanning,
+                 preparer: RequestPreparer, replanner: DeviceLossReplanner | None = None):
         self.dag, self.sources, self.run_dir, self.devices = dag, sources, run_dir, devices
         self.device_ids = devices.ids  # every device the run started with (run.html draws a row for each)
-        self.replanner = replanner  # on a cluster: after_loss(devices) -> (surviving devices, stages) when nodes are gone
+        self.replanner = replanner  # on a cluster: a new planning on the devices left when nodes are gone
         self._replan = False  # devices were lost: the stage ends and the rest is planned on those left
         self.engines = EngineSet(engine_factory)
-        self.progress, self.home, self.stages, self.preparer = progress, home, stages, preparer
+        self.progress, self.home, self.planning, self.preparer = progress, home, planning, preparer
         self.order = dag.topological_order()
         self.finished: set[str] = set()
         self.failed: dict[str, str] = {}
         self.restarts: dict[str, int] = {}
         self.assigned: dict[str, list[EngineConfig]] = {}  # node -> its replicas in the current stage
+        self.stage_nodes: tuple[str, ...] = ()  # the current stage's nodes
         self.running_plans: dict[str, RunningPlan] = {}
         self.plan_since_s: dict[str, float] = {}  # node -> clock when its current plan's engines were ready
         self.backlogs = {n: Backlog(work_of) for n in dag.nodes}
@@ -96,21 +101,12 @@ class Executor:
         self._started = time.monotonic()
         self._ready_at_s: float | None = None
         self._trim = PeriodicTrim()
-        self.report = RunReport(dag.name, str(devices), stages.method, models={n: s.model for n, s in dag.nodes.items()})
+        self.report = RunReport(dag.name, str(devices), planning.chooser.method, models={n: s.model for n, s in dag.nodes.items()})
 
     # -- the run ------------------------------------------------------------------------
     def run(self) -> RunResult:
-        prints = node_fingerprints(self.dag, self.sources)
-        self.journals = {n: ResultJournal(self.run_dir.journal_folder(n), prints[n], n, samples=self.dag.nodes[n].sampling.n)
-                         for n in self.order}
-        self.earlier = {n: j.stats() for n, j in self.journals.items()}  # what earlier invocations committed
-        self.ledger = Ledger({n: self._node_ledger(n) for n in self.order})
-        self.feeds = {}
-        for index, name in enumerate(self.order):
-            node = self.dag.nodes[name]
-            self.feeds[name] = NodeFeed(node, index, self.ledger[name], self.sources[node.input_name], self.journals[name],
-                                        self._upstream_of(name))
-        self._started = started = time.monotonic()
+        self.open()
+        started = self._started
         try:
             self._settle()
             while self._unfinished():
@@ -126,6 +122,21 @@ class Executor:
         if self.failed:
             raise RunIncomplete("; ".join(f"node {n}: {cause.splitlines()[0]}" for n, cause in self.failed.items()))
         return RunResult(len(self.engines.starts), dict(self.failed), outputs, self.report)
+
+    def open(self) -> None:
+        """The journals (what earlier invocations committed), the ledger restored from them,
+        and each node's feed."""
+        prints = node_fingerprints(self.dag, self.sources)
+        self.journals = {n: ResultJournal(self.run_dir.journal_folder(n), prints[n], n, samples=self.dag.nodes[n].sampling.n)
+                         for n in self.order}
+        self.earlier = {n: j.stats() for n, j in self.journals.items()}  # what earlier invocations committed
+        self.ledger = Ledger({n: self._node_ledger(n) for n in self.order})
+        self.feeds = {}
+        for index, name in enumerate(self.order):
+            node = self.dag.nodes[name]
+            self.feeds[name] = NodeFeed(node, index, self.ledger[name], self.sources[node.input_name], self.journals[name],
+                                        self._upstream_of(name))
+        self._started = time.monotonic()
 
     def _end_stage_loop(self, wall_s: float) -> None:
         """Stop the engines, sync the journals, write the report, and free what only the
@@ -188,13 +199,27 @@ class Executor:
         return time.monotonic() - self._started
 
     def _run_stage(self) -> None:
+        log = self.begin_stage()
+        while not self.stage_over():
+            result = self.step()
+            self._record(result, log)
+            if result.losses:
+                self._recover(result.losses, log)
+            self.progress.tick()
+            self._trim.tick()
+            for observer in self.planning.observers:
+                observer.tick(self._clock_s(), self.progress, lambda: (self._progress(self._clock_s()), self._running()))
+        self.end_stage(log)
+
+    def begin_stage(self) -> StageLog:
+        """Ask the stage chooser for the next stage and bring the engines to it."""
         now_s = self._clock_s()
-        choice = self.stages.choose(self._progress(now_s), self._running())
+        choice = self.planning.chooser.choose(self._progress(now_s), self._running())
         stage = choice.stage
         if choice.schedule is not None:
             self.report.plan_made(choice.schedule, self.devices.ids)
         log = StageLog(len(self.report.stages), now_s, stage.duration_s, choice.rest_s, choice.search_s)
-        self.assigned, self._replan = {}, False
+        self.assigned, self._replan, self.stage_nodes = {}, False, tuple(stage.plans)
         for name, plan in stage.plans.items():
             size, placed = plan.shape.devices, stage.placement[name]
             ids = [self.devices.ids[i] for i in placed]
@@ -212,24 +237,42 @@ class Executor:
         for name, configs in self.assigned.items():
             self.backlogs[name].regroup(len(configs), lambda batch, parts: split(batch, parts, self.block_size_tokens,
                                                                                   self.preparer.prefix_order).replicas)
-        while not self._replan and not any(n in self.finished or n in self.failed for n in stage.plans):
-            for name in [n for n in self.order if n in stage.plans and n in self.assigned]:  # producers first
-                self._feed(name)
-                self._top_up(name)
-            self._collect(log)
-            self.progress.tick()
-            self._trim.tick()
-            if observer := self._observer():
-                observer.tick(self._clock_s(), self.progress, lambda: (self._progress(self._clock_s()), self._running()))
-        log.end(self._clock_s(), {n: self.ledger[n].committed_units for n in stage.plans})
+        return log
+
+    def stage_over(self) -> bool:
+        """One of the stage's nodes finished or failed, or devices were lost."""
+        return self._replan or any(n in self.finished or n in self.failed for n in self.stage_nodes)
+
+    def end_stage(self, log: StageLog) -> None:
+        log.end(self._clock_s(), {n: self.ledger[n].committed_units for n in self.stage_nodes})
         self.report.stages.append(log)
+
+    def _record(self, result: StepResult, log: StageLog) -> None:
+        """Give what a turn did to the progress, the stage's log and the observers."""
+        for commit in result.commits:
+            self._start_progress(commit.node)
+            self.progress.advance(commit.node, units=len(commit.results), prompt_tokens=commit.prompt_tokens,
+                                  output_tokens=commit.output_tokens, failed=commit.failed)
+            log.add_tokens(commit.node, commit.prompt_tokens, commit.output_tokens)
+        for engine_step in result.engine_steps:
+            log.add_step(engine_label(engine_step.config), engine_step.step.wall_s)
+            if engine_step.node is not None:
+                self.progress.count_steps(engine_step.node, [engine_step.step])
+        for observer in self.planning.observers:
+            observer.observe(result)
+        for name in self.assigned:
+            if name in self.progress.stats:
+                self.progress.set_total(name, self.ledger[name].total_units, self.ledger[name].expected_units)
+
+    def _recover(self, losses: tuple[EngineLoss, ...], log: StageLog) -> None:
+        """Engines died in a turn (their units are READY again): re-plan when their cluster
+        nodes are gone, else count the failures and start the engines again."""
+        if not self._devices_lost():
+            self._count_failures([loss for loss in losses if loss.cause])
+            self._reconcile(log)
 
     def _running(self) -> dict[str, RunningPlan]:
         return {n: r for n, r in self.running_plans.items() if n not in self.failed}
-
-    def _observer(self) -> RunObserver | None:
-        """The stage chooser when it learns from what runs (a calibrated cost model)."""
-        return self.stages if isinstance(self.stages, RunObserver) else None
 
     def _progress(self, now_s: float) -> dict[str, NodeProgress]:
         """Each unfinished node's units done, and how long it has run on its current plan."""
@@ -250,8 +293,9 @@ class Executor:
                 log.add_start(node, engine_label(start.config), start.load_time_s)
                 if node is not None:
                     self.progress.stats[node].engine_load_s += start.load_time_s
-                    if (observer := self._observer()) and (running := self.engines.get(start.config)):
-                        observer.engine_started(node, start.config, start.load_time_s, running.engine.ready)
+                    if running := self.engines.get(start.config):
+                        for observer in self.planning.observers:
+                            observer.engine_started(node, start.config, start.load_time_s, running.engine.ready)
             for config in (c for configs in self.assigned.values() for c in configs):
                 running = self.engines.get(config)
                 if running is not None:
@@ -280,7 +324,7 @@ class Executor:
         changed = self.replanner.after_loss(self.devices) if self.replanner is not None else None
         if changed is None:
             return False
-        self.devices, self.stages = changed
+        self.devices, self.planning = changed
         self.running_plans, self._replan = {}, True
         self.progress.note(f"[yellow]cluster nodes lost: re-planning on {self.devices}[/yellow]")
         return True
@@ -288,14 +332,36 @@ class Executor:
     def _node_of(self, config: EngineConfig) -> str | None:
         return next((n for n, configs in self.assigned.items() if config in configs), None)
 
-    def _release(self, losses: list[EngineLoss]) -> None:
+    def _release(self, losses) -> None:
         """Units on stopped or lost engines are READY again."""
         for loss in losses:
             for node, units in self.ledger.release(loss.slot).items():
                 self.feeds[node].requeue(units)
 
-    # -- feeding ----------------------------------------------------------------------------
-    def _feed(self, name: str) -> None:
+    # -- one turn -----------------------------------------------------------------------------
+    def step(self) -> StepResult:
+        """One turn of the current stage: admit, submit, collect, commit. Returns what happened."""
+        submitted = 0
+        for name in [n for n in self.order if n in self.assigned]:  # producers first
+            self._admit(name)
+            submitted += self._submit(name)
+        polled = self._collect()
+        by_node: dict[int, tuple[list[int], list[EngineResult]]] = {}
+        for result in polled.results:
+            index, unit = parse_request_id(result.request_id)
+            units, results = by_node.setdefault(index, ([], []))
+            units.append(unit)
+            results.append(result)
+        commits = tuple(self._commit(self.order[index], np.array(units, np.int64), results)
+                        for index, (units, results) in by_node.items())
+        engine_steps = tuple(EngineStep(self._node_of(config), config, step) for config, step in polled.steps)
+        self._release(polled.losses)
+        unfinished = set(self._unfinished())
+        self._settle()
+        ended = tuple(n for n in self.order if n in unfinished and n not in self._unfinished())
+        return StepResult(submitted, commits, engine_steps, tuple(polled.losses), ended)
+
+    def _admit(self, name: str) -> None:
         """Keep the node's backlog ahead of its engines: take a prepared window when it is
         ready, and start preparing the next when what waits runs low."""
         configs, backlog = self.assigned[name], self.backlogs[name]
@@ -327,72 +393,43 @@ class Executor:
         """Units running in the engine (their work is estimated by the caller)."""
         return self.ledger.running_on[self.engines.get(config).slot]
 
-    def _top_up(self, name: str) -> None:
-        """Hand each of the node's engines waiting requests up to what it runs at once."""
-        backlog = self.backlogs[name]
+    def _submit(self, name: str) -> int:
+        """Hand each of the node's engines waiting requests up to what it runs at once.
+        Returns how many were handed over."""
+        backlog, submitted = self.backlogs[name], 0
         for index, config in enumerate(self.assigned[name]):
             if not len(backlog):
-                return
+                break
             running = self.engines.get(config)
             batch = backlog.take(index, running.engine.ready.max_num_seqs - self.ledger.running_on[running.slot])
             if batch:
                 units = np.fromiter((parse_request_id(r.request_id)[1] for r in batch), np.int64, len(batch))
                 self.ledger.send(name, units, running.slot)
                 self.engines.submit(config, batch)
+                submitted += len(batch)
                 if self.report.first_request_s is None:
                     self.report.first_request_s = time.monotonic() - self._ready_at_s
+        return submitted
 
-    # -- collecting ---------------------------------------------------------------------------
-    def _collect(self, log: StageLog) -> None:
-        """Commit what the engines finished. With nothing in an engine, wait for a window
-        being prepared instead (spinning here would starve the preparing thread)."""
+    def _collect(self) -> Polled:
+        """What the engines finished and measured. With nothing in an engine, wait for a
+        window being prepared instead (spinning here would starve the preparing thread)."""
         if not any(self.ledger.running_on.values()):
             pending = [future for future, _ in self.preparing.values()]
             if pending:
                 futures.wait(pending, timeout=POLL_S, return_when=futures.FIRST_COMPLETED)
             else:
                 time.sleep(IDLE_S)
-        polled = self.engines.poll(POLL_S, busy=lambda slot: self.ledger.running_on[slot] > 0)
-        by_node: dict[int, tuple[list[int], list[EngineResult]]] = {}
-        for result in polled.results:
-            index, unit = parse_request_id(result.request_id)
-            units, results = by_node.setdefault(index, ([], []))
-            units.append(unit)
-            results.append(result)
-        for index, (units, results) in by_node.items():
-            self._commit(self.order[index], np.array(units, np.int64), results, log)
-        for config, step in polled.steps:
-            node = self._node_of(config)
-            log.add_step(engine_label(config), step.wall_s)
-            if node is not None:
-                self.progress.count_steps(node, [step])
-                if observer := self._observer():
-                    observer.steps(node, config, [step])
-        if polled.losses:
-            self._release(polled.losses)
-            if not self._devices_lost():
-                self._count_failures([loss for loss in polled.losses if loss.cause])
-                self._reconcile(log)
-        for name in self.assigned:
-            if name in self.progress.stats:
-                self.progress.set_total(name, self.ledger[name].total_units, self.ledger[name].expected_units)
-        self._settle()
+        return self.engines.poll(POLL_S, busy=lambda slot: self.ledger.running_on[slot] > 0)
 
-    def _commit(self, name: str, units: np.ndarray, results: list[EngineResult], log: StageLog) -> None:
+    def _commit(self, name: str, units: np.ndarray, results: list[EngineResult]) -> NodeCommit:
         """Journal the node's results (of `units`, in the same order) and mark them committed."""
         rows, steps = self.ledger[name].row_step_of(units)
         self.journals[name].append_many([
             ResultRecord(row, step, r.texts, r.num_prompt_tokens, r.num_output_tokens, r.finish_reason)
             for row, step, r in zip(rows.tolist(), steps.tolist(), results)])
         self.feeds[name].requeue(self.ledger.commit(name, units))
-        prompt_tokens = sum(r.num_prompt_tokens for r in results)
-        output_tokens = sum(r.num_output_tokens for r in results)
-        failed = sum(1 for r in results if is_error(r.finish_reason))
-        self._start_progress(name)
-        self.progress.advance(name, units=len(results), prompt_tokens=prompt_tokens, output_tokens=output_tokens, failed=failed)
-        if observer := self._observer():
-            observer.committed(name, results)
-        log.add_tokens(name, prompt_tokens, output_tokens)
+        return NodeCommit.of(name, results)
 
     def _start_progress(self, name: str) -> None:
         if name not in self.progress.stats:

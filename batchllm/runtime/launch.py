@@ -13,7 +13,8 @@ from batchllm.dag.checks import check_dag
 from batchllm.dag.loader import load_dag
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet
-from batchllm.engines.process_engine import EngineFactory, start_vllm_engine
+from batchllm.engines.engine import EngineFactory
+from batchllm.engines.process_engine import start_vllm_engine
 from batchllm.errors import RunIncomplete, UserError
 from batchllm.io.input_source import InputSource
 from batchllm.io.remote_files import check_copy_target
@@ -23,13 +24,15 @@ from batchllm.planner.cluster import local_cluster, run_settings
 from batchllm.planner.from_dag import dag_workloads
 from batchllm.planner.plan_file import PROFILES_ROOT
 from batchllm.planner.problem import build_problem
-from batchllm.runtime.calibrated_run import CalibratedRun
+from batchllm.runtime.calibrated_stages import CalibratedStages, RunEstimates
 from batchllm.runtime.executor import Executor, RunResult
 from batchllm.runtime.prepare import RequestPreparer
 from batchllm.runtime.progress import RunProgress
+from batchllm.runtime.run_calibration import RunCalibration
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.sequential_stages import SequentialStages
-from batchllm.runtime.stage_planner import SCHEDULE_METHODS, StagePlanner
+from batchllm.runtime.stage_chooser import RunPlanning
+from batchllm.runtime.stage_planner import SCHEDULE_METHODS
 
 SCHEDULES = (*SCHEDULE_METHODS, "sequential")
 RUN_GC_THRESHOLD = 50_000  # allocations between young collections during a run (Python's default: 700)
@@ -73,26 +76,26 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
     for name, output in dag.outputs.items():  # a bad target found at the end would cost the run's hours
         if output.copy_to is not None:
             check_copy_target(output.copy_to, where=f"{dag.path}, line {output.line}, outputs.{name}.copy_to")
-    stages = None
+    planning = None
     if schedule != "sequential":
-        stages, why_not = _stage_planner(dag, sources, devices, schedule, profiles_root, home)
-        if stages is None:
+        planning, why_not = _calibrated_planning(dag, sources, devices, schedule, profiles_root, home)
+        if planning is None:
             console.print(f"[yellow]no plan:[/yellow] {why_not}; running node by node on all devices")
-        for note in stages.problem.notes if stages else ():  # e.g. what the profile differs in from this machine
+        for note in planning.calibration.problem.notes if planning else ():  # e.g. what the profile differs in from this machine
             console.print(f"plan note: {note}", markup=False, highlight=False)
-    stages = stages or SequentialStages(devices, dag.topological_order())
+    planning = planning or RunPlanning(SequentialStages(devices, dag.topological_order()))
     replanner = None
     if cluster is not None:
         from batchllm.cluster.replan import NodeLossReplanner
         from batchllm.engines.ray_engine import start_ray_engine
 
         engine_factory = engine_factory or start_ray_engine
-        replanner = NodeLossReplanner(cluster.alive_nodes, lambda left: _stages_for(dag, sources, left, schedule, profiles_root))
+        replanner = NodeLossReplanner(cluster.alive_nodes, lambda left: _planning_for(dag, sources, left, schedule, profiles_root))
     run_dir = RunDir(out)
     run_dir.open(fresh=fresh)
     try:
         with _run_gc(), RunProgress(console, status_path=run_dir.status_path) as progress:
-            executor = Executor(dag, sources, run_dir, devices, engine_factory or start_vllm_engine, progress, home, stages,
+            executor = Executor(dag, sources, run_dir, devices, engine_factory or start_vllm_engine, progress, home, planning,
                                 RequestPreparer(prefix_order), replanner)
             try:
                 result = executor.run()
@@ -103,21 +106,22 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
                 progress.close("incomplete")
                 raise
             finally:
-                _save_learnt(executor.stages, console)
+                _save_learnt(executor.planning.calibration, console)
             progress.close("finished")
         return result, progress
     finally:
         run_dir.close()
 
 
-def _stages_for(dag: DagSpec, sources: dict[str, InputSource], devices: DeviceSet, schedule: str, profiles_root: Path):
-    """The stage chooser for these devices, as `run_dag` picks it (without its notes)."""
-    stages = _stage_planner(dag, sources, devices, schedule, profiles_root)[0] if schedule != "sequential" else None
-    return stages or SequentialStages(devices, dag.topological_order())
+def _planning_for(dag: DagSpec, sources: dict[str, InputSource], devices: DeviceSet, schedule: str,
+                  profiles_root: Path) -> RunPlanning:
+    """How stages are chosen on these devices, as `run_dag` picks it (without its notes)."""
+    planning = _calibrated_planning(dag, sources, devices, schedule, profiles_root)[0] if schedule != "sequential" else None
+    return planning or RunPlanning(SequentialStages(devices, dag.topological_order()))
 
 
-def _stage_planner(dag: DagSpec, sources: dict[str, InputSource], devices: DeviceSet, method: str,
-                   profiles_root: Path, home: Path | None = None) -> tuple[CalibratedRun | None, str | None]:
+def _calibrated_planning(dag: DagSpec, sources: dict[str, InputSource], devices: DeviceSet, method: str,
+                         profiles_root: Path, home: Path | None = None) -> tuple[RunPlanning | None, str | None]:
     """Stages planned on a cost model that calibrates itself as the run goes, starting from
     what the local profile store learnt on this machine, else the shipped profiles."""
     cluster = local_cluster(devices.kind, len(devices.ids), devices.node_sizes)
@@ -126,17 +130,17 @@ def _stage_planner(dag: DagSpec, sources: dict[str, InputSource], devices: Devic
         workloads = dag_workloads(dag, sources, cluster, profiles_root, store, home or batchllm_home())
     except UserError as missing:
         return None, missing.paragraph()
-    planner = StagePlanner(build_problem(cluster, workloads.nodes, workloads.notes), method)
-    return CalibratedRun(planner, workloads.nodes, store=store, settings=run_settings(dag.engine, cluster),
-                         source=f"a run of {dag.name}"), None
+    calibration = RunCalibration(build_problem(cluster, workloads.nodes, workloads.notes), workloads.nodes, store=store,
+                                 settings=run_settings(dag.engine, cluster), source=f"a run of {dag.name}")
+    return RunPlanning(CalibratedStages(calibration, method), (calibration, RunEstimates(calibration, method)), calibration), None
 
 
-def _save_learnt(stages, console: Console) -> None:
+def _save_learnt(calibration: RunCalibration | None, console: Console) -> None:
     """What a calibrated run measured goes to the local profile store (never fails the run)."""
-    if not isinstance(stages, CalibratedRun):
+    if calibration is None:
         return
     try:
-        lines = stages.save()
+        lines = calibration.save()
     except (OSError, UserError) as error:
         lines = [f"the learnt profile was not saved: {error}"]
     for line in lines:

@@ -15,7 +15,7 @@ from batchllm.costmodel.estimator import ExecutionPlan
 from batchllm.costmodel.profile import ReplicaShape
 from batchllm.engines.devices import DeviceSet, whole_set_replica
 from batchllm.planner.timeline import StageRecord
-from batchllm.runtime.stage_planner import NodeProgress, RunningPlan, StageChoice
+from batchllm.runtime.stage_chooser import NodeProgress, RunningPlan, StageChoice
 
 
 class SequentialStages:

@@ -16,49 +16,23 @@ charges it no start, and idle engines of the same model and shape are handed ove
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable
 
-from batchllm.costmodel.estimator import ExecutionPlan
 from batchllm.planner.baselines import max_heuristic, min_heuristic
 from batchllm.planner.problem import PlanProblem
 from batchllm.planner.best import best_schedule
 from batchllm.planner.schedule import Schedule
-from batchllm.planner.timeline import Engine, NodeState, StageRecord, Timeline
+from batchllm.planner.timeline import Engine, NodeState, Timeline
+from batchllm.runtime.stage_chooser import NodeProgress, RunningPlan, StageChoice
 
 SCHEDULE_METHODS: dict[str, Callable[[Timeline], Schedule]] = {
     "plan": best_schedule, "max": max_heuristic, "min": min_heuristic,
 }
 
 
-@dataclass(frozen=True)
-class NodeProgress:
-    """A node's progress in the runtime's unit, (row, step): one unit asks for `sampling.n`
-    sequences, which the planner counts as that many requests (`PlanNode.requests_per_unit`)."""
-
-    done_units: int  # (row, step) units committed
-    total_units: int  # (row, step) units taking part so far
-    total_known: bool  # every producer has finished, so total_units is final
-    running_s: float = 0.0  # served on its current plan and devices, engine start aside
-
-
-@dataclass(frozen=True)
-class RunningPlan:
-    """A node's engines as the last stage left them (device indices of the cluster)."""
-
-    plan: ExecutionPlan
-    devices: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class StageChoice:
-    stage: StageRecord  # plans and device indices of the stage to run now
-    rest_s: float | None  # estimated time to the end of the run, from now (None: no cost model)
-    schedule: Schedule | None  # the whole plan of the rest of the run (None: no cost model)
-    search_s: float
-
-
 class StagePlanner:
+    """A `StageChooser` on a fixed cost model (`problem`)."""
+
     def __init__(self, problem: PlanProblem, method: str):
         if method not in SCHEDULE_METHODS:
             raise ValueError(f"unknown schedule method {method!r}; known: {sorted(SCHEDULE_METHODS)}")

@@ -1,22 +1,16 @@
-"""A planned run that calibrates its cost model as it goes.
-
-`CalibratedRun` is the stage chooser the executor sees when a cost model plans the run,
-and the observer the executor feeds (`engine_started`, `steps`, `committed`, `tick`):
+"""What a planned run learns about its cost model as it goes (`RunCalibration`, a run observer).
 
 - every engine start, step and finished output goes to its model's `ModelCalibration`
   (a run's first steps are its prefills and the first evidence there is, so none is left
   out as warm-up, unlike the profile builder's; the prior's warm-up stays in the start
-  cost); output lengths are also kept per node (prompts differ by
-  node), and each node's measured prompt tokens correct the planner's estimate of them
-  (4 characters a token, plus a guess for the chat template);
-- at every stage end the problem is rebuilt from the calibrated profiles and the rest of
-  the run is re-planned on it (`choose`): a rebuild is one simulation per (node, replica
-  shape), tens of milliseconds per node;
-- every `ETA_INTERVAL_S` (longer when re-estimating takes long: at most ~5 % of the time)
-  the rest of the run is estimated on the calibrated problem from where the run is, and
-  each node's finish and the run's end go to the progress lines and `batchllm status`;
-  once every output a node has left is being generated (nothing waits, no prefill), its
-  finish is what those outputs still need (`batch_tail`: their ages, the calibrated
+  cost); output lengths are also kept per node (prompts differ by node), and each node's
+  measured prompt tokens correct the planner's estimate of them (4 characters a token,
+  plus a guess for the chat template);
+- `calibrated_problem()` is the planner's problem rebuilt on the calibrated profiles (one
+  simulation per (node, replica shape), tens of milliseconds per node), which
+  `CalibratedStages` plans each stage on and `RunEstimates` estimates the time left on;
+- once every output a node has left is being generated (nothing waits, no prefill), its
+  finish is what those outputs still need (`batch_tail_s`: their ages, the calibrated
   lengths, the replicas' recent steps), since the fluid plan knows only its average pace;
 - at the end `save` files what was measured in the local profile store, so the next plan
   on this machine starts from it.
@@ -43,12 +37,10 @@ from batchllm.costmodel.latency import StepFeatures
 from batchllm.costmodel.profile import ReplicaShape
 from batchllm.engines.protocol import EngineConfig, EngineResult, StepRecord, WorkerReady, is_error
 from batchllm.planner.problem import NodeWorkload, PlanProblem, build_problem
-from batchllm.runtime.progress import RunProgress
-from batchllm.runtime.stage_planner import NodeProgress, RunningPlan, StageChoice, StagePlanner
+from batchllm.runtime.observer import RunObserver
+from batchllm.runtime.stage_chooser import NodeProgress
+from batchllm.runtime.step_result import StepResult
 
-WARMUP_STEPS = 0  # a fresh engine's first steps are the run's prefills: the first evidence there is (one-time costs: the prior's warm-up)
-ETA_INTERVAL_S = 2.0
-ETA_BUDGET_SHARE = 0.05  # re-estimating takes at most this share of the run's time
 PROMPT_PRIOR_UNITS = 8.0  # the planner's prompt estimate counts as this many measured prompts
 MIN_STEPS_TO_SAVE = 30  # fewer measured steps than this teach the store nothing
 SNAPSHOT_MAX_AGE_S = 10.0  # an engine's last step older than this says nothing about what runs now
@@ -84,44 +76,25 @@ class _Snapshot:
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))  # (features, wall_s)
 
 
-@dataclass
-class CalibratedRun:
-    planner: StagePlanner
-    workloads: list[NodeWorkload]
-    store: ProfileStore | None = None
-    settings: dict[str, object] = field(default_factory=dict)  # run settings known before start (the store's key)
-    source: str = "a run"  # what the store says the evidence came from
-    clock: Callable[[], float] = time.monotonic
-    models: dict[str, ModelCalibration] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.by_node = {w.name: w for w in self.workloads}
-        self.models = {}
-        for w in self.workloads:
+class RunCalibration(RunObserver):
+    def __init__(self, problem: PlanProblem, workloads: list[NodeWorkload], *, store: ProfileStore | None = None,
+                 settings: dict[str, object] | None = None, source: str = "a run", clock: Callable[[], float] = time.monotonic):
+        """`problem`: the planner's problem on the prior profiles (its cluster and notes are kept);
+        `settings`: run settings known before the start (the store's key); `source`: what the
+        store says the evidence came from."""
+        self.problem, self.workloads, self.store = problem, workloads, store
+        self.settings, self.source, self.clock = settings or {}, source, clock
+        self.by_node = {w.name: w for w in workloads}
+        self.models: dict[str, ModelCalibration] = {}
+        for w in workloads:
             self.models.setdefault(w.profile.model, ModelCalibration(w.profile))
-        self.node_lengths = {w.name: ModelCalibration(w.profile).lengths for w in self.workloads}
-        self.node_evidence = {w.name: NodeEvidence() for w in self.workloads}
-        self._engine_steps: dict[tuple, int] = {}
+        self.node_lengths = {w.name: ModelCalibration(w.profile).lengths for w in workloads}
+        self.node_evidence = {w.name: NodeEvidence() for w in workloads}
         self._snapshots: dict[tuple, _Snapshot] = {}
         self._version, self._built_version = 0, 0
-        self._problem = self.planner.problem
-        self._next_eta_s = 0.0
+        self._calibrated = problem
 
-    # -- the stage chooser -----------------------------------------------------------------
-    @property
-    def method(self) -> str:
-        return self.planner.method
-
-    @property
-    def problem(self) -> PlanProblem:
-        return self._problem
-
-    def choose(self, progress: dict[str, NodeProgress], running: dict[str, RunningPlan]) -> StageChoice:
-        """The next stage, planned on the calibrated cost model."""
-        self.planner.problem = self.calibrated_problem()
-        return self.planner.choose(progress, running)
-
-    # -- what the executor feeds -------------------------------------------------------------
+    # -- what the executor tells it --------------------------------------------------------------
     def engine_started(self, node: str, config: EngineConfig, load_time_s: float, ready: WorkerReady) -> None:
         model = self._model_of(node)
         if model is None:
@@ -133,28 +106,28 @@ class CalibratedRun:
                                    "block_size_tokens": ready.block_size_tokens, "max_model_len": ready.max_model_len,
                                    "enforce_eager": config.enforce_eager, "kv_cache_memory_bytes": config.kv_cache_memory_bytes},
                              ready.kv_capacity_tokens)
-        self._engine_steps[config.sharing_key()] = 0
         self._version += 1
 
-    def steps(self, node: str, config: EngineConfig, steps: list[StepRecord]) -> None:
+    def observe(self, result: StepResult) -> None:
+        for commit in result.commits:
+            self._committed(commit.node, commit.results)
+        for engine_step in result.engine_steps:
+            self._step(engine_step.node, engine_step.config, engine_step.step)
+
+    def _step(self, node: str | None, config: EngineConfig, step: StepRecord) -> None:
         model = self._model_of(node)
-        if model is None or not steps:
+        if model is None or node is None:
             return
         engine, key = config.sharing_key(), shape_key(config)
-        for step in steps:
-            seen = self._engine_steps.get(engine, 0)
-            self._engine_steps[engine] = seen + 1
-            if seen >= WARMUP_STEPS:
-                model.observe_step(key, step_features(step), step.wall_s)
-        last = steps[-1]
+        model.observe_step(key, step_features(step), step.wall_s)
         previous = self._snapshots.get(engine)
-        snapshot = _Snapshot(node, key, last.decode_seqs, last.decode_context, last.prefill_tokens, self.clock(),
+        snapshot = _Snapshot(node, key, step.decode_seqs, step.decode_context, step.prefill_tokens, self.clock(),
                              previous.recent if previous is not None and previous.shape == key else deque(maxlen=RECENT_STEPS))
-        snapshot.recent.extend((step_features(s), s.wall_s) for s in steps)
+        snapshot.recent.append((step_features(step), step.wall_s))
         self._snapshots[engine] = snapshot
         self._version += 1
 
-    def committed(self, node: str, results: list[EngineResult]) -> None:
+    def _committed(self, node: str, results: tuple[EngineResult, ...]) -> None:
         model = self._model_of(node)
         if model is None:
             return
@@ -170,40 +143,16 @@ class CalibratedRun:
             evidence.units += 1
         self._version += 1
 
-    def tick(self, now_s: float, progress: RunProgress, state: Callable[[], tuple[dict[str, NodeProgress], dict[str, RunningPlan]]]) -> None:
-        """Re-estimate the rest of the run when due; give the progress its ETAs."""
-        started = self.clock()
-        if started < self._next_eta_s:
-            return
-        nodes, running = state()
-        if not nodes:
-            return
-        self.planner.problem = self.calibrated_problem()
-        schedule = self.planner.choose(nodes, running).schedule
-        finish: dict[str, float] = {}
-        for stage in schedule.stages:
-            for name in stage.finished:
-                finish.setdefault(name, stage.end_s)
-        total_s = schedule.total_s
-        for name, node_progress in nodes.items():
-            tail_s = self.batch_tail_s(name, node_progress) if name in finish else None
-            if tail_s is not None:  # its last outputs are all running: what they still need
-                total_s += tail_s - finish[name]
-                finish[name] = tail_s
-        progress.set_estimates(finish, max(total_s, max(finish.values(), default=0.0)), now_s)
-        spent_s = self.clock() - started
-        self._next_eta_s = self.clock() + max(ETA_INTERVAL_S, spent_s / ETA_BUDGET_SHARE)
-
     # -- the calibrated cost model ------------------------------------------------------------
     def calibrated_problem(self) -> PlanProblem:
         """The planner's problem on the calibrated profiles and prompt sizes (rebuilt only
         when something was measured since the last one)."""
         if self._built_version == self._version:
-            return self._problem
+            return self._calibrated
         self._built_version = self._version
-        self._problem = build_problem(self.planner.problem.cluster, [self.calibrated_workload(w.name) for w in self.workloads],
-                                      self.planner.problem.notes)
-        return self._problem
+        self._calibrated = build_problem(self.problem.cluster, [self.calibrated_workload(w.name) for w in self.workloads],
+                                         self.problem.notes)
+        return self._calibrated
 
     def calibrated_workload(self, node: str) -> NodeWorkload:
         item = self.by_node[node]
@@ -290,7 +239,7 @@ class CalibratedRun:
     # -- across runs ---------------------------------------------------------------------------
     def save(self) -> list[str]:
         """File every model measured enough in the store; one line per model saved."""
-        cluster = self.planner.problem.cluster
+        cluster = self.problem.cluster
         if self.store is None or not cluster.local or cluster.identity is None:
             return []
         lines = []

@@ -1,0 +1,87 @@
+"""`Executor.step()` one turn at a time on a scripted engine: what each turn admits,
+submits, collects and commits, as the ledger counts it and the step result says it."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import pytest
+from rich.console import Console
+
+from batchllm.dag.checks import check_dag
+from batchllm.dag.loader import load_dag
+from batchllm.runtime.executor import Executor
+from batchllm.runtime.ledger import UnitStatus
+from batchllm.runtime.prepare import RequestPreparer
+from batchllm.runtime.progress import RunProgress
+from batchllm.runtime.run_dir import RunDir
+from batchllm.runtime.sequential_stages import SequentialStages
+from batchllm.runtime.stage_chooser import RunPlanning
+from tests.conftest import ENSEMBLE_DAG
+from tests.fakes import FakeEngineFactory
+from tests.test_executor import CPU2
+
+
+class InlinePreparer(RequestPreparer):
+    """Prepares a window at once, in the calling thread, so every turn is deterministic."""
+
+    def submit(self, requests, model_dir, block_size, replicas) -> Future:
+        done: Future = Future()
+        done.set_result(self._prepare(None, requests, block_size, replicas))
+        return done
+
+
+def counts(executor: Executor, node: str) -> dict[str, int]:
+    return {s.name: int(executor.ledger[node].counts[s]) for s in UnitStatus if executor.ledger[node].counts[s]}
+
+
+@pytest.fixture
+def executor(workspace, isolated_home):
+    dag = load_dag(workspace.dag(ENSEMBLE_DAG))
+    run_dir = RunDir(workspace.out)
+    run_dir.open(fresh=False)
+    factory = FakeEngineFactory()  # each engine answers at most 3 requests per poll and runs 8 at once
+    with RunProgress(Console(quiet=True)) as progress:
+        executor = Executor(dag, check_dag(dag, isolated_home), run_dir, CPU2, factory, progress, isolated_home,
+                            RunPlanning(SequentialStages(CPU2, dag.topological_order())), InlinePreparer(prefix_order=False))
+        executor.open()
+        yield executor
+        executor.engines.stop_all()
+        for journal in executor.journals.values():
+            journal.close()
+    run_dir.close()
+
+
+def test_each_turn_admits_submits_collects_and_commits(executor):
+    assert counts(executor, "a") == {"WAITING": 4}
+    executor.begin_stage()
+    assert executor.stage_nodes == ("a",)
+
+    first = executor.step()  # the feed admits the 4 rows and renders them; nothing is in an engine yet
+    assert (first.submitted, first.committed, first.ended) == (0, 0, ())
+    assert counts(executor, "a") == {"QUEUED": 4}
+
+    second = executor.step()  # the prepared window goes to the engine, which answers 3
+    assert (second.submitted, second.committed, second.ended) == (4, 3, ())
+    assert [(c.node, len(c.results)) for c in second.commits] == [("a", 3)]
+    assert counts(executor, "a") == {"RUNNING": 1, "COMMITTED": 3}
+    assert executor.journals["a"].stats().committed == 3
+    assert not executor.stage_over()
+
+    third = executor.step()  # the last one: the node is settled and the stage is over
+    assert (third.submitted, third.committed, third.ended) == (0, 1, ("a",))
+    assert counts(executor, "a") == {"COMMITTED": 4}
+    assert counts(executor, "judge") == {"WAITING": 4}  # it reads b, which has not run
+    assert executor.stage_over()
+
+
+def test_a_lost_engine_gives_its_units_back_in_the_same_turn(executor):
+    executor.begin_stage()
+    executor.step()
+    (engine,) = executor.engines.running.values()
+    engine.engine._die_after = 0  # dies at its next poll, with the 4 units inside
+    result = executor.step()
+    assert (result.submitted, result.committed) == (4, 0)
+    assert [loss.cause for loss in result.losses] == ["fake engine died"]
+    assert counts(executor, "a") == {"READY": 4}  # READY again, to be queued for the restarted engine
+    assert executor.feeds["a"].has_more()
