@@ -22,7 +22,7 @@ def test_plain_node_walks_every_status_and_keeps_counts():
     assert statuses(node) == ["READY", "READY", "READY", "SKIPPED"]
     node.queue(np.array([0, 1]))
     ledger.send("a", np.array([0, 1]), slot=7)
-    assert ledger.running_on[7] == 2 and list(node.slots_of(np.array([0, 1]))) == [7, 7]
+    assert ledger.running_on[7] == 2 and list(ledger.slots_of("a", np.array([0, 1]))) == [7, 7]
     assert ledger.commit("a", np.array([1])).size == 0
     assert statuses(node) == ["RUNNING", "COMMITTED", "READY", "SKIPPED"]
     assert ledger.running_on[7] == 1

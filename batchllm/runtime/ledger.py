@@ -3,8 +3,8 @@
 A unit of work is (row, step) of a node: the row's position in its input, and the step
 (0 for plain nodes; the list element for iterating nodes). Each node keeps one status per
 unit and one admission state per row in numpy arrays (two bytes a row: 10 million rows
-of a node in 20 MB), and the engine slot of each RUNNING unit in a dict (its size bounded
-by what the engines run at once, whatever the data set's size).
+of a node in 20 MB); the run's `Ledger` keeps the engine slot of each RUNNING unit in a
+dict (its size bounded by what the engines run at once, whatever the data set's size).
 
 Invariant: a unit's status here is the only record of where it is. The feed renders READY
 units and marks them QUEUED (their payload then waits in the node's backlog), the
@@ -62,7 +62,6 @@ class NodeLedger:
             self.offsets = np.concatenate([[0], np.cumsum(steps)])
             units = int(self.offsets[-1])
         self.status = np.zeros(units, np.int8)
-        self._slot_of: dict[int, int] = {}  # RUNNING unit -> its engine slot
         self.row_state = np.zeros(rows, np.int8)
         self.counts = np.zeros(len(UnitStatus), np.int64)
         self.counts[UnitStatus.WAITING] = units
@@ -184,20 +183,14 @@ class NodeLedger:
             raise ValueError(f"node {self.name!r}: unit {int(bad[0])} is {UnitStatus(self.status[bad[0]]).name}, not READY")
         self._move(units, UnitStatus.QUEUED)
 
-    def send(self, units: np.ndarray, slot: int) -> None:
+    def run(self, units: np.ndarray) -> None:
+        """QUEUED units went to an engine (`Ledger.send` records which)."""
         self._move(units, UnitStatus.RUNNING)
-        self._slot_of.update(dict.fromkeys(np.asarray(units, np.int64).tolist(), slot))
-
-    def slots_of(self, units: np.ndarray) -> np.ndarray:
-        """The engine slot of each of these RUNNING units."""
-        return np.fromiter((self._slot_of[u] for u in np.asarray(units, np.int64).tolist()), np.int64, len(units))
 
     def commit(self, units: np.ndarray) -> np.ndarray:
         """Results are in the journal. Returns the units that became READY (next steps)."""
         units = np.asarray(units, np.int64)
         self._move(units, UnitStatus.COMMITTED)
-        for unit in units.tolist():
-            self._slot_of.pop(unit, None)
         if self.offsets is None:
             return units[:0]
         following = units + 1
@@ -207,13 +200,9 @@ class NodeLedger:
         self._move(following, UnitStatus.READY)
         return following
 
-    def release(self, slot: int) -> np.ndarray:
-        """An engine was stopped or lost: its units are READY again. Returns them."""
-        units = np.array(sorted(u for u, s in self._slot_of.items() if s == slot), np.int64)
+    def make_ready(self, units: np.ndarray) -> None:
+        """RUNNING units whose engine was stopped or lost are READY again."""
         self._move(units, UnitStatus.READY)
-        for unit in units.tolist():
-            del self._slot_of[unit]
-        return units
 
     def restore_committed(self, rows: np.ndarray, steps: np.ndarray) -> None:
         """At resume: what the journal holds. Rows with a committed unit were admitted;
@@ -229,18 +218,30 @@ class NodeLedger:
 
 
 class Ledger:
-    """Every node's ledger, and how many units run on each engine slot."""
+    """Every node's ledger, and the engine slot of every RUNNING unit.
+
+    Invariant: a unit has a slot here exactly while its status is RUNNING, and
+    `running_on[slot]` counts the units on that slot; both change only in `send`,
+    `commit` and `release`, together with the unit's status."""
 
     def __init__(self, nodes: dict[str, NodeLedger]):
         self.nodes = nodes
+        self._slot_of: dict[str, dict[int, int]] = {name: {} for name in nodes}  # node -> RUNNING unit -> slot
         self.running_on: Counter[int] = Counter()
 
     def __getitem__(self, node: str) -> NodeLedger:
         return self.nodes[node]
 
     def send(self, node: str, units: np.ndarray, slot: int) -> None:
-        self.nodes[node].send(units, slot)
+        units = np.asarray(units, np.int64)
+        self.nodes[node].run(units)
+        self._slot_of[node].update(dict.fromkeys(units.tolist(), slot))
         self.running_on[slot] += len(units)
+
+    def slots_of(self, node: str, units: np.ndarray) -> np.ndarray:
+        """The engine slot of each of these RUNNING units of `node`."""
+        slot_of = self._slot_of[node]
+        return np.fromiter((slot_of[u] for u in np.asarray(units, np.int64).tolist()), np.int64, len(units))
 
     def commit(self, node: str, units: np.ndarray) -> np.ndarray:
         """Results of RUNNING units are in the journal. Returns the units that became READY."""
@@ -250,12 +251,22 @@ class Ledger:
         if len(not_running):
             raise ValueError(f"node {node!r}: a result for unit {int(not_running[0])}, which is "
                              f"{UnitStatus(ledger.status[not_running[0]]).name}, not RUNNING")
-        for slot, count in zip(*np.unique(ledger.slots_of(units), return_counts=True)):
+        for slot, count in zip(*np.unique(self.slots_of(node, units), return_counts=True)):
             self.running_on[int(slot)] -= int(count)
+        slot_of = self._slot_of[node]
+        for unit in units.tolist():
+            del slot_of[unit]
         return ledger.commit(units)
 
     def release(self, slot: int) -> dict[str, np.ndarray]:
         """The slot's engine is gone: per node, its units that are READY again."""
         self.running_on.pop(slot, None)
-        released = {name: node.release(slot) for name, node in self.nodes.items()}
-        return {name: units for name, units in released.items() if len(units)}
+        released = {}
+        for name, slot_of in self._slot_of.items():
+            units = np.array(sorted(u for u, s in slot_of.items() if s == slot), np.int64)
+            if len(units):
+                for unit in units.tolist():
+                    del slot_of[unit]
+                self.nodes[name].make_ready(units)
+                released[name] = units
+        return released
