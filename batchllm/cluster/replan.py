@@ -7,17 +7,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from batchllm.engines.devices import DeviceSet
 from batchllm.errors import RunIncomplete
 
 
-@dataclass(frozen=True)
-class NodeLossReplanner:
-    alive_nodes: Callable[[], set[str]]  # the cluster's nodes alive now
-    planning_for: Callable[[DeviceSet], object]  # a RunPlanning for a device set (as at the start of the run)
+Planning = TypeVar("Planning")
 
-    def after_loss(self, devices: DeviceSet) -> tuple[DeviceSet, object] | None:
+
+@dataclass(frozen=True)
+class NodeLossReplanner(Generic[Planning]):
+    alive_nodes: Callable[[], set[str]]  # the cluster's nodes alive now
+    planning_for: Callable[[DeviceSet], Planning]  # how stages are chosen on a device set (as at the start of the run)
+
+    def after_loss(self, devices: DeviceSet) -> tuple[DeviceSet, Planning] | None:
         """(surviving devices, their RunPlanning) when nodes of `devices` are gone, else None."""
         lost = {n.node for n in devices.nodes} - self.alive_nodes()
         if not lost:

@@ -22,8 +22,13 @@ class EngineFailed(RuntimeError):
 
 
 class Engine(Protocol):
-    config: EngineConfig
-    ready: WorkerReady  # waits until the engine is up (raises EngineFailed when it cannot start)
+    @property
+    def config(self) -> EngineConfig: ...
+
+    @property
+    def ready(self) -> WorkerReady:
+        """What the engine reported when it came up; waits for that (EngineFailed when it cannot start)."""
+        ...
 
     def submit(self, requests: Sequence[EngineRequest]) -> None: ...
 
@@ -42,7 +47,8 @@ EngineFactory = Callable[[EngineConfig], Engine]
 
 
 class Stepper(Protocol):
-    ready: WorkerReady
+    @property
+    def ready(self) -> WorkerReady: ...
 
     def add(self, request: EngineRequest) -> EngineResult | None:
         """Take a request; a result instead when it cannot run (its finish reason says why)."""

@@ -49,7 +49,7 @@ class RunEstimates(RunObserver):
         nodes, running = state()
         if not nodes:
             return
-        schedule = StagePlanner(self.calibration.calibrated_problem(), self.method).choose(nodes, running).schedule
+        schedule = StagePlanner(self.calibration.calibrated_problem(), self.method).plan(nodes, running)
         finish: dict[str, float] = {}
         for stage in schedule.stages:
             for name in stage.finished:

@@ -63,6 +63,10 @@ class EngineSet:
     def get(self, config: EngineConfig) -> RunningEngine | None:
         return self.running.get(config.sharing_key())
 
+    def of(self, config: EngineConfig) -> RunningEngine:
+        """The engine of a replica that runs (every replica a stage assigns, once reconciled)."""
+        return self.running[config.sharing_key()]
+
     def reconcile(self, wanted: list[EngineConfig]) -> tuple[list[EngineLoss], list[EngineLoss]]:
         """Keep the wanted engines that run, stop the rest, start the missing ones in
         parallel. Returns (stopped, failed to start)."""
@@ -106,7 +110,9 @@ class EngineSet:
     def poll(self, timeout_s: float, busy: Callable[[int], bool]) -> Polled:
         """Results and step records of every engine, waiting only on `busy` slots; an
         engine that died is dropped and reported."""
-        results, steps, losses = [], [], []
+        results: list[EngineResult] = []
+        steps: list[tuple[EngineConfig, StepRecord]] = []
+        losses: list[EngineLoss] = []
         wait_s = timeout_s / max(len(self.running), 1)
         for key, running in list(self.running.items()):
             try:

@@ -377,7 +377,7 @@ class Executor:
             backlog.add(window.replicas, [self._engine_load(c) * window.mean_work for c in configs])
             if fresh:
                 self.progress.stats[name].ideal_cached_tokens = (self.progress.stats[name].ideal_cached_tokens or 0) + window.ideal_cached_tokens
-        at_once = sum(self.engines.get(c).engine.ready.max_num_seqs for c in configs)
+        at_once = sum(self.engines.of(c).engine.ready.max_num_seqs for c in configs)
         feed = self.feeds[name]
         if len(backlog) >= max(WINDOW_UNITS, at_once) or not feed.has_more():  # the next window is prepared while one waits
             return
@@ -391,7 +391,7 @@ class Executor:
 
     def _engine_load(self, config: EngineConfig) -> int:
         """Units running in the engine (their work is estimated by the caller)."""
-        return self.ledger.running_on[self.engines.get(config).slot]
+        return self.ledger.running_on[self.engines.of(config).slot]
 
     def _submit(self, name: str) -> int:
         """Hand each of the node's engines waiting requests up to what it runs at once.
@@ -400,14 +400,14 @@ class Executor:
         for index, config in enumerate(self.assigned[name]):
             if not len(backlog):
                 break
-            running = self.engines.get(config)
+            running = self.engines.of(config)
             batch = backlog.take(index, running.engine.ready.max_num_seqs - self.ledger.running_on[running.slot])
             if batch:
                 units = np.fromiter((parse_request_id(r.request_id)[1] for r in batch), np.int64, len(batch))
                 self.ledger.send(name, units, running.slot)
                 self.engines.submit(config, batch)
                 submitted += len(batch)
-                if self.report.first_request_s is None:
+                if self.report.first_request_s is None and self._ready_at_s is not None:
                     self.report.first_request_s = time.monotonic() - self._ready_at_s
         return submitted
 
@@ -443,7 +443,7 @@ class Executor:
         files = {name: InputFile(source.path, source.id_column) for name, source in self.sources.items()}
         for name in self.order:
             write_node_file(self.journals[name], files[self.dag.nodes[name].input_name], self.run_dir.node_path(name))
-        finals = {n: FinalSource(self.journals[n], self.dag.nodes[n].iterate.over if self.dag.nodes[n].iterate else None)
+        finals = {n: FinalSource(self.journals[n], iterate.over if (iterate := self.dag.nodes[n].iterate) else None)
                   for n in self.order}
         written = {}
         for name, spec in self.dag.outputs.items():

@@ -81,7 +81,7 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
         planning, why_not = _calibrated_planning(dag, sources, devices, schedule, profiles_root, home)
         if planning is None:
             console.print(f"[yellow]no plan:[/yellow] {why_not}; running node by node on all devices")
-        for note in planning.calibration.problem.notes if planning else ():  # e.g. what the profile differs in from this machine
+        for note in planning.calibration.problem.notes if planning and planning.calibration else ():  # e.g. what the profile differs in from this machine
             console.print(f"plan note: {note}", markup=False, highlight=False)
     planning = planning or RunPlanning(SequentialStages(devices, dag.topological_order()))
     replanner = None

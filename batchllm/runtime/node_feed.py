@@ -150,8 +150,8 @@ class NodeFeed:
             missing = (states == FinalState.NONE).any(axis=0)
             self.ledger.skip(pending[missing])
             candidates = pending[~missing & (states == FinalState.COMMITTED).all(axis=0)]
-        if self.node.where and len(candidates):
-            kept = self._where(candidates)
+        if self._where_filter is not None and len(candidates):
+            kept = self._where(candidates, self._where_filter)
             self.ledger.skip(np.setdiff1d(candidates, kept, assume_unique=True))
             candidates = kept
         self.ledger.admit(candidates)
@@ -171,11 +171,11 @@ class NodeFeed:
         if self._where_filter is not None:
             self._where_filter.close()
 
-    def _where(self, rows: np.ndarray) -> np.ndarray:
+    def _where(self, rows: np.ndarray, where_filter: WhereFilter) -> np.ndarray:
         table = self._rows_table(rows)
         texts = {name: pa.array(u.texts(rows), pa.string()) for name, u in self.upstream.items()}
         table = table.append_column(POSITION, pa.array(rows, pa.int64()))
-        kept = self._where_filter.kept(table, texts, key=POSITION)
+        kept = where_filter.kept(table, texts, key=POSITION)
         return np.sort(kept.to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
 
     def _rows_table(self, rows: np.ndarray) -> pa.Table:

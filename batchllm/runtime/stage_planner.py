@@ -41,9 +41,13 @@ class StagePlanner:
     def choose(self, progress: dict[str, NodeProgress], running: dict[str, RunningPlan]) -> StageChoice:
         """`progress` holds the unfinished nodes only; `running` the engines by node."""
         started = time.perf_counter()
-        timeline = Timeline(self.problem, 0.0, self._states(progress, running), self._engines(running))
-        schedule = SCHEDULE_METHODS[self.method](timeline)
+        schedule = self.plan(progress, running)
         return StageChoice(schedule.stages[0], schedule.total_s, schedule, time.perf_counter() - started)
+
+    def plan(self, progress: dict[str, NodeProgress], running: dict[str, RunningPlan]) -> Schedule:
+        """The whole rest of the run from here, as the method plans it."""
+        timeline = Timeline(self.problem, 0.0, self._states(progress, running), self._engines(running))
+        return SCHEDULE_METHODS[self.method](timeline)
 
     def _states(self, progress: dict[str, NodeProgress], running: dict[str, RunningPlan]) -> dict[str, NodeState]:
         """Each node's state in planner requests: a known total scales the units' done share
