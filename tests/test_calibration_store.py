@@ -23,6 +23,7 @@ from batchllm.engines.protocol import EngineResult, StepRecord
 from batchllm.models.registry import batchllm_home
 from batchllm.planner import cluster as cluster_module
 from batchllm.planner.plan_file import plan_dag_file
+from batchllm.runtime.ledger import UNIT_BITS, UNIT_MASK
 from batchllm.runtime.run_calibration import step_features
 from batchllm.runtime.launch import run_dag_file
 from batchllm.runtime.status import read_status
@@ -122,7 +123,7 @@ class SteppingEngine(FakeEngine):
             features = StepFeatures(prefill, prefill * prefill, running, running * (60 + 5 * k))
             self._steps.append(StepRecord(self.latency.step_s(features), prefill, 1 if prefill else 0, running,
                                           running * (60 + 5 * k), 0, 0))
-        lengths = [8 + (sum(map(ord, r.request_id)) % 40) for r in results]
+        lengths = [8 + (sum(map(ord, '%d:%d' % (r.request_id >> UNIT_BITS, r.request_id & UNIT_MASK))) % 40) for r in results]
         return [r._replace(num_output_tokens=n, finish_reason="length" if n >= 40 else "stop")
                 for r, n in zip(results, lengths)]
 

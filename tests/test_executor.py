@@ -16,12 +16,13 @@ from rich.console import Console
 from batchllm.engines.devices import DeviceSet, hardware_name
 from batchllm.errors import RunIncomplete, UserError
 from batchllm.runtime.launch import run_dag_file
+from batchllm.runtime.ledger import UNIT_BITS, UNIT_MASK
 from tests.conftest import ENSEMBLE_DAG, QUESTIONS
 from tests.fakes import DriverCrash, FakeEngineFactory
 
 CPU2 = DeviceSet("cpu", (0, 1))
 REPO = Path(__file__).resolve().parent.parent
-ORDER = ["a", "b", "judge"]  # ENSEMBLE_DAG's nodes in topological order: a request id is "<index>:<unit>"
+ORDER = ["a", "b", "judge"]  # ENSEMBLE_DAG's nodes in topological order: a request id is request_id(<index>, <unit>)
 ALL_KEYS = [(q, 0) for q, _ in QUESTIONS]
 
 
@@ -49,7 +50,7 @@ def node_keys(out: Path, node: str) -> list[tuple[str, int]]:
 
 def sent(factory: FakeEngineFactory) -> list[tuple[str, str]]:
     """(node, row_id) of every request the engines were given."""
-    return [(ORDER[int(r.request_id.split(":")[0])], QUESTIONS[int(r.request_id.split(":")[1])][0]) for r in factory.requests]
+    return [(ORDER[r.request_id >> UNIT_BITS], QUESTIONS[r.request_id & UNIT_MASK][0]) for r in factory.requests]
 
 
 # -- sequential ----------------------------------------------------------------------------
@@ -145,7 +146,7 @@ def test_sampling_n_keeps_every_completion(workspace):
                                                           'prompt: "A {{ question }}"\n        sampling: {n: 2, seed: 3}'))
     table = pq.read_table(workspace.out / "nodes" / "a.parquet")
     assert table.column("texts").to_pylist()[0] == ["<A What is a prime number?>"] * 2
-    assert {r.seed for r in factory.requests if r.request_id.startswith("0:")} == {3}
+    assert {r.seed for r in factory.requests if r.request_id >> UNIT_BITS == 0} == {3}
 
 
 def test_ctrl_c_keeps_committed_results_and_says_how_to_resume(workspace, monkeypatch):

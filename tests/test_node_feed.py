@@ -11,7 +11,7 @@ import batchllm.runtime.node_feed as node_feed
 from batchllm.dag.model import InputSpec, NodeSpec, SamplingSpec
 from batchllm.io.input_source import open_input
 from batchllm.io.node_journal import ResultJournal, ResultRecord
-from batchllm.runtime.ledger import Ledger, NodeLedger, UnitStatus
+from batchllm.runtime.ledger import Ledger, NodeLedger, UnitStatus, request_id
 from batchllm.runtime.node_feed import MergedUpstream, NodeFeed, Upstream
 
 
@@ -56,7 +56,7 @@ def test_a_consumer_takes_rows_as_its_producer_commits_them_and_routes_by_where(
     assert list(units) == [0, 3]
     assert [UnitStatus(s).name for s in feed.ledger.status] == ["QUEUED", "WAITING", "SKIPPED", "QUEUED", "WAITING", "WAITING"]
     requests = feed.render(units)
-    assert [(r.request_id, r.prompt) for r in requests] == [("3:0", "x0 / yes"), ("3:3", "x3 / yes")]
+    assert [(r.request_id, r.prompt) for r in requests] == [(request_id(3, 0), "x0 / yes"), (request_id(3, 3), "x3 / yes")]
     world.ledgers["router"].skip(np.array([1, 4, 5]))  # the router has no output for these rows
     assert len(feed.take_ready(10)) == 0 and not feed.ledger.is_settled()  # rows 0 and 3 are queued
     assert feed.cursor == 6 and not feed.has_more()

@@ -15,8 +15,11 @@ from batchllm.dag.model import OutputConstraint
 from batchllm.engines.devices import Replica
 
 
+RequestId = int | str  # opaque to engines, which give it back with the result (the runtime's: see runtime/ledger.py)
+
+
 class EngineRequest(NamedTuple):
-    request_id: str
+    request_id: RequestId
     prompt: str  # the user message when `chat`, else the raw completion prompt
     system: str | None = None
     chat: bool = True
@@ -52,7 +55,7 @@ def error_of(finish_reason: str) -> str:
 
 
 class EngineResult(NamedTuple):
-    request_id: str
+    request_id: RequestId
     texts: tuple[str, ...]  # n completions; texts[0] is the main one
     num_prompt_tokens: int
     num_output_tokens: int  # summed over the n completions

@@ -14,7 +14,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
-from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord, WorkerReady, error_reason
+from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, RequestId, StepRecord, WorkerReady, error_reason
 from batchllm.models.tokens import PromptTokenizer
 
 
@@ -25,9 +25,9 @@ def configure_environment(config: EngineConfig) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def request_seed(seed: int, request_id: str) -> int:
+def request_seed(seed: int, request_id: RequestId) -> int:
     """A per-request seed: reproducible, and different for every request of a node."""
-    return (seed * 1_000_003 + zlib.crc32(request_id.encode())) % (2**31)
+    return (seed * 1_000_003 + zlib.crc32(str(request_id).encode())) % (2**31)
 
 
 def _structured(output):
@@ -42,6 +42,7 @@ def _structured(output):
 
 @dataclass
 class _LiveRequest:
+    request_id: RequestId  # as the driver gave it (vLLM is given its text)
     prompt_tokens: int
     pieces: list[list[str]]  # per completion: text deltas
     output_tokens: list[int]
@@ -49,8 +50,8 @@ class _LiveRequest:
     decoding: bool = False
 
     @classmethod
-    def new(cls, prompt_tokens: int, n: int) -> "_LiveRequest":
-        return cls(prompt_tokens, [[] for _ in range(n)], [0] * n, [None] * n)
+    def new(cls, request_id: RequestId, prompt_tokens: int, n: int) -> "_LiveRequest":
+        return cls(request_id, prompt_tokens, [[] for _ in range(n)], [0] * n, [None] * n)
 
     def context(self) -> int:
         return sum(self.prompt_tokens + tokens for tokens in self.output_tokens)
@@ -139,11 +140,12 @@ class VllmStepper:
         if len(ids) >= self.ready.max_model_len:
             reason = error_reason(f"prompt has {len(ids)} tokens, the engine's max_model_len is {self.ready.max_model_len}")
             return EngineResult(request.request_id, ("",), len(ids), 0, reason)
+        text_id = str(request.request_id)
         try:
-            self._engine.add_request(request.request_id, {"prompt_token_ids": ids}, params)
+            self._engine.add_request(text_id, {"prompt_token_ids": ids}, params)
         except (VLLMError, ValueError) as exc:  # any other request vLLM refuses
             return EngineResult(request.request_id, ("",), len(ids), 0, error_reason(str(exc)))
-        self._live[request.request_id] = _LiveRequest.new(len(ids), request.n)
+        self._live[text_id] = _LiveRequest.new(request.request_id, len(ids), request.n)
         return None
 
     def has_work(self) -> bool:
@@ -169,7 +171,7 @@ class VllmStepper:
                 del self._live[output.request_id]
                 self._decode_context -= before
                 finished.append(EngineResult(
-                    request_id=output.request_id,
+                    request_id=live.request_id,
                     texts=tuple("".join(p) for p in live.pieces),
                     num_prompt_tokens=live.prompt_tokens,
                     num_output_tokens=sum(live.output_tokens),

@@ -45,9 +45,9 @@ from batchllm.runtime.backlog import Backlog
 from batchllm.runtime.engine_configs import engine_config
 from batchllm.runtime.engine_set import EngineLoss, EngineSet, Polled
 from batchllm.runtime.fingerprint import node_fingerprints
-from batchllm.runtime.ledger import Ledger, NodeLedger
+from batchllm.runtime.ledger import Ledger, NodeLedger, node_units
 from batchllm.runtime.memory import PeriodicTrim, release_free_memory
-from batchllm.runtime.node_feed import MergedUpstream, NodeFeed, Upstream, parse_request_id
+from batchllm.runtime.node_feed import MergedUpstream, NodeFeed, Upstream
 from batchllm.runtime.prepare import PreparedWindow, RequestPreparer, split, work_of
 from batchllm.runtime.progress import NodeStats, RunProgress
 from batchllm.runtime.run_dir import RunDir
@@ -346,20 +346,17 @@ class Executor:
             self._admit(name)
             submitted += self._submit(name)
         polled = self._collect()
-        by_node: dict[int, tuple[list[int], list[EngineResult]]] = {}
-        for result in polled.results:
-            index, unit = parse_request_id(result.request_id)
-            units, results = by_node.setdefault(index, ([], []))
-            units.append(unit)
-            results.append(result)
-        commits = tuple(self._commit(self.order[index], np.array(units, np.int64), results)
-                        for index, (units, results) in by_node.items())
+        indices, units = node_units(np.fromiter((r.request_id for r in polled.results), np.int64, len(polled.results)))
+        commits = []
+        for index in dict.fromkeys(indices.tolist()):  # nodes in the order their first result came
+            picked = np.flatnonzero(indices == index)
+            commits.append(self._commit(self.order[index], units[picked], [polled.results[k] for k in picked.tolist()]))
         engine_steps = tuple(EngineStep(self._node_of(config), config, step) for config, step in polled.steps)
         self._release(polled.losses)
         unfinished = set(self._unfinished())
         self._settle()
         ended = tuple(n for n in self.order if n in unfinished and n not in self._unfinished())
-        return StepResult(submitted, commits, engine_steps, tuple(polled.losses), ended)
+        return StepResult(submitted, tuple(commits), engine_steps, tuple(polled.losses), ended)
 
     def _admit(self, name: str) -> None:
         """Keep the node's backlog ahead of its engines: take a prepared window when it is
@@ -403,7 +400,7 @@ class Executor:
             running = self.engines.of(config)
             batch = backlog.take(index, running.engine.ready.max_num_seqs - self.ledger.running_on[running.slot])
             if batch:
-                units = np.fromiter((parse_request_id(r.request_id)[1] for r in batch), np.int64, len(batch))
+                _, units = node_units(np.fromiter((r.request_id for r in batch), np.int64, len(batch)))
                 self.ledger.send(name, units, running.slot)
                 self.engines.submit(config, batch)
                 submitted += len(batch)

@@ -15,6 +15,10 @@ per-slot and per-status counts are kept in step with the arrays by the same call
 
 Transitions:  WAITING -> READY -> QUEUED -> RUNNING -> COMMITTED
               READY <- RUNNING (engine lost);  WAITING/READY -> SKIPPED (the row is out)
+
+A unit's id is its index in its node's arrays (`unit_of`, `row_step_of` convert from and
+to (row, step)); a request carries `request_id(node_index, unit)`, one integer, and its
+result is traced back with `node_units` (the journal keys results by (row, step)).
 """
 
 from __future__ import annotations
@@ -23,6 +27,21 @@ from collections import Counter
 from enum import IntEnum
 
 import numpy as np
+
+
+UNIT_BITS = 40  # a node has fewer than 2**40 units; the node's index sits above them in a request id
+UNIT_MASK = (1 << UNIT_BITS) - 1
+
+
+def request_id(node_index: int, unit: int) -> int:
+    """The id a unit's request carries: its node's index (topological order) and the unit."""
+    return node_index << UNIT_BITS | unit
+
+
+def node_units(request_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(node indices, units) of request ids."""
+    request_ids = np.asarray(request_ids, np.int64)
+    return request_ids >> UNIT_BITS, request_ids & UNIT_MASK
 
 
 class UnitStatus(IntEnum):

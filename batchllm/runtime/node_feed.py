@@ -27,22 +27,13 @@ from batchllm.engines.protocol import EngineRequest
 from batchllm.io.input_source import ROW_ID, InputSource
 from batchllm.io.node_journal import ResultJournal
 from batchllm.io.sql import WhereFilter, sql_identifiers
-from batchllm.runtime.ledger import FinalState, NodeLedger, RowState, UnitStatus
+from batchllm.runtime.ledger import FinalState, NodeLedger, RowState, UnitStatus, request_id
 
 WINDOW_ROWS = 16_384  # rows admitted per scan step
 DECIDING_WINDOWS = 8  # windows with undecided rows one call looks at for ready units (a selective `where:`
 # needs several to fill a window); windows whose rows are all decided cost microseconds and are passed
 # without counting (a resume past millions of committed rows feeds the engines at once)
 POSITION = "__batchllm_position"
-
-
-def request_id(node_index: int, unit: int) -> str:
-    return f"{node_index}:{unit}"
-
-
-def parse_request_id(text: str) -> tuple[int, int]:
-    node_index, unit = text.split(":")
-    return int(node_index), int(unit)
 
 
 class Upstream:
