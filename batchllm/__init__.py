@@ -18,7 +18,7 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     if name in _ERRORS:
-        from batchllm import errors
+        from batchllm.core import errors
 
         return getattr(errors, name)
     raise AttributeError(f"module 'batchllm' has no attribute {name!r}")

@@ -32,7 +32,7 @@ from batchllm.dag.loader import load_dag, load_dag_mapping
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet, hardware_name, parse_devices
 from batchllm.engines.engine import EngineFactory
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 from batchllm.planner.plan_file import PROFILES_ROOT, PlanReport, plan_dag
 from batchllm.runtime.executor import RunResult
 from batchllm.runtime.launch import run_dag

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 from batchllm.engines.devices import parse_devices
-from batchllm.errors import USAGE_EXIT_CODE, RunIncomplete, UserError
+from batchllm.core.errors import USAGE_EXIT_CODE, RunIncomplete, UserError
 from batchllm.models.embedded import EMBEDDED_MODELS
 from batchllm.models.registry import batchllm_home
 

@@ -29,7 +29,8 @@ from batchllm.costmodel.profile import Profile, ReplicaShape, profile_dir  # noq
 from batchllm.engines.devices import hardware_name  # noqa: E402
 from batchllm.engines.devices import Replica  # noqa: E402
 from batchllm.engines.process_engine import start_vllm_engine  # noqa: E402
-from batchllm.engines.protocol import EngineConfig, EngineRequest  # noqa: E402
+from batchllm.core.requests import EngineRequest  # noqa: E402
+from batchllm.engines.protocol import EngineConfig  # noqa: E402
 from batchllm.models.registry import batchllm_home, resolve_model  # noqa: E402
 from batchllm.models.tokens import PromptTokenizer  # noqa: E402
 from batchllm.profiling.profiler import prompts, run_requests  # noqa: E402

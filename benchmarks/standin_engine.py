@@ -19,7 +19,8 @@ from __future__ import annotations
 import time
 
 from batchllm.engines.process_engine import ProcessEngine
-from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord, WorkerReady, error_reason
+from batchllm.core.requests import EngineRequest, EngineResult, FinishReason
+from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 
 BLOCK_SIZE_TOKENS = 16
 MAX_NUM_SEQS = 256
@@ -30,13 +31,13 @@ CHARS_PER_TOKEN = 4  # prompt tokens of a request sent without token ids
 ANSWER_WORDS = 3  # the answer repeats the prompt's last words
 
 
-def standin_text(prompt: str, max_tokens: int) -> tuple[str, str]:
+def standin_text(prompt: str, max_tokens: int) -> tuple[str, FinishReason]:
     """The answer to `prompt` ("ok" + its last three words, one token a word, cut at
     `max_tokens`) and its finish reason."""
     words = ["ok", *prompt.split()[-ANSWER_WORDS:]]
     if len(words) > max_tokens:
-        return " ".join(words[:max_tokens]), "length"
-    return " ".join(words), "stop"
+        return " ".join(words[:max_tokens]), FinishReason.LENGTH
+    return " ".join(words), FinishReason.STOP
 
 
 def prompt_tokens(request: EngineRequest) -> int:
@@ -58,7 +59,7 @@ class StandinStepper:
         tokens = prompt_tokens(request)
         if tokens >= MAX_MODEL_LEN:
             return EngineResult(request.request_id, ("",) * request.n, tokens, 0,
-                                error_reason(f"prompt of {tokens} tokens does not fit max_model_len {MAX_MODEL_LEN}"))
+                                FinishReason.ERROR, f"prompt of {tokens} tokens does not fit max_model_len {MAX_MODEL_LEN}")
         self._queue.append(request)
         return None
 

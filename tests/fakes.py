@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from batchllm.engines.engine import EngineFailed
-from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, WorkerReady
+from batchllm.core.requests import EngineRequest, EngineResult, FinishReason
+from batchllm.engines.protocol import EngineConfig, WorkerReady
 
 
 def fake_text(request: EngineRequest) -> str:
@@ -36,7 +37,7 @@ class FakeEngine:
                 break  # like the real engine: what was delivered is kept, the failure comes next
             self._answered += 1
             text = self.answer(request)
-            results.append(EngineResult(request.request_id, (text,) * request.n, len(request.prompt), len(text), "stop"))
+            results.append(EngineResult(request.request_id, (text,) * request.n, len(request.prompt), len(text), FinishReason.STOP))
         return results
 
     def drain_steps(self) -> list:
@@ -125,7 +126,7 @@ class FakeStepper:
             raise RuntimeError(f"fake stepper broke at step {self._steps}")
         request = self._queue.pop(0)
         text = fake_text(request)
-        result = EngineResult(request.request_id, (text,), len(request.prompt), len(text), "stop")
+        result = EngineResult(request.request_id, (text,), len(request.prompt), len(text), FinishReason.STOP)
         return [result], StepRecord(0.001, len(request.prompt), 1, len(self._queue), 0, 0, 0)
 
 

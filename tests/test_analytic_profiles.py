@@ -8,7 +8,7 @@ import pytest
 
 from batchllm.costmodel.analytic import analytic_profile, load_catalog, lognormal_lengths
 from batchllm.costmodel.profile import find_profile
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 
 GPUS, MODELS = load_catalog()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchllm.engines.protocol import EngineRequest
+from batchllm.core.requests import EngineRequest
 from batchllm.runtime.backlog import Backlog
 
 

@@ -19,7 +19,8 @@ from batchllm.costmodel.latency import StepFeatures
 from batchllm.costmodel.profile import Profile
 from batchllm.engines.devices import DeviceSet, hardware_name
 from batchllm.engines.hardware import HardwareIdentity, this_machine
-from batchllm.engines.protocol import EngineResult, StepRecord
+from batchllm.core.requests import EngineResult
+from batchllm.engines.protocol import StepRecord
 from batchllm.models.registry import batchllm_home
 from batchllm.planner import cluster as cluster_module
 from batchllm.planner.plan_file import plan_dag_file
@@ -70,7 +71,7 @@ def test_a_broken_entry_is_an_error_that_names_its_folder(tmp_path):
     store = ProfileStore(tmp_path / "store")
     folder = store.save(learnt_profile(), GENOA, SETTINGS, source="x", evidence={})
     (folder / "profile.json").write_text("{not json")
-    from batchllm.errors import UserError
+    from batchllm.core.errors import UserError
 
     with pytest.raises(UserError, match=str(folder)):
         store.load(GENOA, "smollm2-135m", SETTINGS)
@@ -194,7 +195,7 @@ PREPARED = Path.home() / ".cache" / "batchllm" / "models" / "smollm2-135m"
 def test_the_planner_counts_prompt_tokens_with_the_models_tokenizer_when_it_is_here(workspace, tmp_path):
     from batchllm.dag.checks import check_dag
     from batchllm.dag.loader import load_dag
-    from batchllm.engines.protocol import EngineRequest
+    from batchllm.core.requests import EngineRequest
     from batchllm.models.tokens import PromptTokenizer
     from batchllm.planner.cluster import local_cluster
     from batchllm.planner.from_dag import dag_workloads

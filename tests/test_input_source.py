@@ -13,7 +13,7 @@ import pytest
 
 import batchllm.io.parquet_blocks as blocks
 from batchllm.dag.model import InputSpec
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 from batchllm.io.input_source import ROW_ID, open_input, open_inputs
 
 ROWS = 100

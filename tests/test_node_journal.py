@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import batchllm.io.node_journal as node_journal
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 from batchllm.io.node_journal import JournalStats, ResultJournal, ResultRecord, read_records
 
 

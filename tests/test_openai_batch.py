@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from batchllm.cli import app
 from batchllm.engines.devices import DeviceSet
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 from batchllm.openai_batch import model_map, run_batch
 from batchllm.openai_batch.request_lines import parse_line
 from tests.fakes import DriverCrash, FakeEngineFactory

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from batchllm.cli import app
 from batchllm.costmodel.estimator import ExecutionPlan, Workload, estimate
 from batchllm.costmodel.profile import Profile, ReplicaShape
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 from batchllm.planner.baselines import lower_bound_s, max_heuristic, min_heuristic
 from batchllm.planner.cluster import Cluster, candidate_plans, parse_cluster, place
 from batchllm.planner.exact import exact_schedule

@@ -121,7 +121,7 @@ def test_no_replicas_is_an_error():
 
 
 def test_the_runtime_prepares_requests_tokenized_and_in_prefix_order():
-    from batchllm.engines.protocol import EngineRequest
+    from batchllm.core.requests import EngineRequest
     from batchllm.runtime.prepare import RequestPreparer
 
     class CharacterTokenizer:  # one token per character

@@ -11,7 +11,8 @@ import pytest
 from batchllm.engines.devices import Replica
 from batchllm.engines.engine import EngineFailed
 from batchllm.engines.process_engine import ProcessEngine
-from batchllm.engines.protocol import EngineConfig, EngineRequest
+from batchllm.core.requests import EngineRequest
+from batchllm.engines.protocol import EngineConfig
 from tests.fakes import FakeStepperFactory
 
 CONFIG = EngineConfig(model="fake", replica=Replica("cpu", (0,)))

@@ -182,7 +182,7 @@ def test_prices_for_a_model_no_node_uses_are_refused(workspace):
     import pytest
 
     from batchllm.dag.loader import load_dag
-    from batchllm.errors import UserError
+    from batchllm.core.errors import UserError
 
     with pytest.raises(UserError, match="unknown key 'gpt-4' in prices"):
         load_dag(workspace.dag("""

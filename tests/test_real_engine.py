@@ -225,7 +225,7 @@ def test_a_prompt_longer_than_the_context_fails_its_row_only(tmp_path, model_hom
 def test_prompt_tokens_without_transformers_equal_transformers_on_the_embedded_model(model_home):
     from transformers import AutoTokenizer
 
-    from batchllm.engines.protocol import EngineRequest
+    from batchllm.core.requests import EngineRequest
     from batchllm.models.embedded import SMOLLM2_135M
     from batchllm.models.tokens import PromptTokenizer
 

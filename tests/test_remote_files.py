@@ -11,7 +11,7 @@ from rich.console import Console
 
 from batchllm.dag.loader import load_dag
 from batchllm.engines.devices import DeviceSet
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 from batchllm.runtime.launch import run_dag_file
 from tests.conftest import QUESTIONS
 from tests.fakes import FakeEngineFactory

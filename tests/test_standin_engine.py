@@ -6,7 +6,8 @@ import time
 
 from batchllm.engines.devices import Replica
 from batchllm.engines.process_engine import ProcessEngine
-from batchllm.engines.protocol import EngineConfig, EngineRequest
+from batchllm.core.requests import EngineRequest
+from batchllm.engines.protocol import EngineConfig
 from benchmarks.standin_engine import MAX_MODEL_LEN, standin_engine, standin_text
 
 CONFIG = EngineConfig(model="standin", replica=Replica("cpu", (0,)))
@@ -51,9 +52,9 @@ def test_counts_token_ids_cuts_at_max_tokens_and_refuses_what_does_not_fit():
         by_id = {r.request_id: r for r in collect(engine, 3)}
     finally:
         engine.stop()
-    assert tuple(by_id["ids"]) == ("ids", ("ok two three four",), 37, 4, "stop")
-    assert tuple(by_id["cut"]) == ("cut", ("ok two", "ok two"), 4, 4, "length")
-    assert by_id["long"].texts == ("",) and by_id["long"].finish_reason.startswith("error: prompt of 4096 tokens")
+    assert tuple(by_id["ids"])[:5] == ("ids", ("ok two three four",), 37, 4, "stop")
+    assert tuple(by_id["cut"])[:5] == ("cut", ("ok two", "ok two"), 4, 4, "length")
+    assert by_id["long"].texts == ("",) and by_id["long"].finish_text().startswith("error: prompt of 4096 tokens")
 
 
 def test_the_answer_depends_on_the_prompt_alone():

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from batchllm.dag.loader import load_dag
-from batchllm.dag.model import OutputConstraint
+from batchllm.core.output_constraint import OutputConstraint
 from batchllm.engines.constraints import check_constraint
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 
 DAG = """
     inputs:

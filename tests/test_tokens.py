@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from batchllm.engines.protocol import EngineRequest
+from batchllm.core.requests import EngineRequest
 from batchllm.models.tokens import PromptTokenizer
 
 TEMPLATE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"

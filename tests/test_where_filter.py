@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 from batchllm.io.sql import WhereFilter, where_row_ids
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from batchllm.engines.devices import DeviceSet
-from batchllm.errors import RunIncomplete
+from batchllm.core.errors import RunIncomplete
 
 
 Planning = TypeVar("Planning")

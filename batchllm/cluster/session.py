@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from batchllm.cluster.loopback import is_loopback, keep_on_loopback
 from batchllm.engines.devices import DeviceSet, NodeDevices
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 
 _ADDRESS = re.compile(r"(ray://)?[\w.-]+:\d+\Z")
 _CORE = re.compile(r"core(\d+)\Z")

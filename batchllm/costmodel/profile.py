@@ -27,7 +27,7 @@ from pathlib import Path
 from batchllm.costmodel.latency import StepLatencyModel
 from batchllm.costmodel.lengths import LengthDistribution
 from batchllm.engines.hardware import HardwareIdentity, differences
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 
 # Engine settings that change step times or scheduling; a profile taken with other
 # values does not describe the run.

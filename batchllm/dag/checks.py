@@ -12,7 +12,7 @@ import difflib
 
 import pyarrow as pa
 
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 from batchllm.io.input_source import InputSource, open_inputs
 from batchllm.io.sql import where_row_ids
 from batchllm.models.registry import resolve_model

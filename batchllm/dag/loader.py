@@ -15,7 +15,7 @@ from pathlib import Path
 
 import networkx as nx
 
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 from batchllm.dag.model import (
     INPUT_FORMATS,
     OUTPUT_FORMATS,

@@ -13,7 +13,7 @@ import jinja2
 from jinja2 import meta, nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 
 _ENVIRONMENT = ImmutableSandboxedEnvironment(
     undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=False

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 
 
 class LineDict(dict):

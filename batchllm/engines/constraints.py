@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
-from batchllm.dag.model import OutputConstraint
-from batchllm.errors import UserError
+from batchllm.core.output_constraint import OutputConstraint
+from batchllm.core.errors import UserError
 
 
 def check_constraint(output: OutputConstraint, *, where: str) -> None:

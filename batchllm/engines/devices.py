@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchllm.engines.hardware import cpu_engine_dtype, name_slug, parse_cpuinfo
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 
 _SPEC = re.compile(r"(cpu|gpu):(\d+)\Z|(cpu|gpu):(\d+(?:,\d+)+)\Z")
 

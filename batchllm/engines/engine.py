@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord, WorkerReady
+from batchllm.core.requests import EngineRequest, EngineResult
+from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 
 
 class EngineFailed(RuntimeError):

@@ -23,7 +23,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 
 # The /proc/cpuinfo flags that select vLLM's CPU kernels, in the order they are reported.
 KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")

@@ -20,17 +20,8 @@ from pathlib import Path
 from typing import Sequence
 
 from batchllm.engines.engine import EngineFailed, StepperFactory
-from batchllm.engines.protocol import (
-    EngineConfig,
-    EngineRequest,
-    EngineResult,
-    StepRecord,
-    StopWorker,
-    SubmitRequests,
-    WorkerFailed,
-    WorkerReady,
-    WorkerResults,
-)
+from batchllm.core.requests import EngineRequest, EngineResult
+from batchllm.engines.protocol import EngineConfig, StepRecord, StopWorker, SubmitRequests, WorkerFailed, WorkerReady, WorkerResults
 from batchllm.engines.worker import worker_main
 
 

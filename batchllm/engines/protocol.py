@@ -1,65 +1,13 @@
-"""Plain records crossing the engine boundary (picklable; no vLLM types).
-
-A request and its result are NamedTuples: each is built, pickled and unpickled a few
-times per (row, step); as NamedTuples they are built 1.4-2.6x and unpickled 3.5-4.5x faster
-than as frozen dataclasses (measured on this project's records).
-"""
+"""Plain records of the engine layer (picklable; no vLLM types): how to start an engine,
+what one of its steps measured, and the messages between driver and worker. Requests and
+results are `batchllm.core.requests`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
-from batchllm.dag.model import OutputConstraint
+from batchllm.core.requests import EngineRequest, EngineResult
 from batchllm.engines.devices import Replica
-
-
-RequestId = int | str  # opaque to engines, which give it back with the result (the runtime's: see runtime/ledger.py)
-
-
-class EngineRequest(NamedTuple):
-    request_id: RequestId
-    prompt: str  # the user message when `chat`, else the raw completion prompt
-    system: str | None = None
-    chat: bool = True
-    max_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    n: int = 1
-    prompt_token_ids: tuple[int, ...] | None = None  # the prompt as the model's tokenizer gives it (chat template applied); None: the engine tokenizes
-    output: OutputConstraint | None = None  # structured output the engine enforces
-
-    def with_token_ids(self, token_ids: Sequence[int]) -> "EngineRequest":
-        """This request with its prompt's token ids (positional: `_replace` costs twice as much)."""
-        return EngineRequest(self.request_id, self.prompt, self.system, self.chat, self.max_tokens, self.temperature,
-                             self.top_p, self.seed, self.n, tuple(token_ids), self.output)
-
-
-ERROR_PREFIX = "error: "  # a finish reason saying the request could not run, and why
-
-
-def error_reason(why: str) -> str:
-    """The finish reason of a request the engine could not run."""
-    return ERROR_PREFIX + why
-
-
-def is_error(finish_reason: str) -> bool:
-    return finish_reason.startswith(ERROR_PREFIX)
-
-
-def error_of(finish_reason: str) -> str:
-    """Why the request could not run (an error finish reason without its prefix)."""
-    return finish_reason[len(ERROR_PREFIX):].strip()
-
-
-class EngineResult(NamedTuple):
-    request_id: RequestId
-    texts: tuple[str, ...]  # n completions; texts[0] is the main one
-    num_prompt_tokens: int
-    num_output_tokens: int  # summed over the n completions
-    finish_reason: str  # "stop" | "length" | error_reason(...) (the request could not run)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 import queue
 import threading
 import time

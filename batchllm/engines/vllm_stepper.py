@@ -14,7 +14,8 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
-from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, RequestId, StepRecord, WorkerReady, error_reason
+from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, RequestId
+from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 from batchllm.models.tokens import PromptTokenizer
 
 
@@ -138,13 +139,13 @@ class VllmStepper:
         )
         ids = list(request.prompt_token_ids) if request.prompt_token_ids is not None else self._tokenizer.token_ids(request)
         if len(ids) >= self.ready.max_model_len:
-            reason = error_reason(f"prompt has {len(ids)} tokens, the engine's max_model_len is {self.ready.max_model_len}")
-            return EngineResult(request.request_id, ("",), len(ids), 0, reason)
+            return EngineResult.failed(request.request_id, len(ids), f"prompt has {len(ids)} tokens, the engine's max_model_len is "
+                                                                     f"{self.ready.max_model_len}")
         text_id = str(request.request_id)
         try:
             self._engine.add_request(text_id, {"prompt_token_ids": ids}, params)
         except (VLLMError, ValueError) as exc:  # any other request vLLM refuses
-            return EngineResult(request.request_id, ("",), len(ids), 0, error_reason(str(exc)))
+            return EngineResult.failed(request.request_id, len(ids), str(exc))
         self._live[text_id] = _LiveRequest.new(request.request_id, len(ids), request.n)
         return None
 
@@ -170,12 +171,14 @@ class VllmStepper:
             if output.finished:
                 del self._live[output.request_id]
                 self._decode_context -= before
+                reason = FinishReason(live.finish_reasons[0] or "stop")
                 finished.append(EngineResult(
                     request_id=live.request_id,
                     texts=tuple("".join(p) for p in live.pieces),
                     num_prompt_tokens=live.prompt_tokens,
                     num_output_tokens=sum(live.output_tokens),
-                    finish_reason=live.finish_reasons[0] or "stop",
+                    finish_reason=reason,
+                    error="the engine failed the request" if reason is FinishReason.ERROR else None,
                 ))
             else:
                 self._decode_context += live.context() - before

@@ -15,13 +15,7 @@ import sys
 import traceback
 
 from batchllm.engines.engine import Stepper, StepperFactory
-from batchllm.engines.protocol import (
-    EngineConfig,
-    StopWorker,
-    SubmitRequests,
-    WorkerFailed,
-    WorkerResults,
-)
+from batchllm.engines.protocol import EngineConfig, StopWorker, SubmitRequests, WorkerFailed, WorkerResults
 
 _PR_SET_PDEATHSIG = 1
 

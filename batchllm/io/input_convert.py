@@ -24,7 +24,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 
 MEMORY_LIMIT = "512MB"
 BATCH_ROWS = 8_192

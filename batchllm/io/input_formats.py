@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from batchllm.dag.model import INPUT_FORMATS, InputSpec
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 from batchllm.io.input_convert import InputFiles, convert
 from batchllm.io.remote_files import local_copy
 from batchllm.models.registry import batchllm_home

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchllm.dag.model import InputSpec
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 from batchllm.io.input_formats import parquet_input
 from batchllm.io.parquet_blocks import BlockReader
 

@@ -29,11 +29,11 @@ from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from batchllm.engines.protocol import is_error
-from batchllm.errors import UserError
+pass
+from batchllm.core.requests import FinishReason, parse_finish_text
+from batchllm.core.errors import UserError
 
 STEP_BITS = 20  # a (row, step) key is row << STEP_BITS | step: up to a million steps a row
 STATS_KEY = b"batchllm.stats"
@@ -45,7 +45,7 @@ class ResultRecord(NamedTuple):  # one per committed (row, step): built in 0.5 Â
     texts: tuple[str, ...]
     num_prompt_tokens: int
     num_output_tokens: int
-    finish_reason: str
+    finish_reason: str  # as stored: core.requests.finish_text
 
     @property
     def text(self) -> str:
@@ -61,7 +61,7 @@ class ResultRecord(NamedTuple):  # one per committed (row, step): built in 0.5 Â
 @dataclass(frozen=True)
 class JournalStats:
     committed: int = 0
-    failed: int = 0  # finish reasons that are errors (engines.protocol.is_error)
+    failed: int = 0  # results of requests that could not run (finish reason ERROR)
     prompt_tokens: int = 0
     output_tokens: int = 0
 
@@ -74,7 +74,8 @@ class JournalStats:
         if not records:
             return cls()
         _, _, _, prompt_tokens, output_tokens, reasons = zip(*records)  # the records' fields as columns
-        return cls(len(records), sum(map(is_error, reasons)), sum(prompt_tokens), sum(output_tokens))
+        failed = sum(1 for reason in reasons if parse_finish_text(reason)[0] is FinishReason.ERROR)
+        return cls(len(records), failed, sum(prompt_tokens), sum(output_tokens))
 
 
 def segment_schema(samples: int) -> pa.Schema:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 from batchllm.models.registry import batchllm_home
 
 URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")

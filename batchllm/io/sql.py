@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 from batchllm.io.input_source import ROW_ID, InputSource
 
 _SQL_STRING = re.compile(r"'(?:[^']|'')*'")

@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 
 COMPLETE_MARKER = ".batchllm-complete"
 

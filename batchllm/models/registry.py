@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 from batchllm.models.embedded import EMBEDDED_MODELS
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+\Z")

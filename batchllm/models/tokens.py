@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from batchllm.engines.protocol import EngineRequest
+from batchllm.core.requests import EngineRequest
 
 _SENTINEL = "\ue000batchllm-message\ue001"
 _PROBE = "  A probe: two  spaces,\na new line, {braces} and <tags>.  \n"  # a template that trims or escapes fails it

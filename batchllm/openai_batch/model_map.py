@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 from batchllm.models.registry import resolve_model
 
 

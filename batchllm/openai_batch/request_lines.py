@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
-from batchllm.dag.model import OutputConstraint
+from batchllm.core.output_constraint import OutputConstraint
 from batchllm.engines.constraints import check_constraint
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 from batchllm.models.embedded import EMBEDDED_MODELS
 
 CHAT_URL, COMPLETIONS_URL = "/v1/chat/completions", "/v1/completions"

@@ -27,7 +27,8 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 
-from batchllm.engines.protocol import error_of, is_error
+pass
+from batchllm.core.requests import FinishReason, parse_finish_text
 from batchllm.io.sql import sql_literal
 from batchllm.openai_batch.batch_input import MEMORY_LIMIT, READ_BATCH_LINES, BatchInput
 
@@ -88,9 +89,9 @@ def output_line(row: dict, digest: str, created: int, incomplete: str | None) ->
         why = f": {incomplete}" if incomplete else ""
         line["error"] = {"code": "not_completed", "message": f"line {row['line']}: no result yet{why}; "
                                                               "run the same command again to resume"}
-    elif is_error(row["finish_reason"]):
+    elif (failure := parse_finish_text(row["finish_reason"]))[0] is FinishReason.ERROR:
         line["error"] = {"code": "request_failed",
-                         "message": f"line {row['line']}: {error_of(row['finish_reason'])}"}
+                         "message": f"line {row['line']}: {failure[1]}"}
     else:
         line["response"] = {"status_code": 200, "request_id": f"req_{ids[32:]}", "body": _body(row, ids, created)}
     return line

@@ -23,7 +23,7 @@ from rich.console import Console
 from batchllm import api
 from batchllm.engines.devices import DeviceSet
 from batchllm.engines.engine import EngineFactory
-from batchllm.errors import RunIncomplete, UserError
+from batchllm.core.errors import RunIncomplete, UserError
 from batchllm.openai_batch.batch_dag import batch_dag
 from batchllm.openai_batch.batch_input import BatchInput, prepare_batch
 from batchllm.openai_batch.results import ResultCounts, write_results

@@ -29,7 +29,7 @@ from batchllm.costmodel.estimator import ExecutionPlan
 from batchllm.costmodel.profile import Profile, ReplicaShape, find_profile
 from batchllm.dag.model import EngineSpec
 from batchllm.engines.hardware import MODEL_DTYPE, HardwareIdentity, differences, same_gpu, this_machine
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 
 _GPU_SPEC = re.compile(r"(?:(\d+)x)?(\d+)x([A-Za-z0-9][\w.-]*)\Z")  # [nodes x] GPUs per node x hardware
 _CPU_SPEC = re.compile(r"cpu:(\d+)\Z")

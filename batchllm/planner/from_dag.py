@@ -32,11 +32,11 @@ from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.estimator import Workload
 from batchllm.costmodel.profile import Profile
 from batchllm.costmodel.work import CHARS_PER_TOKEN, estimated_tokens
-from batchllm.engines.protocol import EngineRequest
+from batchllm.core.requests import EngineRequest
 from batchllm.models.embedded import EMBEDDED_MODELS
 from batchllm.models.registry import resolve_model
 from batchllm.models.tokens import PromptTokenizer
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 from batchllm.io.input_source import ROW_ID, InputSource
 from batchllm.io.sql import rows_where, sql_identifiers
 from batchllm.ordering.prefix_tree import PrefixTree

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from batchllm.costmodel.estimator import ExecutionPlan, Workload
 from batchllm.costmodel.profile import Profile, ReplicaShape
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 from batchllm.planner.cluster import Cluster, candidate_plans, cluster_notes
 from batchllm.planner.speed import PlanSpeed, fit_shape_speed, output_curve
 

@@ -27,7 +27,8 @@ from batchllm.costmodel.profile import ModelFacts, Profile, ReplicaShape, ShapeP
 from batchllm.engines.devices import DeviceSet, Replica, engine_dtype
 from batchllm.engines.hardware import this_machine
 from batchllm.engines.engine import EngineFactory
-from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord
+from batchllm.core.requests import EngineRequest, EngineResult
+from batchllm.engines.protocol import EngineConfig, StepRecord
 
 PROMPTS = Path(__file__).resolve().parent.parent.parent / "profiles" / "prompts"
 WARMUP_STEPS = 3  # the first steps of a fresh engine pay one-time costs (measured as warmup_s)
@@ -150,7 +151,7 @@ def profile_model(model_name: str, model_dir: Path, devices: DeviceSet, hardware
             for label, requests in workloads:
                 started = time.monotonic()
                 results, records = run_requests(engine, requests, lambda n: None)
-                results = [r for r in results if not r.finish_reason.startswith("error")]  # e.g. prompts too long
+                results = [r for r in results if not r.is_error]  # e.g. prompts too long
                 if not first_steps:  # the engine's first steps: warm-up, measured apart
                     first_steps, records = records[:WARMUP_STEPS], records[WARMUP_STEPS:]
                 steps += records

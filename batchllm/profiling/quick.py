@@ -22,7 +22,8 @@ from batchllm.costmodel.profile import Profile
 from batchllm.dag.model import EngineSpec
 from batchllm.engines.devices import DeviceSet, Replica, engine_dtype
 from batchllm.engines.engine import EngineFactory
-from batchllm.engines.protocol import EngineConfig, EngineRequest
+from batchllm.core.requests import EngineRequest
+from batchllm.engines.protocol import EngineConfig
 from batchllm.planner.cluster import cluster_profile, local_cluster, run_settings
 from batchllm.profiling.profiler import WARMUP_STEPS, prompts, run_requests, shapes_to_profile
 from batchllm.runtime.calibrated_run import step_features

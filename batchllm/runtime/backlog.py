@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from batchllm.engines.protocol import EngineRequest
+from batchllm.core.requests import EngineRequest
 
 Splitter = Callable[[list[EngineRequest], int], list[list[EngineRequest]]]  # requests, parts -> one list per part
 

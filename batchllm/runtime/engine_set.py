@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from batchllm.engines.engine import Engine, EngineFactory, EngineFailed
-from batchllm.engines.protocol import EngineConfig, EngineRequest, EngineResult, StepRecord
+from batchllm.core.requests import EngineRequest, EngineResult
+from batchllm.engines.protocol import EngineConfig, StepRecord
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,9 @@ import numpy as np
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet
 from batchllm.engines.engine import EngineFactory
-from batchllm.engines.protocol import EngineConfig, EngineResult
-from batchllm.errors import RunIncomplete
+from batchllm.core.requests import EngineResult
+from batchllm.engines.protocol import EngineConfig
+from batchllm.core.errors import RunIncomplete
 from batchllm.io.input_source import InputSource
 from batchllm.io.node_journal import ResultJournal, ResultRecord
 from batchllm.io.output_files import FinalSource, InputFile, write_node_file, write_output_set
@@ -423,7 +424,7 @@ class Executor:
         """Journal the node's results (of `units`, in the same order) and mark them committed."""
         rows, steps = self.ledger[name].row_step_of(units)
         self.journals[name].append_many([
-            ResultRecord(row, step, r.texts, r.num_prompt_tokens, r.num_output_tokens, r.finish_reason)
+            ResultRecord(row, step, r.texts, r.num_prompt_tokens, r.num_output_tokens, r.finish_text())
             for row, step, r in zip(rows.tolist(), steps.tolist(), results)])
         self.feeds[name].requeue(self.ledger.commit(name, units))
         return NodeCommit.of(name, results)

@@ -15,7 +15,7 @@ from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet
 from batchllm.engines.engine import EngineFactory
 from batchllm.engines.process_engine import start_vllm_engine
-from batchllm.errors import RunIncomplete, UserError
+from batchllm.core.errors import RunIncomplete, UserError
 from batchllm.io.input_source import InputSource
 from batchllm.io.remote_files import check_copy_target
 from batchllm.models.registry import batchllm_home

@@ -23,7 +23,7 @@ import pyarrow as pa
 from batchllm.dag.context import template_context
 from batchllm.dag.model import NodeSpec
 from batchllm.dag.templates import compile_template, render_checked
-from batchllm.engines.protocol import EngineRequest
+from batchllm.core.requests import EngineRequest
 from batchllm.io.input_source import ROW_ID, InputSource
 from batchllm.io.node_journal import ResultJournal
 from batchllm.io.sql import WhereFilter, sql_identifiers

@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from batchllm.costmodel.work import estimated_tokens, request_work
-from batchllm.engines.protocol import EngineRequest
+from batchllm.core.requests import EngineRequest
 from batchllm.models.tokens import PromptTokenizer
 from batchllm.ordering.request_order import order_requests
 

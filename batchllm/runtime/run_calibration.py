@@ -35,7 +35,8 @@ from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.estimator import Workload
 from batchllm.costmodel.latency import StepFeatures
 from batchllm.costmodel.profile import ReplicaShape
-from batchllm.engines.protocol import EngineConfig, EngineResult, StepRecord, WorkerReady, is_error
+from batchllm.core.requests import EngineResult, FinishReason
+from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 from batchllm.planner.problem import NodeWorkload, PlanProblem, build_problem
 from batchllm.runtime.observer import RunObserver
 from batchllm.runtime.stage_chooser import NodeProgress
@@ -134,9 +135,9 @@ class RunCalibration(RunObserver):
         n = self.by_node[node].requests_per_unit
         evidence = self.node_evidence[node]
         for result in results:
-            if is_error(result.finish_reason):
+            if result.is_error:
                 continue
-            length, finished = round(result.num_output_tokens / n), result.finish_reason != "length"
+            length, finished = round(result.num_output_tokens / n), result.finish_reason != FinishReason.LENGTH
             model.lengths.observe(length, finished, n)
             self.node_lengths[node].observe(length, finished, n)
             evidence.prompt_tokens += result.num_prompt_tokens

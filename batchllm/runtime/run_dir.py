@@ -13,7 +13,7 @@ import fcntl
 import shutil
 from pathlib import Path
 
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 
 
 class RunDir:

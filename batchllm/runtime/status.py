@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 
 STATUS_FILE = Path(".batchllm") / "status.json"
 END_STATES = ("finished", "incomplete", "interrupted")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchllm.engines.protocol import EngineConfig, EngineResult, StepRecord, is_error
+from batchllm.core.requests import EngineResult
+from batchllm.engines.protocol import EngineConfig, StepRecord
 from batchllm.runtime.engine_set import EngineLoss
 
 
@@ -26,7 +27,7 @@ class NodeCommit:
     @classmethod
     def of(cls, node: str, results: list[EngineResult]) -> "NodeCommit":
         return cls(node, tuple(results), sum(r.num_prompt_tokens for r in results),
-                   sum(r.num_output_tokens for r in results), sum(1 for r in results if is_error(r.finish_reason)))
+                   sum(r.num_output_tokens for r in results), sum(1 for r in results if r.is_error))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from batchllm.costmodel.calibration.lengths import LengthCalibration
 from batchllm.costmodel.calibration.loads import LoadCalibration
 from batchllm.costmodel.latency import StepFeatures
 from batchllm.costmodel.lengths import LengthDistribution
-from batchllm.costmodel.profile import Profile, ShapeProfile
+from batchllm.costmodel.profile import Profile
 
 
 @dataclass(frozen=True)

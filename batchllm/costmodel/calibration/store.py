@@ -25,7 +25,7 @@ from pathlib import Path
 
 from batchllm.costmodel.profile import Profile
 from batchllm.engines.hardware import HardwareIdentity
-from batchllm.errors import UserError
+from batchllm.core.errors import UserError
 
 STORE_FOLDER = "profiles"
 RECORD_FILE = "store.json"
