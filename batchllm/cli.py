@@ -221,7 +221,7 @@ def status(
 @app.command()
 def validate(dag: Path = DAG_ARGUMENT) -> None:
     """Check DAG, its input files and its models without running anything."""
-    from batchllm.dag.checks import check_dag
+    from batchllm.io.dag_checks import check_dag
     from batchllm.dag.loader import load_dag
     from batchllm.dag.warnings import dag_warnings
 

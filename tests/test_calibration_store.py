@@ -25,7 +25,7 @@ from batchllm.models.registry import batchllm_home
 from batchllm.planner import cluster as cluster_module
 from batchllm.planner.plan_file import plan_dag_file
 from batchllm.runtime.ledger import UNIT_BITS, UNIT_MASK
-from batchllm.runtime.run_calibration import step_features
+from batchllm.costmodel.latency import step_features
 from batchllm.runtime.launch import run_dag_file
 from batchllm.runtime.status import read_status
 from tests.conftest import ENSEMBLE_DAG
@@ -182,7 +182,7 @@ def test_a_run_on_a_stand_in_engine_files_nothing(tmp_path, workspace, monkeypat
 
 
 def test_step_features_match_the_profile_builders():
-    from batchllm.profiling.profiler import step_features as builder
+    from batchllm.profiling.profiler import feature_rows as builder
 
     steps = [StepRecord(0.1, 300, 2, 5, 900, 0, 0), StepRecord(0.2, 0, 0, 7, 700, 0, 0)]
     assert np.allclose([step_features(s) for s in steps], builder(steps))
@@ -193,7 +193,7 @@ PREPARED = Path.home() / ".cache" / "batchllm" / "models" / "smollm2-135m"
 
 @pytest.mark.skipif(not (PREPARED / "tokenizer.json").is_file(), reason="the embedded model is not prepared on this machine")
 def test_the_planner_counts_prompt_tokens_with_the_models_tokenizer_when_it_is_here(workspace, tmp_path):
-    from batchllm.dag.checks import check_dag
+    from batchllm.io.dag_checks import check_dag
     from batchllm.dag.loader import load_dag
     from batchllm.core.requests import EngineRequest
     from batchllm.models.tokens import PromptTokenizer

@@ -8,7 +8,7 @@ from concurrent.futures import Future
 import pytest
 from rich.console import Console
 
-from batchllm.dag.checks import check_dag
+from batchllm.io.dag_checks import check_dag
 from batchllm.dag.loader import load_dag
 from batchllm.runtime.executor import Executor
 from batchllm.runtime.ledger import UnitStatus

@@ -273,7 +273,7 @@ def test_plan_refuses_bad_devices_and_models_that_fit_nowhere(workspace, tmp_pat
 def test_a_shared_system_prompt_is_planned_as_prefix_cache_hits(workspace):
     from batchllm.models.registry import batchllm_home
     from batchllm.planner.from_dag import dag_workloads
-    from batchllm.dag.checks import check_dag
+    from batchllm.io.dag_checks import check_dag
     from batchllm.dag.loader import load_dag
 
     dag = load_dag(workspace.dag(f"""
@@ -441,7 +441,7 @@ def test_runtime_units_and_planner_requests_agree_when_each_unit_asks_for_n_sequ
 
 
 def test_a_dag_with_n_samples_plans_rows_times_n_requests_and_counts_progress_in_units(workspace):
-    from batchllm.dag.checks import check_dag
+    from batchllm.io.dag_checks import check_dag
     from batchllm.dag.loader import load_dag
     from batchllm.models.registry import batchllm_home
     from batchllm.planner.from_dag import dag_workloads
@@ -477,7 +477,7 @@ def test_a_dag_with_n_samples_plans_rows_times_n_requests_and_counts_progress_in
 
 
 def test_a_where_over_input_columns_is_counted_on_the_data_and_samples_the_rows_it_keeps(workspace):
-    from batchllm.dag.checks import check_dag
+    from batchllm.io.dag_checks import check_dag
     from batchllm.dag.loader import load_dag
     from batchllm.models.registry import batchllm_home
     from batchllm.planner.from_dag import dag_workloads

@@ -8,7 +8,7 @@ import struct
 from batchllm.costmodel.profile import ReplicaShape
 from batchllm.engines.devices import DeviceSet
 from batchllm.engines.protocol import StepRecord
-from batchllm.profiling.profiler import model_facts, shapes_to_profile, step_features
+from batchllm.profiling.profiler import feature_rows, model_facts, shapes_to_profile
 
 
 def test_cpu_shapes_are_thread_widths_plus_tensor_parallel_where_heads_divide():
@@ -23,7 +23,7 @@ def test_gpu_shapes_are_tensor_parallel_degrees_that_divide_the_heads():
 
 def test_step_features_approximate_prefill_attention_per_request():
     steps = [StepRecord(0.5, 100, 2, 0, 0, 0, 0), StepRecord(0.1, 0, 0, 8, 400, 0, 0)]
-    assert step_features(steps).tolist() == [[100, 5000, 0, 0], [0, 0, 8, 400]]
+    assert feature_rows(steps).tolist() == [[100, 5000, 0, 0], [0, 0, 8, 400]]
 
 
 def test_model_facts_count_parameters_from_the_safetensors_header(tmp_path):

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from batchllm.costmodel.nnls import nnls_normal
+from batchllm.engines.protocol import StepRecord
 
 FEATURES = ("prefill_tokens", "prefill_attention", "decode_seqs", "decode_context")
 
@@ -25,6 +26,12 @@ class StepFeatures(NamedTuple):
     prefill_attention: float
     decode_seqs: float
     decode_context: float
+
+
+def step_features(step: StepRecord) -> StepFeatures:
+    """A measured step's features; prefill attention is approximated as if its chunks were equal."""
+    prefill = float(step.prefill_tokens)
+    return StepFeatures(prefill, prefill * prefill / max(step.prefill_requests, 1), float(step.decode_seqs), float(step.decode_context))
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,9 @@ from batchllm.dag.model import (
     SamplingSpec,
 )
 from batchllm.dag.templates import compile_template
-from batchllm.io.sql import sql_identifiers
+from batchllm.dag.sql_names import sql_identifiers
 from batchllm.dag.yaml_lines import LineDict, read_yaml
-from batchllm.io.remote_files import is_uri
+from batchllm.core.paths import is_uri
 
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Names every template may use besides columns and nodes; iteration adds two more.

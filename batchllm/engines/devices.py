@@ -18,6 +18,9 @@ from pathlib import Path
 from batchllm.engines.hardware import cpu_engine_dtype, name_slug, parse_cpuinfo
 from batchllm.core.errors import UserError
 
+# On CPUs vLLM would otherwise size the KV cache as a share of all RAM; 1 GiB holds
+# about 44,000 tokens of the embedded model in bfloat16 (half that in float32).
+CPU_KV_CACHE_DEFAULT_BYTES = 1 << 30
 _SPEC = re.compile(r"(cpu|gpu):(\d+)\Z|(cpu|gpu):(\d+(?:,\d+)+)\Z")
 
 

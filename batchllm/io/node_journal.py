@@ -31,7 +31,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-pass
 from batchllm.core.requests import FinishReason, parse_finish_text
 from batchllm.core.errors import UserError
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -24,12 +23,7 @@ import pyarrow.fs as pafs
 from batchllm.core.errors import UserError
 from batchllm.models.registry import batchllm_home
 
-URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 HINT = "check the URI, and that your credentials for it are set (pyarrow opens s3://, gs://, hdfs://, abfs://, file://)"
-
-
-def is_uri(text: str) -> bool:
-    return bool(URI.match(text))
 
 
 def _open(uri: str, where: str) -> tuple[pafs.FileSystem, str]:

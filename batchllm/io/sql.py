@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 
 import duckdb
 import pyarrow as pa
@@ -11,17 +10,6 @@ import pyarrow.dataset as ds
 
 from batchllm.core.errors import UserError
 from batchllm.io.input_source import ROW_ID, InputSource
-
-_SQL_STRING = re.compile(r"'(?:[^']|'')*'")
-_SQL_WORD = re.compile(r'"([^"]+)"|([A-Za-z_][A-Za-z0-9_]*)')
-
-
-def sql_identifiers(predicate: str) -> set[str]:
-    """Every word of a predicate outside string literals: the names it may read (and its
-    keywords, which match no column)."""
-    without_strings = _SQL_STRING.sub(" ", predicate)
-    return {quoted or bare for quoted, bare in _SQL_WORD.findall(without_strings)}
-
 
 def sql_literal(text: str) -> str:
     """A SQL string literal: `text` in single quotes, its quotes doubled."""

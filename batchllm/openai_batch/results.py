@@ -27,7 +27,6 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 
-pass
 from batchllm.core.requests import FinishReason, parse_finish_text
 from batchllm.io.sql import sql_literal
 from batchllm.openai_batch.batch_input import MEMORY_LIMIT, READ_BATCH_LINES, BatchInput

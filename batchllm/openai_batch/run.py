@@ -1,7 +1,7 @@
 """`batchllm run-batch` without the command line: request file in, results file out.
 
 The request file is converted once into the run folder (`batch_input`), run as a DAG of one
-node per group of lines (`batch_dag`) through `batchllm.api.run`, and the results file is
+node per group of lines (`batch_dag`) as `batchllm run` runs a DAG, and the results file is
 written from the lines and the node files (`results`). Invariant: the run is `batchllm run`'s,
 so its results are committed as they finish and re-running the same command after a crash
 resumes, computing each request exactly once; the results file is written only at the end,
@@ -20,15 +20,20 @@ from pathlib import Path
 
 from rich.console import Console
 
-from batchllm import api
-from batchllm.engines.devices import DeviceSet
+from batchllm.dag.loader import load_dag_mapping
+from batchllm.engines.devices import DeviceSet, parse_devices
 from batchllm.engines.engine import EngineFactory
 from batchllm.core.errors import RunIncomplete, UserError
 from batchllm.openai_batch.batch_dag import batch_dag
 from batchllm.openai_batch.batch_input import BatchInput, prepare_batch
 from batchllm.openai_batch.results import ResultCounts, write_results
 from batchllm.planner.plan_file import PROFILES_ROOT
+from batchllm.runtime.launch import run_dag
 from batchllm.runtime.run_dir import RunDir
+from batchllm.runtime.run_summary import closing_lines
+
+
+BATCH_DAG_NAME = "dag"  # the DAG a request file becomes, as its errors name it
 
 
 @dataclass(frozen=True)
@@ -60,10 +65,12 @@ def run_batch(requests_file: Path, output: Path, models: Mapping[str, str], *, r
         incomplete, summary = None, ()
         if batch.groups:
             try:
-                ran = api.run(batch_dag(str(batch.requests_path.absolute()), batch.groups), out=run_dir, devices=devices,
-                              schedule=schedule, fresh=fresh, prefix_order=prefix_order, engine_factory=engine_factory,
-                              console=console or Console(stderr=True), profiles_root=profiles_root)
-                summary = ran.summary
+                dag = load_dag_mapping(batch_dag(str(batch.requests_path.absolute()), batch.groups), Path.cwd(), BATCH_DAG_NAME)
+                device_set = devices if isinstance(devices, DeviceSet) else parse_devices(devices)
+                result, progress = run_dag(dag, run_dir, device_set, fresh=fresh, console=console or Console(stderr=True),
+                                           engine_factory=engine_factory, prefix_order=prefix_order, schedule=schedule,
+                                           profiles_root=profiles_root)
+                summary = tuple(closing_lines(result, progress, run_dir))
             except RunIncomplete as stopped:
                 incomplete = str(stopped)
         node_files = {g.node: RunDir(run_dir).node_path(g.node) for g in batch.groups}

@@ -38,7 +38,8 @@ from batchllm.models.registry import resolve_model
 from batchllm.models.tokens import PromptTokenizer
 from batchllm.core.errors import UserError
 from batchllm.io.input_source import ROW_ID, InputSource
-from batchllm.io.sql import rows_where, sql_identifiers
+from batchllm.dag.sql_names import sql_identifiers
+from batchllm.io.sql import rows_where
 from batchllm.ordering.prefix_tree import PrefixTree
 from batchllm.planner.cluster import Cluster, candidate_plans, cluster_profile, run_settings
 from batchllm.planner.problem import NodeWorkload, too_big

@@ -25,7 +25,7 @@ from batchllm.planner.best import EXACT_MAX_NODES, best_schedule
 from batchllm.planner.rollout import rollout_schedule
 from batchllm.planner.schedule import Schedule
 from batchllm.planner.timeline import Timeline
-from batchllm.dag.checks import check_dag
+from batchllm.io.dag_checks import check_dag
 from batchllm.dag.loader import load_dag
 from batchllm.dag.model import DagSpec
 

@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 import pyarrow.parquet as pq
 
-from batchllm.costmodel.latency import FEATURES, StepFeatures, StepLatencyModel
+from batchllm.costmodel.latency import FEATURES, StepFeatures, StepLatencyModel, step_features
 from batchllm.costmodel.lengths import LengthDistribution
 from batchllm.costmodel.profile import ModelFacts, Profile, ReplicaShape, ShapeProfile
 from batchllm.engines.devices import DeviceSet, Replica, engine_dtype
@@ -49,10 +49,9 @@ class ProfileSettings:
     kv_cache_memory_bytes: int | None = 1 << 30
 
 
-def step_features(steps: list[StepRecord]) -> np.ndarray:
-    """Rows of FEATURES; prefill attention is approximated as if a step's chunks were equal."""
-    return np.array([[s.prefill_tokens, s.prefill_tokens**2 / max(s.prefill_requests, 1), s.decode_seqs, s.decode_context]
-                     for s in steps], float)
+def feature_rows(steps: list[StepRecord]) -> np.ndarray:
+    """Rows of FEATURES, one a step."""
+    return np.array([step_features(s) for s in steps], float).reshape(len(steps), len(FEATURES))
 
 
 def shapes_to_profile(devices: DeviceSet, attention_heads: int) -> list[ReplicaShape]:
@@ -160,9 +159,9 @@ def profile_model(model_name: str, model_dir: Path, devices: DeviceSet, hardware
                     lengths = LengthDistribution.fit([r.num_output_tokens for r in results], [r.finish_reason != "length" for r in results])
         finally:
             engine.stop()
-        features, seconds = step_features(steps), np.array([s.wall_s for s in steps])
+        features, seconds = feature_rows(steps), np.array([s.wall_s for s in steps])
         latency, error = fit_steps(features, seconds)
-        warmup_s = sum(max(0.0, s.wall_s - latency.step_s(StepFeatures(*row))) for s, row in zip(first_steps, step_features(first_steps)))
+        warmup_s = sum(max(0.0, s.wall_s - latency.step_s(StepFeatures(*row))) for s, row in zip(first_steps, feature_rows(first_steps)))
         shape_profiles[shape.key] = ShapeProfile(ready.load_time_s, ready.kv_capacity_tokens, latency, error, round(warmup_s, 2))
         tables[shape.key] = [{"wall_s": round(s.wall_s, 6), **dict(zip(FEATURES, map(float, f)))} for s, f in zip(steps, features)]
         report(f"[{shape.key}] load {ready.load_time_s:.1f} s + warm-up {warmup_s:.1f} s, KV {ready.kv_capacity_tokens:,} tokens, step fit median error {error:.1%}")

@@ -26,8 +26,8 @@ from batchllm.core.requests import EngineRequest
 from batchllm.engines.protocol import EngineConfig
 from batchllm.planner.cluster import cluster_profile, local_cluster, run_settings
 from batchllm.profiling.profiler import WARMUP_STEPS, prompts, run_requests, shapes_to_profile
-from batchllm.runtime.calibrated_run import step_features
-from batchllm.runtime.engine_configs import CPU_KV_CACHE_DEFAULT_BYTES
+from batchllm.costmodel.latency import step_features
+from batchllm.engines.devices import CPU_KV_CACHE_DEFAULT_BYTES
 
 
 @dataclass(frozen=True)

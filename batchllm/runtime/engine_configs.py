@@ -6,15 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from batchllm.engines.devices import Replica, engine_dtype
+from batchllm.engines.devices import CPU_KV_CACHE_DEFAULT_BYTES, Replica, engine_dtype
 from batchllm.engines.protocol import EngineConfig
 from batchllm.models.registry import resolve_model
 from batchllm.runtime.run_dir import RunDir
 from batchllm.dag.model import DagSpec
 
-# On CPUs vLLM would otherwise size the KV cache as a share of all RAM; 1 GiB holds
-# about 44,000 tokens of the embedded model in bfloat16 (half that in float32).
-CPU_KV_CACHE_DEFAULT_BYTES = 1 << 30
 
 
 def engine_config(dag: DagSpec, model: str, replica: Replica, run_dir: RunDir, home: Path) -> EngineConfig:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from batchllm.dag.checks import check_dag
+from batchllm.io.dag_checks import check_dag
 from batchllm.dag.loader import load_dag
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet

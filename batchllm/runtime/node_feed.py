@@ -26,7 +26,8 @@ from batchllm.dag.templates import compile_template, render_checked
 from batchllm.core.requests import EngineRequest
 from batchllm.io.input_source import ROW_ID, InputSource
 from batchllm.io.node_journal import ResultJournal
-from batchllm.io.sql import WhereFilter, sql_identifiers
+from batchllm.dag.sql_names import sql_identifiers
+from batchllm.io.sql import WhereFilter
 from batchllm.runtime.ledger import FinalState, NodeLedger, RowState, UnitStatus, request_id
 
 WINDOW_ROWS = 16_384  # rows admitted per scan step

@@ -33,7 +33,7 @@ from batchllm.costmodel.calibration.batch_tail import batch_left_s
 from batchllm.costmodel.calibration.model import ModelCalibration, SpeedFactors
 from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.estimator import Workload
-from batchllm.costmodel.latency import StepFeatures
+from batchllm.costmodel.latency import step_features
 from batchllm.costmodel.profile import ReplicaShape
 from batchllm.core.requests import EngineResult, FinishReason
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
@@ -46,12 +46,6 @@ PROMPT_PRIOR_UNITS = 8.0  # the planner's prompt estimate counts as this many me
 MIN_STEPS_TO_SAVE = 30  # fewer measured steps than this teach the store nothing
 SNAPSHOT_MAX_AGE_S = 10.0  # an engine's last step older than this says nothing about what runs now
 RECENT_STEPS = 8  # an engine's last steps: measured over predicted time is how fast it goes now
-
-
-def step_features(step: StepRecord) -> StepFeatures:
-    """A step's features, prefill attention approximated as the profile builder does."""
-    prefill = float(step.prefill_tokens)
-    return StepFeatures(prefill, prefill * prefill / max(step.prefill_requests, 1), float(step.decode_seqs), float(step.decode_context))
 
 
 def shape_key(config: EngineConfig) -> str:
