@@ -141,7 +141,8 @@ def test_simulation_is_deterministic_and_conserves_tokens():
 
 
 # -- profiles and the estimator ----------------------------------------------------
-from batchllm.costmodel.estimator import ExecutionPlan, Workload, estimate, split_by_work  # noqa: E402
+from batchllm.costmodel.estimator import ExecutionPlan, Workload, estimate  # noqa: E402
+from batchllm.ordering.balance import balance  # noqa: E402
 from batchllm.costmodel.profile import ModelFacts, Profile, ReplicaShape, ShapeProfile  # noqa: E402
 from batchllm.core.errors import UserError  # noqa: E402
 
@@ -177,7 +178,7 @@ def test_unknown_replica_shape_is_a_clear_error():
 
 def test_split_by_work_balances_and_keeps_every_request_once():
     work = np.array([9, 1, 8, 2, 7, 3, 6, 4])
-    parts = split_by_work(work, 2)
+    parts = balance(work, 2)
     assert sorted(np.concatenate(parts).tolist()) == list(range(8))
     assert [work[p].sum() for p in parts] == [20, 20]
 

@@ -1,8 +1,8 @@
 """How long a model takes to serve a set of requests under an execution plan.
 
 Sampling then simulation: output lengths are sampled from the profile's CDF (or taken
-as known), requests are split over the data-parallel replicas by estimated work (the
-runtime splits them the same way), each replica's continuous batching is simulated
+as known), requests are split over the data-parallel replicas by their work with the
+runtime's own rule (`ordering.balance`), each replica's continuous batching is simulated
 with the profile's step latency, and a newly started model pays its load time.
 """
 
@@ -15,6 +15,7 @@ import numpy as np
 from batchllm.costmodel.lengths import output_lengths
 from batchllm.costmodel.profile import Profile, ReplicaShape
 from batchllm.costmodel.simulator import SchedulerLimits, SimulationResult, simulate_replica
+from batchllm.ordering.balance import balance
 
 
 @dataclass(frozen=True)
@@ -62,14 +63,6 @@ class Estimate:
     replicas: list[SimulationResult]
 
 
-def split_by_work(work: np.ndarray, replicas: int) -> list[np.ndarray]:
-    """Indices per replica, balanced by work: heaviest first, dealt out in snake order."""
-    order = np.argsort(-np.asarray(work), kind="stable")
-    lap = np.arange(order.size) % (2 * replicas)
-    target = np.where(lap < replicas, lap, 2 * replicas - 1 - lap)
-    return [np.sort(order[target == r]) for r in range(replicas)]
-
-
 def scheduler_limits(profile: Profile, shape: ReplicaShape) -> SchedulerLimits:
     engine = profile.engine
     return SchedulerLimits(
@@ -88,7 +81,7 @@ def estimate(profile: Profile, plan: ExecutionPlan, workload: Workload, *, seed:
     limits = scheduler_limits(profile, plan.shape)
     finish = np.zeros(len(workload))
     results = []
-    for indices in split_by_work(workload.prompt_tokens + outputs, plan.dp):
+    for indices in balance(workload.prompt_tokens + outputs, plan.dp):
         pick = lambda values: None if values is None else np.asarray(values)[indices]  # noqa: E731
         result = simulate_replica(workload.prompt_tokens[indices], outputs[indices], limits, shape_profile.latency,
                                   cached_tokens=pick(workload.cached_tokens), ready_s=pick(workload.ready_s))

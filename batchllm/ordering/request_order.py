@@ -5,7 +5,8 @@
    less than a block with each other, so how groups are ordered costs no cache hits.
 2. Split for replicas: the heaviest group is cut at its shallowest branching while it
    is heavier than a replica's fair share (what is lost is the shared prefix above the
-   cut, computed once more), then groups go to the least-loaded replica, heaviest first.
+   cut, computed once more), then groups are balanced over the replicas (`balance`:
+   heaviest first to the least-loaded).
 3. Length buckets: within a replica, groups run in buckets of similar prompt length
    (powers of two of their mean), longest bucket first, so a batch does not mix very
    long and very short prompts and long work does not make the tail.
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from batchllm.ordering.balance import balance
 from batchllm.ordering.prefix_tree import PrefixTree
 
 SPLIT_SLACK = 1.05  # a group may exceed a replica's fair share by this much before it is cut
@@ -61,12 +63,8 @@ def order_requests(prompts: Sequence[Sequence[int]], *, block_size: int, replica
             heapq.heappush(heap, (-work[a:cut].sum(), a, cut))
             heapq.heappush(heap, (-work[cut:b].sum(), cut, b))
         groups = sorted((a, b) for _, a, b in heap)
-    loads = [(0.0, r) for r in range(replicas)]
-    assigned: list[list[tuple[int, int]]] = [[] for _ in range(replicas)]
-    for a, b in sorted(groups, key=lambda g: -work[g[0]:g[1]].sum()):
-        load, replica = heapq.heappop(loads)
-        assigned[replica].append((a, b))
-        heapq.heappush(loads, (load + work[a:b].sum(), replica))
+    picked = balance([work[a:b].sum() for a, b in groups], replicas)
+    assigned = [[groups[k] for k in indices.tolist()] for indices in picked]
     running_total = np.concatenate([[0], np.cumsum(lengths)]).tolist()  # prompt tokens before each DFS position
     ordered = []
     for runs in assigned:

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 
 from batchllm.core.requests import EngineRequest
+from batchllm.ordering.balance import balance
 
 Splitter = Callable[[list[EngineRequest], int], list[list[EngineRequest]]]  # requests, parts -> one list per part
 
@@ -39,12 +40,12 @@ class Backlog:
         the least work (`loads`: its engine's, plus what waits here for it)."""
         if len(lists) != len(self._queues) or len(loads) != len(lists):
             raise ValueError(f"{len(lists)} lists and {len(loads)} loads for {len(self._queues)} replicas")
+        works = [sum(map(self._work, batch)) for batch in lists]
         totals = [load + waiting for load, waiting in zip(loads, self._waiting_work)]
-        for work, batch in sorted(((sum(map(self._work, b)), b) for b in lists), key=lambda wb: -wb[0]):
-            lightest = totals.index(min(totals))
-            self._queues[lightest].extend(batch)
-            self._waiting_work[lightest] += work
-            totals[lightest] += work
+        for replica, picked in enumerate(balance(works, len(self._queues), totals)):
+            for index in sorted(picked.tolist(), key=lambda i: -works[i]):  # the heaviest first, as it was given out
+                self._queues[replica].extend(lists[index])
+                self._waiting_work[replica] += works[index]
 
     def regroup(self, replicas: int, split: Splitter) -> None:
         """Spread what waits over `replicas` queues (a no-op when the count is unchanged)."""

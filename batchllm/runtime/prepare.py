@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from batchllm.costmodel.work import estimated_tokens, request_work
 from batchllm.core.requests import EngineRequest
 from batchllm.models.tokens import PromptTokenizer
+from batchllm.ordering.balance import balance
 from batchllm.ordering.request_order import order_requests
 
 
@@ -55,15 +56,8 @@ def split(requests: Sequence[EngineRequest], replicas: int, block_size: int, pre
 
 
 def _split_by_work(requests: Sequence[EngineRequest], parts: int) -> list[list[EngineRequest]]:
-    """Longest processing time first: each request to the lightest part so far; each part
-    keeps the given order."""
-    parts_of = [0] * len(requests)
-    loads = [0.0] * parts
-    for index in sorted(range(len(requests)), key=lambda i: work_of(requests[i]), reverse=True):
-        k = loads.index(min(loads))
-        parts_of[index] = k
-        loads[k] += work_of(requests[index])
-    return [[r for r, k in zip(requests, parts_of) if k == part] for part in range(parts)]
+    """Each part keeps the given order (see `ordering.balance`)."""
+    return [[requests[i] for i in indices.tolist()] for indices in balance([work_of(r) for r in requests], parts)]
 
 
 class RequestPreparer:
