@@ -27,6 +27,7 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 from rich.console import Console
 
+from batchllm.core.files import replacing
 from batchllm.cluster.session import open_cluster
 from batchllm.dag.loader import load_dag, load_dag_mapping
 from batchllm.dag.model import DagSpec
@@ -231,16 +232,12 @@ def _write_tables(tables: Mapping[Path, pa.Table]) -> _Written:
         missing = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
         path.parent.mkdir(parents=True, exist_ok=True)
         written.folders += reversed(missing)
-        temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        existed = path.exists()
         try:
-            pq.write_table(table.replace_schema_metadata(None), temporary)
-            if path.is_file() and _sha256(path) == _sha256(temporary):
-                temporary.unlink()
-                continue
-            existed = path.exists()
-            os.replace(temporary, path)
+            with replacing(path) as new:
+                pq.write_table(table.replace_schema_metadata(None), new.path)
+                new.keep_old = path.is_file() and _sha256(path) == _sha256(new.path)
         except BaseException:
-            temporary.unlink(missing_ok=True)
             written.undo()
             raise
         if not existed:

@@ -128,7 +128,7 @@ def test_the_status_file_from_start_through_ticks_to_the_end(tmp_path):
     data = json.loads(path.read_text())
     assert (data["state"], data["updated_at"], data["nodes"]["gen"]["committed"], data["nodes"]["gen"]["eta_s"]) == (
         "finished", "T111", 1000, 0.0)
-    assert not (tmp_path / ".batchllm" / "status.json.tmp").exists()
+    assert not list((tmp_path / ".batchllm").glob("*.tmp"))  # no temporary left beside it
 
 
 def test_a_run_ends_in_one_of_three_states(tmp_path):

@@ -18,14 +18,13 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
-import os
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
+from batchllm.core.files import replacing
 from batchllm.dag.model import INPUT_FORMATS, InputSpec
 from batchllm.core.errors import UserError
 from batchllm.io.input_convert import InputFiles, convert
@@ -58,13 +57,11 @@ def parquet_input(spec: InputSpec, check: Callable[[Path], T]) -> tuple[ParquetI
     if target.is_file():
         return ParquetInput(target, digest), check(target)
     created = _make_folders(target.parent)
-    temporary = target.with_name(f".{target.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
-        convert(source, temporary)
-        verdict = check(temporary)
-        os.replace(temporary, target)
+        with replacing(target) as new:
+            convert(source, new.path)
+            verdict = check(new.path)
     except BaseException:
-        temporary.unlink(missing_ok=True)
         for folder in reversed(created):
             try:
                 folder.rmdir()

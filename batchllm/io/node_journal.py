@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from batchllm.core.files import replacing, write_text_atomically
 from batchllm.core.requests import FinishReason, parse_finish_text
 from batchllm.core.errors import UserError
 
@@ -118,7 +119,7 @@ class ResultJournal:
                     f"of node {self.node!r} (its prompt, model, sampling, routing or input data changed)",
                     where=f"nodes.{self.node}", hint="pass --fresh (Python: fresh=True) to discard the old results, or choose another --out (out=)")
             return
-        _write_atomically(header, json.dumps({"node": self.node, "fingerprint": fingerprint}) + "\n")
+        write_text_atomically(header, json.dumps({"node": self.node, "fingerprint": fingerprint}) + "\n")
 
     def _tail_path(self, part: int) -> Path:
         return self.folder / f"tail-{part:06d}.jsonl"
@@ -255,11 +256,8 @@ class ResultJournal:
         stats = JournalStats.of(records)
         schema = self.schema.with_metadata({STATS_KEY: json.dumps(stats.__dict__).encode()})
         segment = self._segment_path(self._part)
-        temporary = segment.with_name(segment.name + ".tmp")
-        pq.write_table(pa.table(columns, schema=schema), temporary, row_group_size=8192)
-        with open(temporary, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temporary, segment)
+        with replacing(segment, fsync=True) as new:
+            pq.write_table(pa.table(columns, schema=schema), new.path, row_group_size=8192)
         self._file.close()
         self._tail_path(self._part).unlink()
         self._segments.append(segment)
@@ -293,10 +291,6 @@ def _lines(data: bytes) -> list[str]:
     return data.decode("utf-8").split("\n")[:-1]
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
 
 
 def read_records(folder: Path) -> pa.Table:

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from batchllm.core.files import replacing
 from batchllm.core.errors import UserError
 from batchllm.models.registry import batchllm_home
 
@@ -50,19 +50,14 @@ def local_copy(uri: str, *, where: str) -> Path:
         target = folder / (Path(path.rstrip("/")).name or "data")
         if folder.is_dir() and (folder / ".complete").is_file():
             return target
-        building = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
-        shutil.rmtree(building, ignore_errors=True)
-        building.mkdir(parents=True)
-        if info.type == pafs.FileType.Directory:
-            (building / target.name).mkdir()
-        try:
-            pafs.copy_files(path, str(building / target.name), source_filesystem=filesystem,
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with replacing(folder) as building:  # replaces an incomplete copy of an interrupted one
+            building.path.mkdir()
+            if info.type == pafs.FileType.Directory:
+                (building.path / target.name).mkdir()
+            pafs.copy_files(path, str(building.path / target.name), source_filesystem=filesystem,
                             destination_filesystem=pafs.LocalFileSystem())
-            (building / ".complete").write_text(uri)
-            shutil.rmtree(folder, ignore_errors=True)
-            os.replace(building, folder)
-        finally:
-            shutil.rmtree(building, ignore_errors=True)
+            (building.path / ".complete").write_text(uri)
     except (pa.ArrowException, OSError) as exc:
         raise UserError(f"cannot read {uri!r}: {exc}", where=where, hint=HINT) from None
     return target

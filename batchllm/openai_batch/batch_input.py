@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, fields
@@ -27,6 +26,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from batchllm.core.files import replacing
 from batchllm.core.errors import UserError
 from batchllm.io.sql import sql_literal
 from batchllm.openai_batch.batch_dag import BatchGroup, node_names
@@ -75,16 +75,10 @@ def prepare_batch(requests_file: Path, models: Mapping[str, str], state: Path) -
     digest = _digest(requests_file, models)
     folder = state / digest[:32]
     if not (folder / GROUPS_FILE).is_file():
-        building = state / f".{folder.name}.tmp-{os.getpid()}"
-        shutil.rmtree(building, ignore_errors=True)
-        (building / "spill").mkdir(parents=True)
-        try:
-            _build(requests_file, models, building)
-            shutil.rmtree(building / "spill")
-            shutil.rmtree(folder, ignore_errors=True)  # an incomplete folder of an interrupted conversion
-            os.replace(building, folder)
-        finally:
-            shutil.rmtree(building, ignore_errors=True)
+        with replacing(folder) as building:  # replaces an incomplete folder of an interrupted conversion
+            (building.path / "spill").mkdir(parents=True)
+            _build(requests_file, models, building.path)
+            shutil.rmtree(building.path / "spill")
     saved = json.loads((folder / GROUPS_FILE).read_text())
     return BatchInput(folder, digest, tuple(BatchGroup(**g) for g in saved["groups"]), saved["lines"], saved["runnable"])
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from collections import Counter
 from collections.abc import Mapping
@@ -27,6 +26,7 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 
+from batchllm.core.files import replacing, temporary_beside
 from batchllm.core.requests import FinishReason, parse_finish_text
 from batchllm.io.sql import sql_literal
 from batchllm.openai_batch.batch_input import MEMORY_LIMIT, READ_BATCH_LINES, BatchInput
@@ -45,21 +45,18 @@ def write_results(batch: BatchInput, node_files: Mapping[str, Path], output: Pat
     """`node_files`: each group's node file (missing ones had no result); `incomplete`: why
     the run stopped early, for lines without a result; `created`: the bodies' Unix time."""
     output.parent.mkdir(parents=True, exist_ok=True)
-    temporary = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    spill = output.with_name(f".{output.name}.spill-{os.getpid()}")
+    spill = temporary_beside(output, ".spill")
     counts: Counter[str] = Counter()
     connection = duckdb.connect(config={"memory_limit": MEMORY_LIMIT, "temp_directory": str(spill)})
     try:
-        with open(temporary, "w", encoding="utf-8") as handle:
+        with replacing(output) as new, open(new.path, "w", encoding="utf-8") as handle:
             for rows in connection.sql(_query(batch, node_files)).to_arrow_reader(READ_BATCH_LINES):
                 for row in rows.to_pylist():
                     line = output_line(row, batch.digest, created, incomplete)
                     counts["ok" if line["error"] is None else line["error"]["code"]] += 1
                     handle.write(json.dumps(line, ensure_ascii=False) + "\n")
-        os.replace(temporary, output)
     finally:
         connection.close()
-        temporary.unlink(missing_ok=True)
         shutil.rmtree(spill, ignore_errors=True)
     succeeded = counts.pop("ok", 0)
     return ResultCounts(succeeded + sum(counts.values()), succeeded, dict(sorted(counts.items())))

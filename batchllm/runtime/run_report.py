@@ -10,10 +10,10 @@ replica's busy time: time no engine of the stage was loading or stepping for.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from batchllm.core.files import write_text_atomically
 from batchllm.engines.protocol import EngineConfig
 from batchllm.planner.schedule import Schedule
 
@@ -127,6 +127,4 @@ class RunReport:
 
     def write(self, path: Path) -> None:
         """Atomically: a crash leaves the previous report or the new one, never half."""
-        temporary = path.with_suffix(".json.tmp")
-        temporary.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        os.replace(temporary, path)
+        write_text_atomically(path, json.dumps(self.to_dict(), indent=1) + "\n")

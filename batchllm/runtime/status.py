@@ -1,7 +1,7 @@
 """The status file of a run (`<out>/.batchllm/status.json`) and what `batchllm status` shows.
 
 Invariant: the running driver is the only writer; it rewrites the file every few seconds
-and at its end, atomically (temporary file + os.replace), so a reader sees the old file or
+and at its end, atomically (`core.files`), so a reader sees the old file or
 the new one, never a part. A file that says "running" whose driver process is gone
 (killed, crashed) describes an interrupted run, and is reported so.
 """
@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from batchllm.core.files import write_text_atomically
 from batchllm.core.errors import UserError
 
 STATUS_FILE = Path(".batchllm") / "status.json"
@@ -54,12 +55,10 @@ class RunStatus:
 
 def write_status(path: Path, status: RunStatus) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
     body = asdict(status)
     if body["rest_s"] is None:
         del body["rest_s"]  # a run without a calibrated estimate writes the file it always wrote
-    temporary.write_text(json.dumps(body, indent=1) + "\n")
-    os.replace(temporary, path)
+    write_text_atomically(path, json.dumps(body, indent=1) + "\n")
 
 
 def _alive(pid: int) -> bool:

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from batchllm.core.files import replacing
 from batchllm.costmodel.profile import Profile
 from batchllm.engines.hardware import HardwareIdentity
 from batchllm.core.errors import UserError
@@ -89,13 +88,7 @@ class ProfileStore:
                   "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "source": source,
                   "runs": (int(previous.record.get("runs", 1)) + 1) if previous else 1, "evidence": evidence}
         folder.parent.mkdir(parents=True, exist_ok=True)
-        fresh = folder.with_name(f"{folder.name}.new-{os.getpid()}")
-        old = folder.with_name(f"{folder.name}.old-{os.getpid()}")
-        shutil.rmtree(fresh, ignore_errors=True)
-        profile.save(fresh)
-        (fresh / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
-        if folder.exists():
-            os.replace(folder, old)
-        os.replace(fresh, folder)
-        shutil.rmtree(old, ignore_errors=True)
+        with replacing(folder) as fresh:
+            profile.save(fresh.path)
+            (fresh.path / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
         return folder
