@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 from peak_rss import peak_rss_mb  # this folder's: the process's own peak, not its parent's
 
-WINDOW_ROWS = 16_384
+from batchllm.runtime.node_feed import ADMIT_WINDOW_ROWS as WINDOW_ROWS  # the rows a feed reads at once
+
 WRITE_CHUNK_ROWS = 1_000_000
 WORDS_PER_PROMPT = 24
 

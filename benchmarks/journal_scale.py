@@ -24,8 +24,9 @@ from pathlib import Path
 import numpy as np
 from peak_rss import peak_rss_mb  # this folder's: the process's own peak, not its parent's
 
+from batchllm.runtime.node_feed import ADMIT_WINDOW_ROWS as WINDOW_ROWS  # the rows a feed reads at once
+
 SHUFFLE_BLOCK_ROWS = 65_536
-WINDOW_ROWS = 16_384
 WRITE_CHUNK_ROWS = 1_000_000
 
 

@@ -79,7 +79,7 @@ def test_a_merge_reads_the_first_member_that_answered_once_all_are_decided(tmp_p
 
 
 def test_units_lost_with_an_engine_are_found_again_behind_the_cursor(tmp_path, monkeypatch):
-    monkeypatch.setattr(node_feed, "WINDOW_ROWS", 2)
+    monkeypatch.setattr(node_feed, "ADMIT_WINDOW_ROWS", 2)
     world = World(tmp_path, producers=())
     feed = world.feed(node("gen", "{{ text }}"), tmp_path, {})
     ledger = Ledger({"gen": feed.ledger})
@@ -92,7 +92,7 @@ def test_units_lost_with_an_engine_are_found_again_behind_the_cursor(tmp_path, m
 
 
 def test_one_call_passes_every_decided_window_and_decides_a_bounded_number(tmp_path, monkeypatch):
-    monkeypatch.setattr(node_feed, "WINDOW_ROWS", 1)
+    monkeypatch.setattr(node_feed, "ADMIT_WINDOW_ROWS", 1)
     monkeypatch.setattr(node_feed, "DECIDING_WINDOWS", 1)
     world = World(tmp_path, producers=())
     feed = world.feed(node("gen", "{{ text }}"), tmp_path, {})

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import networkx as nx
 
+from batchllm.core.result_schema import RESULT_FIELD_NAMES
 from batchllm.core.errors import UserError
 from batchllm.dag.model import (
     INPUT_FORMATS,
     OUTPUT_FORMATS,
-    RESULT_FIELDS,
     ColumnRef,
     DagSpec,
     EngineSpec,
@@ -359,10 +359,10 @@ def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], node
             if head in nodes or head in merges:
                 field = field or "text"
                 json_fields = _json_fields(head, nodes, merges)
-                if field not in RESULT_FIELDS and field not in json_fields:
+                if field not in RESULT_FIELD_NAMES and field not in json_fields:
                     out.fail("columns", f"outputs.{name}.columns.{column}: {ref!r} names unknown field {field!r}",
-                             f"fields: {', '.join((*RESULT_FIELDS, *json_fields))}")
-                columns[column] = ColumnRef(head, field, None if field in RESULT_FIELDS else json_fields[field])
+                             f"fields: {', '.join((*RESULT_FIELD_NAMES, *json_fields))}")
+                columns[column] = ColumnRef(head, field, None if field in RESULT_FIELD_NAMES else json_fields[field])
             else:
                 columns[column] = ColumnRef(None, ref)
         node_inputs = {nodes[merges[c.node][0] if c.node in merges else c.node].input_name for c in columns.values() if c.node}

@@ -12,8 +12,6 @@ from pathlib import Path
 
 from batchllm.core.output_constraint import OutputConstraint
 
-# Fields of a node's result that an output column may name as `node.field`.
-RESULT_FIELDS = ("text", "num_prompt_tokens", "num_output_tokens", "finish_reason")
 # What an input may be read from (`io.input_formats`), and what an output data set may be written as.
 INPUT_FORMATS = ("parquet", "jsonl", "csv", "hf")
 OUTPUT_FORMATS = ("parquet", "jsonl")

@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from batchllm.core.result_schema import result_schema
 from batchllm.core.files import replacing, write_text_atomically
 from batchllm.core.requests import FinishReason, parse_finish_text
 from batchllm.core.errors import UserError
@@ -79,11 +80,8 @@ class JournalStats:
 
 
 def segment_schema(samples: int) -> pa.Schema:
-    fields = [("row", pa.int64()), ("step", pa.int32()), ("text", pa.string()), ("num_prompt_tokens", pa.int64()),
-              ("num_output_tokens", pa.int64()), ("finish_reason", pa.string())]
-    if samples > 1:
-        fields.append(("texts", pa.list_(pa.string())))
-    return pa.schema(fields)
+    """A segment's results, keyed by the row's position."""
+    return result_schema(("row", pa.int64()), samples)
 
 
 def key_of(rows: np.ndarray, steps: np.ndarray) -> np.ndarray:
@@ -309,6 +307,6 @@ def read_records(folder: Path) -> pa.Table:
                                     "num_prompt_tokens": [x["num_prompt_tokens"] for x in lines],
                                     "num_output_tokens": [x["num_output_tokens"] for x in lines],
                                     "finish_reason": [x["finish_reason"] for x in lines]}))
-    columns = ["row", "step", "text", "num_prompt_tokens", "num_output_tokens", "finish_reason"]
+    columns = segment_schema(1).names
     tables = [t.select(columns).cast(segment_schema(1)) for t in tables]
     return pa.concat_tables(tables) if tables else segment_schema(1).empty_table()

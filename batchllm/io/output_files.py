@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from batchllm.core.result_schema import result_schema
 from batchllm.core.files import replacing
 from batchllm.dag.model import ColumnRef, OutputSpec
 from batchllm.io.input_source import ROW_ID
@@ -35,14 +36,13 @@ from batchllm.io.sql import sql_literal
 MEMORY_LIMIT = "128MB"
 DUCKDB_THREADS = 1  # two threads: ~+60 MB of DuckDB's allocator caches for a write that is a small part of a run
 ROW_GROUP_ROWS = 65_536
-WINDOW_ROWS = 16_384  # input rows per join. Writing a 3-node data set alone: peak +0.17 GB at 1M rows, +0.19 GB at 10M
+JOIN_WINDOW_ROWS = 16_384  # input rows per join. Writing a 3-node data set alone: peak +0.17 GB at 1M rows, +0.19 GB at 10M
 #                       (20 s); 32,768 rows on two threads: +0.29 GB (16 s); the whole data set at once: +0.51 GB at 10M
 READ_BUFFER_BYTES = 1 << 20  # the input's pages stream through this buffer
 JSON_SQL_TYPES = {"integer": "BIGINT", "number": "DOUBLE", "boolean": "BOOLEAN", "string": "VARCHAR", "json": "VARCHAR"}
 ARROW_TYPES = {"BIGINT": pa.int64(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(), "VARCHAR": pa.string()}
-NODE_COLUMNS = ("step", "text", "num_prompt_tokens", "num_output_tokens", "finish_reason")
-NODE_SCHEMA = pa.schema([(ROW_ID, pa.string()), ("step", pa.int32()), ("text", pa.string()),
-                         ("num_prompt_tokens", pa.int64()), ("num_output_tokens", pa.int64()), ("finish_reason", pa.string())])
+NODE_SCHEMA = result_schema((ROW_ID, pa.string()))  # a node file's columns (with `texts` when n > 1)
+NODE_COLUMNS = tuple(NODE_SCHEMA.names[1:])
 
 
 @dataclass(frozen=True)
@@ -129,11 +129,11 @@ def _input_windows(source: InputFile, columns: list[str]) -> Iterator[tuple[int,
     with pq.ParquetFile(source.path, pre_buffer=False, buffer_size=READ_BUFFER_BYTES) as handle:
         rows = handle.metadata.num_rows
         if not columns:
-            for start in range(0, rows, WINDOW_ROWS):
-                yield start, pa.table({"file_row_number": np.arange(start, min(rows, start + WINDOW_ROWS), dtype=np.int64)})
+            for start in range(0, rows, JOIN_WINDOW_ROWS):
+                yield start, pa.table({"file_row_number": np.arange(start, min(rows, start + JOIN_WINDOW_ROWS), dtype=np.int64)})
             return
         start = 0
-        for batch in handle.iter_batches(batch_size=WINDOW_ROWS, columns=columns, use_threads=False):
+        for batch in handle.iter_batches(batch_size=JOIN_WINDOW_ROWS, columns=columns, use_threads=False):
             positions = pa.array(np.arange(start, start + batch.num_rows, dtype=np.int64))
             yield start, pa.Table.from_batches([batch]).append_column("file_row_number", positions)
             start += batch.num_rows
@@ -195,7 +195,7 @@ def _copy_windows_jsonl(source: InputFile, columns: list[str], query_of: Callabl
 def write_node_file(journal: ResultJournal, source: InputFile, path: Path) -> None:
     """Every committed result of the node (the journal's tail is compacted first)."""
     journal.compact()
-    schema = NODE_SCHEMA.append(pa.field("texts", pa.list_(pa.string()))) if journal.samples > 1 else NODE_SCHEMA
+    schema = result_schema((ROW_ID, pa.string()), journal.samples)
     segments = _Segments.of(journal)
     id_columns = [source.id_column] if source.id_column else []
     if not segments.paths:

@@ -30,7 +30,7 @@ from batchllm.dag.sql_names import sql_identifiers
 from batchllm.io.sql import WhereFilter
 from batchllm.runtime.ledger import FinalState, NodeLedger, RowState, UnitStatus, request_id
 
-WINDOW_ROWS = 16_384  # rows admitted per scan step
+ADMIT_WINDOW_ROWS = 16_384  # rows admitted per scan step
 DECIDING_WINDOWS = 8  # windows with undecided rows one call looks at for ready units (a selective `where:`
 # needs several to fill a window); windows whose rows are all decided cost microseconds and are passed
 # without counting (a resume past millions of committed rows feeds the engines at once)
@@ -115,7 +115,7 @@ class NodeFeed:
             count += len(units)
         start, deciding = self.cursor, 0
         while count < limit and start < self.ledger.rows and deciding < DECIDING_WINDOWS:
-            stop = min(start + WINDOW_ROWS, self.ledger.rows)
+            stop = min(start + ADMIT_WINDOW_ROWS, self.ledger.rows)
             deciding += self.admit(start, stop)
             first, last = self.ledger.unit_range(start, stop)
             ready = first + np.flatnonzero(self.ledger.status[first:last] == UnitStatus.READY)
@@ -154,8 +154,8 @@ class NodeFeed:
         are skipped without the node ever running. Once: later calls do nothing."""
         if self._all_decided:
             return
-        for start in range(self.cursor, self.ledger.rows, WINDOW_ROWS):
-            self.admit(start, min(start + WINDOW_ROWS, self.ledger.rows))
+        for start in range(self.cursor, self.ledger.rows, ADMIT_WINDOW_ROWS):
+            self.admit(start, min(start + ADMIT_WINDOW_ROWS, self.ledger.rows))
         self._all_decided = True
 
     def close(self) -> None:

@@ -79,7 +79,6 @@ class RunReport:
     dag: str
     devices: str
     method: str
-    block_size_tokens: int = 16
     stages: list[StageLog] = field(default_factory=list)
     wall_s: float = 0.0
     planned: list[dict] = field(default_factory=list)  # the plan made at the start: start_s, end_s, nodes {name: {plan, devices, start_s}}

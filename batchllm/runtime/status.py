@@ -16,8 +16,8 @@ from pathlib import Path
 
 from batchllm.core.files import write_text_atomically
 from batchllm.core.errors import UserError
+from batchllm.runtime.run_dir import RunDir
 
-STATUS_FILE = Path(".batchllm") / "status.json"
 END_STATES = ("finished", "incomplete", "interrupted")
 STATES = ("running", *END_STATES)
 ADVICE = {
@@ -73,10 +73,10 @@ def _alive(pid: int) -> bool:
 
 def read_status(out: Path) -> RunStatus:
     """The run's status; "running" becomes "interrupted" when its driver is gone."""
-    path = out / STATUS_FILE
+    path = RunDir(out).status_path
     if not path.is_file():
         if path.parent.is_dir():
-            raise UserError(f"{str(out)!r} holds a batchllm run that has not written {STATUS_FILE} (an older batchllm, or "
+            raise UserError(f"{str(out)!r} holds a batchllm run that has not written {path.relative_to(out)} (an older batchllm, or "
                             "a run stopped before it began)", where="OUT", hint="run the same `batchllm run` command again")
         raise UserError(f"{str(out)!r} has no batchllm run", where="OUT",
                         hint="give the --out folder of a run, or start one with `batchllm run DAG --out OUT`")
