@@ -56,7 +56,6 @@ def quick_profile(model_name: str, model_dir: Path, devices: DeviceSet, factory:
         [EngineRequest(f"s{i}", t, max_tokens=32) for i, t in enumerate(prompts("first_turns", 0, settings.short_prompts, settings.short_max_chars))],
         [EngineRequest(f"d{i}", t, max_tokens=64) for i, t in enumerate(prompts("first_turns", 400, settings.decode_prompts, settings.decode_max_chars))],
     ]
-    steps_seen = 0
     for shape in shapes_to_profile(devices, prior.facts.attention_heads):
         if shape.key not in prior.shapes:
             continue
@@ -70,11 +69,7 @@ def quick_profile(model_name: str, model_dir: Path, devices: DeviceSet, factory:
             ready = engine.ready
             load_s = max(ready.load_time_s, time.monotonic() - started)
             calibration.observe_load(shape.key, load_s)
-            calibration.observe_engine(shape.key, {"engine_version": ready.engine_version, "max_num_seqs": ready.max_num_seqs,
-                                                   "max_num_batched_tokens": ready.max_num_batched_tokens,
-                                                   "block_size_tokens": ready.block_size_tokens, "max_model_len": ready.max_model_len,
-                                                   "enforce_eager": config.enforce_eager,
-                                                   "kv_cache_memory_bytes": config.kv_cache_memory_bytes}, ready.kv_capacity_tokens)
+            calibration.observe_started(shape.key, config, ready)
             records = []
             for requests in workload:
                 records += run_requests(engine, requests, lambda n: None)[1]
@@ -82,7 +77,6 @@ def quick_profile(model_name: str, model_dir: Path, devices: DeviceSet, factory:
             engine.stop()
         for step in records[WARMUP_STEPS:]:
             calibration.observe_step(shape.key, step_features(step), step.wall_s)
-        steps_seen += max(len(records) - WARMUP_STEPS, 0)
         factor = calibration.latency[shape.key].speed_factor() if shape.key in calibration.latency else 1.0
         report(f"[{shape.key}] load {load_s:.1f} s, {len(records)} steps in {time.monotonic() - started:.1f} s; "
                f"steps take {factor:.2f}x the prior's")

@@ -96,11 +96,7 @@ class RunCalibration(RunObserver):
             return
         key = shape_key(config)
         model.observe_load(key, load_time_s)
-        model.observe_engine(key, {"engine_version": ready.engine_version, "max_num_seqs": ready.max_num_seqs,
-                                   "max_num_batched_tokens": ready.max_num_batched_tokens,
-                                   "block_size_tokens": ready.block_size_tokens, "max_model_len": ready.max_model_len,
-                                   "enforce_eager": config.enforce_eager, "kv_cache_memory_bytes": config.kv_cache_memory_bytes},
-                             ready.kv_capacity_tokens)
+        model.observe_started(key, config, ready)
         self._version += 1
 
     def observe(self, result: StepResult) -> None:

@@ -21,6 +21,7 @@ from batchllm.costmodel.calibration.loads import LoadCalibration
 from batchllm.costmodel.latency import StepFeatures
 from batchllm.costmodel.lengths import LengthDistribution
 from batchllm.costmodel.profile import Profile
+from batchllm.engines.protocol import EngineConfig, WorkerReady
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,14 @@ class ModelCalibration:
 
     def __post_init__(self) -> None:
         self.lengths = LengthCalibration(self.prior.lengths)
+
+    def observe_started(self, shape_key: str, config: EngineConfig, ready: WorkerReady) -> None:
+        """An engine of this model started with `config` and reported `ready`."""
+        self.observe_engine(shape_key, {"engine_version": ready.engine_version, "max_num_seqs": ready.max_num_seqs,
+                                        "max_num_batched_tokens": ready.max_num_batched_tokens,
+                                        "block_size_tokens": ready.block_size_tokens, "max_model_len": ready.max_model_len,
+                                        "enforce_eager": config.enforce_eager,
+                                        "kv_cache_memory_bytes": config.kv_cache_memory_bytes}, ready.kv_capacity_tokens)
 
     def observe_engine(self, shape_key: str, settings: dict[str, object], kv_capacity_tokens: int) -> None:
         """What a started engine reported about itself: its scheduler settings and KV cache."""
