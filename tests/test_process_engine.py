@@ -88,3 +88,38 @@ def test_engines_started_side_by_side_stay_alive_and_serve():
         assert len(done) == 4
     finally:
         engines.stop_all()
+
+
+SCRIPT_WITHOUT_GUARD = '''
+import time
+from batchllm.core.requests import EngineRequest
+from batchllm.engines.devices import Replica
+from batchllm.engines.process_engine import ProcessEngine
+from batchllm.engines.protocol import EngineConfig
+from tests.fakes import FakeStepperFactory
+
+print("script body ran", flush=True)
+engine = ProcessEngine(EngineConfig(model="fake", replica=Replica("cpu", (0,))), FakeStepperFactory())
+engine.submit([EngineRequest("r0", "p0")])
+results, deadline = [], time.monotonic() + 30
+while not results and time.monotonic() < deadline:
+    results += engine.poll(timeout_s=0.5)
+engine.stop()
+print("answer:", results[0].texts[0])
+'''
+
+
+def test_a_script_without_a_main_guard_starts_workers_that_do_not_run_it_again(tmp_path):
+    """Spawn would run the script again in the worker (which then tries to start a worker of
+    its own, and dies); the worker is started without the caller's main module."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "no_guard.py"
+    script.write_text(SCRIPT_WITHOUT_GUARD)
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(repo)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["script body ran", "answer: <p0>"]

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
@@ -57,7 +60,7 @@ class WorkerEngine:
 
     def _failure(self, reason: str) -> EngineFailed:
         tail = _log_tail(self.config.log_path)
-        where = f" (engine log: {self.config.log_path})" if self.config.log_path else ""
+        where = f" (engine log: {self.config.log_path})" if self.config.log_path and Path(self.config.log_path).is_file() else ""
         return EngineFailed(f"{reason}{where}" + (f"\n{tail}" if tail else ""))
 
     def _send(self, message) -> None:
@@ -128,7 +131,8 @@ class ProcessEngine(WorkerEngine):
             target=worker_main, args=(config, self._inbox, self._outbox, stepper_factory), daemon=True,
             name=f"batchllm-engine-{Path(config.model).name}",
         )
-        self._process.start()
+        with _main_module_hidden():
+            self._process.start()
 
     @property
     def pid(self) -> int | None:
@@ -167,6 +171,26 @@ class ProcessEngine(WorkerEngine):
         if self._process.is_alive():
             self._process.kill()
             self._process.join(timeout=10)
+
+
+@contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Spawn runs the parent's main script again in the child (as `__mp_main__`) when it can
+    find it, so a script that calls batchllm at its top level, without an
+    `if __name__ == "__main__":` guard, would start its whole run again in every engine
+    worker. A worker needs nothing of that script (its code and arguments are batchllm's
+    modules'), so the main module's name and path are hidden while a worker is spawned."""
+    main = sys.modules.get("__main__")
+    saved = {key: main.__dict__[key] for key in ("__spec__", "__file__") if main is not None and key in main.__dict__}
+    try:
+        if main is not None:
+            main.__dict__.pop("__file__", None)
+            if "__spec__" in saved:
+                main.__spec__ = None
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.update(saved)
 
 
 def start_vllm_engine(config: EngineConfig) -> ProcessEngine:
