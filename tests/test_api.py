@@ -100,6 +100,23 @@ def test_a_bad_dict_dag_names_the_key_path(workspace):
     assert not (workspace.root / "api-out").exists()
 
 
+@pytest.mark.parametrize("change, where, message", [
+    (lambda spec: spec["nodes"]["a"].update(prompt="A {{ questoin }}"), "nodes.a",
+     "the template or `where` reads 'questoin', which is neither a node nor a column of input 'questions'"),
+    (lambda spec: spec["nodes"]["b"].update(model="./no-such-model"), "nodes.b.model", None),
+    (lambda spec: spec["nodes"]["judge"].update(prompt="J {{ a }} {% if %}"), "nodes.judge.prompt", None),
+])
+def test_a_dict_dags_errors_name_the_key_path_not_a_file(workspace, monkeypatch, change, where, message):
+    monkeypatch.chdir(workspace.root)  # a dict's relative paths start here
+    spec = yaml.safe_load(textwrap.dedent(ENSEMBLE_DAG))
+    change(spec)
+    with pytest.raises(batchllm.UserError) as error:
+        api_run(spec, workspace, FakeEngineFactory(), inputs={"questions": questions_frame()})
+    assert error.value.where == where, error.value.paragraph()
+    if message is not None:
+        assert error.value.message == message
+
+
 def test_a_frame_whose_column_mixes_types_is_refused_with_a_hint(workspace):
     dag = workspace.dag(ENSEMBLE_DAG)
     mixed = pd.DataFrame({"id": ["q1", "q2"], "question": ["text", 3]})

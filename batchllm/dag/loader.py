@@ -79,10 +79,11 @@ class _Section:
 
 
 def _place(file: Path, line: int, key_path: str) -> str:
-    """Where an error is: its line in a YAML file, else (a mapping from Python) its key path."""
+    """Where an error is: its line in a YAML file, else (a mapping from Python, which has no
+    lines and no file) its key path."""
     if line:
         return f"{file}, line {line}"
-    return f"{file}, {key_path}" if key_path else str(file)
+    return key_path or "the DAG"
 
 
 def _show(value: object) -> str:
@@ -274,7 +275,9 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
         for key in ("prompt", "system"):
             source = node.get(key, str, None if key == "system" else ..., expect="a template string")
             if source is not None:
-                templates[key] = compile_template(source, where=f"{path}, nodes.{name}.{key}", first_line=node.mapping.value_line(key))
+                first_line = node.mapping.value_line(key)
+                where = f"{path}, nodes.{name}.{key}" if first_line else f"nodes.{name}.{key}"
+                templates[key] = compile_template(source, where=where, first_line=first_line)
                 names |= templates[key].names
         locals_ = ITERATION_NAMES | {iterate.item_name} if iterate else frozenset()
         names -= locals_ | ROW_NAMES

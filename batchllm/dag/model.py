@@ -120,6 +120,14 @@ class DagSpec:
     merges: dict[str, tuple[str, ...]] = field(default_factory=dict)
     prices: dict[str, Price] = field(default_factory=dict)  # model (as nodes name it) -> its price
 
+    def where(self, line: int, key_path: str, *, in_file: bool = True) -> str:
+        """Where a part of the DAG is, for an error: `<file>, line N, key.path` in a YAML file
+        (without the key path when `in_file` is False: the message names it); the key path
+        alone in a DAG given as a mapping (it has no file and no lines)."""
+        if not line:
+            return key_path
+        return f"{self.path}, line {line}, {key_path}" if in_file else f"{self.path}, line {line}"
+
     def topological_order(self) -> list[str]:
         """Node names, every node after all of its upstream nodes (stable by file order)."""
         done: list[str] = []

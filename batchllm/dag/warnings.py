@@ -23,7 +23,7 @@ def dag_warnings(dag: DagSpec) -> list[str]:
             if len(siblings) > 1:
                 listed = " and ".join(repr(s) for s in siblings)
                 warnings.append(
-                    f"{dag.path}, line {node.line}: node {name!r} reads {listed}, routes with their own `where:`; it runs "
+                    f"{dag.where(node.line, f'nodes.{name}', in_file=False)}: node {name!r} reads {listed}, routes with their own `where:`; it runs "
                     f"only on rows where all of them answered, which may be none. To read whichever answered, "
                     f"merge them: `merges: {{answer: [{', '.join(siblings)}]}}` and read `{{{{ answer }}}}`")
     return warnings

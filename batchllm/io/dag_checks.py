@@ -37,14 +37,14 @@ def check_dag(dag: DagSpec, home, *, resolve_models: bool = True) -> dict[str, I
     for node in dag.nodes.values():
         _check_node(dag, node, first_rows[node.input_name])
         if resolve_models:
-            resolve_model(node.model, dag_dir=dag.path.parent, home=home, where=f"{dag.path}, line {node.line}, nodes.{node.name}.model")
+            resolve_model(node.model, dag_dir=dag.path.parent, home=home, where=dag.where(node.line, f"nodes.{node.name}.model"))
     for output in dag.outputs.values():
         schema = first_rows[output.input_name].schema
         for column, ref in output.columns.items():
             if ref.node is None and ref.field not in schema.names:
                 raise UserError(
                     f"outputs.{output.name}.columns.{column} names {ref.field!r}, which is neither a node nor a column of input {output.input_name!r}",
-                    where=f"{dag.path}, line {output.line}",
+                    where=dag.where(output.line, f"outputs.{output.name}.columns.{column}", in_file=False),
                     hint=f"nodes: {', '.join(dag.nodes)}; columns: {', '.join(schema.names)}",
                 )
     return sources
@@ -52,7 +52,7 @@ def check_dag(dag: DagSpec, home, *, resolve_models: bool = True) -> dict[str, I
 
 def _check_node(dag: DagSpec, node: NodeSpec, first_row: pa.Table) -> None:
     """`first_row`: the input's first row as templates see it (its columns and `row_id`)."""
-    where = f"{dag.path}, line {node.line}, nodes.{node.name}"
+    where = dag.where(node.line, f"nodes.{node.name}")
     schema = first_row.schema
     for column in node.columns_used:
         if column not in schema.names:

@@ -95,7 +95,7 @@ def dag_workloads(dag: DagSpec, sources: dict[str, InputSource], cluster: Cluste
     nodes: list[NodeWorkload] = []
     for name in dag.topological_order():
         node = dag.nodes[name]
-        where = f"{dag.path}, line {node.line}, nodes.{name}"
+        where = dag.where(node.line, f"nodes.{name}")
         profile, profile_notes = _profile_for(node.model, cluster, profiles_root, f"{where}.model", run_settings(dag.engine, cluster),
                                               store)
         notes += [note for note in profile_notes if note not in notes]  # hardware or settings the profile differs in
@@ -145,7 +145,7 @@ def _where_share(dag: DagSpec, node: NodeSpec, source: InputSource) -> tuple[flo
     on the data when the predicate reads input columns only, else an equal share with its
     sibling routes (the router has not answered yet) and the first rows."""
     if node.where and _where_reads_input_only(dag, node):
-        kept, sample = rows_where(source, node.where, where=f"{dag.path}, line {node.line}, nodes.{node.name}.where",
+        kept, sample = rows_where(source, node.where, where=dag.where(node.line, f"nodes.{node.name}.where"),
                                   sample_rows=SAMPLE_ROWS)
         return kept / max(source.num_rows, 1), sample.to_pylist() or source.head_rows(1).to_pylist()
     sample = source.head_rows(SAMPLE_ROWS).to_pylist()

@@ -75,7 +75,7 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
     sources = check_dag(dag, home)
     for name, output in dag.outputs.items():  # a bad target found at the end would cost the run's hours
         if output.copy_to is not None:
-            check_copy_target(output.copy_to, where=f"{dag.path}, line {output.line}, outputs.{name}.copy_to")
+            check_copy_target(output.copy_to, where=dag.where(output.line, f"outputs.{name}.copy_to"))
     planning = None
     if schedule != "sequential":
         planning, why_not = _calibrated_planning(dag, sources, devices, schedule, profiles_root, home)
