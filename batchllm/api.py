@@ -35,6 +35,7 @@ from batchllm.engines.devices import DeviceSet, hardware_name, parse_devices
 from batchllm.engines.engine import EngineFactory
 from batchllm.core.errors import UserError
 from batchllm.planner.plan_file import PROFILES_ROOT, PlanReport, plan_dag
+from batchllm.runtime.console import run_console
 from batchllm.runtime.executor import RunResult
 from batchllm.runtime.launch import run_dag
 from batchllm.runtime.run_dir import RunDir
@@ -101,7 +102,7 @@ def run(dag: str | os.PathLike | Mapping, inputs: Mapping[str, Any] | None = Non
     written = _write_tables(tables)
     try:
         device_set = devices if isinstance(devices, DeviceSet) else session.devices() if session else parse_devices(devices)
-        result, progress = run_dag(spec, out_dir, device_set, fresh=fresh, console=console or Console(stderr=True),
+        result, progress = run_dag(spec, out_dir, device_set, fresh=fresh, console=console or run_console(),
                                    engine_factory=engine_factory, prefix_order=prefix_order, schedule=schedule,
                                    profiles_root=profiles_root, cluster=session)
     except UserError:

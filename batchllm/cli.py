@@ -15,6 +15,7 @@ from rich.console import Console
 
 from batchllm.engines.devices import parse_devices
 from batchllm.core.errors import USAGE_EXIT_CODE, RunIncomplete, UserError
+from batchllm.runtime.console import run_console
 from batchllm.models.embedded import EMBEDDED_MODELS
 from batchllm.models.registry import batchllm_home
 
@@ -41,10 +42,10 @@ def _run_exits() -> Iterator[None]:
     except UserError as error:
         _fail(error)
     except RunIncomplete as incomplete:
-        Console(stderr=True).print(f"[red]run incomplete:[/red] {incomplete}. Fix the cause and run the same command again to resume.")
+        run_console().print(f"[red]run incomplete:[/red] {incomplete}. Fix the cause and run the same command again to resume.")
         raise typer.Exit(1)
     except KeyboardInterrupt:
-        Console(stderr=True).print("interrupted: finished results are kept; run the same command again to resume.")
+        run_console().print("interrupted: finished results are kept; run the same command again to resume.")
         raise typer.Exit(130)
 
 
@@ -76,7 +77,7 @@ def run(
     from batchllm.runtime.memory import limit_malloc_arenas
 
     limit_malloc_arenas()  # this process is the driver, from here on (runtime/memory.py says why)
-    console = Console(stderr=True)
+    console = run_console()
     out = out or Path("runs") / dag.stem
     session = None
     try:
@@ -127,7 +128,7 @@ def run_batch(
     from batchllm.runtime.memory import limit_malloc_arenas
 
     limit_malloc_arenas()  # this process is the driver, from here on (runtime/memory.py says why)
-    console = Console(stderr=True)
+    console = run_console()
     with _run_exits():
         mapping = model_map(model or [], models, batchllm_home())
         done = run_batch_file(input_file, output, mapping, run_dir=run_dir or Path("runs") / output.stem,
@@ -258,7 +259,7 @@ def profile(
     from batchllm.models.registry import resolve_model
     from batchllm.profiling.profiler import ProfileSettings, profile_model
 
-    console = Console(stderr=True)
+    console = run_console()
     try:
         device_set = parse_devices(devices)
         ref = resolve_model(model, dag_dir=Path.cwd(), home=batchllm_home(), where="--model")
@@ -281,7 +282,7 @@ def _profile_quick(model: str, devices: str) -> None:
     from batchllm.planner.plan_file import PROFILES_ROOT
     from batchllm.profiling.quick import quick_profile
 
-    console = Console(stderr=True)
+    console = run_console()
     try:
         device_set = parse_devices(devices)
         ref = resolve_model(model, dag_dir=Path.cwd(), home=batchllm_home(), where="--model")

@@ -4,6 +4,7 @@ fits 80 columns uncut. Every time comes from a fake clock: nothing sleeps."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
 import io
 import json
 import os
@@ -14,6 +15,9 @@ from rich.console import Console
 from batchllm.runtime.progress import NodeStats, RunProgress, eta_s
 from batchllm.runtime.run_summary import summary_lines
 from batchllm.runtime.status import read_status
+
+
+MIDNIGHT = datetime(2026, 11, 25, tzinfo=timezone.utc)  # the wall clock when the progress clock reads 0
 
 
 class Clock:
@@ -28,7 +32,7 @@ def log_progress(tmp_path, terminal: bool = False) -> tuple[RunProgress, Clock, 
     clock, text = Clock(), io.StringIO()
     console = Console(file=text, width=80, force_terminal=terminal)
     progress = RunProgress(console, tmp_path / ".batchllm" / "status.json", line_interval_s=30.0, clock=clock,
-                           wall_time=lambda: f"T{clock.now_s:.0f}")
+                           wall_time=lambda: f"T{clock.now_s:.0f}", wall_clock=lambda: MIDNIGHT + timedelta(seconds=clock.now_s))
     return progress, clock, text
 
 
@@ -40,7 +44,7 @@ def test_without_a_terminal_a_line_per_running_node_every_interval_and_at_the_en
         clock.now_s = 100.0 + second
         progress.advance("gen", units=10, prompt_tokens=10, output_tokens=20)
         progress.tick()
-    assert text.getvalue() == ("gen: 400/1,000 units (40%), 20 output tok/s, ETA 0:01:00\n"
+    assert text.getvalue() == ("gen: 400/1,000 units (40%), 20 output tok/s, ETA 1m00s (ends 2026-11-25 00:03 UTC)\n"
                                "judge: 0/50 units (0%), 0 output tok/s, ETA ?\n")
     clock.now_s = 140.0
     progress.advance("gen", units=600, failed=3)
@@ -50,7 +54,7 @@ def test_without_a_terminal_a_line_per_running_node_every_interval_and_at_the_en
     progress.tick()  # due: only the node still running
     assert text.getvalue().splitlines()[2:] == ["judge: 0/50 units (0%), 0 output tok/s, ETA ?"]
     progress.close("finished")
-    assert text.getvalue().splitlines()[3:] == ["gen: 1,000/1,000 units (100%), 15 output tok/s, ETA 0:00:00",
+    assert text.getvalue().splitlines()[3:] == ["gen: 1,000/1,000 units (100%), 15 output tok/s, ETA 0s",
                                                 "judge: 0/50 units (0%), 0 output tok/s, ETA ?"]
 
 
@@ -224,4 +228,13 @@ def test_the_eta_counts_the_units_a_node_is_expected_to_have_not_every_undecided
         progress.advance("tech", units=10)
     progress.set_total("tech", 10_000, units_expected=4_100)  # 60 % of the decided rows were skipped
     assert eta_s(progress.stats["tech"], 110.0) == (4_100 - 100) * 9 / 90
-    assert progress.progress_lines(110.0, running_only=False) == ["tech: 100/10,000 units (1%), 0 output tok/s, ETA 0:06:40"]
+    assert progress.progress_lines(110.0, running_only=False) == ["tech: 100/10,000 units (1%), 0 output tok/s, ETA 6m40s (ends 2026-11-25 00:08 UTC)"]
+
+
+def test_a_runs_console_keeps_a_long_line_whole_in_a_log():
+    from batchllm.runtime.console import run_console
+
+    log = io.StringIO()
+    note = "plan note: prior for ./models/" + "a-rather-long-folder-name/" * 8 + "model: measured on another host"
+    run_console(file=log).print(note, markup=False, highlight=False)
+    assert log.getvalue() == note + "\n"  # rich would break it at 80 columns

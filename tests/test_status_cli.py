@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -40,7 +41,7 @@ def test_a_running_run(tmp_path):
     assert result.exit_code == 0
     assert result.output == (
         f"{tmp_path}: running, 0:00:10 elapsed (updated U)\n"
-        "gen: 250/1,000 units (25%), 1 failed, ETA 0:00:30\n"
+        "gen: 250/1,000 units (25%), 1 failed, ETA 30s\n"
         "  tokens: prompt 12,500, output 7,000, 700 output tok/s\n"
         "judge: 0/0 units, ETA ?\n"
         "  tokens: prompt 0, output 0, 0 output tok/s\n")
@@ -106,3 +107,15 @@ def test_an_unreadable_status_file_is_exit_2(tmp_path):
     assert " ".join(result.output.split()) == (
         f"error: OUT: '{tmp_path / '.batchllm' / 'status.json'}' is not a status file this batchllm can read (no 'nodes' field). "
         "Fix: run the same `batchllm run` command again to rewrite it.")
+
+
+def test_a_long_eta_says_the_time_left_and_the_date_and_time_it_ends():
+    from batchllm.runtime.status import format_time_left, status_lines
+
+    assert [format_time_left(s) for s in (0, 42.4, 425, 3600, 63_467, 200_000)] == ["0s", "42s", "7m05s", "1h00m", "17h37m", "2d07h"]
+    node = NodeStatus(model="m", committed=1, total=1_000_000, failed=0, prompt_tokens=0, output_tokens=0,
+                      output_tokens_per_s=0.0, eta_s=63_467.0)
+    lines = status_lines(Path("runs/big"), RunStatus("running", 600.0, {"gen": node}, pid=1, started_at="S",
+                                                     updated_at="2026-11-25T10:00:00+00:00", rest_s=63_467.0))
+    assert lines[0] == "runs/big: running, 0:10:00 elapsed, about 17h37m left (ends 2026-11-26 03:37 UTC) (updated 2026-11-25T10:00:00+00:00)"
+    assert lines[1] == "gen: 1/1,000,000 units (0%), ETA 17h37m (ends 2026-11-26 03:37 UTC)"

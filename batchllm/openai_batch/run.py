@@ -28,6 +28,7 @@ from batchllm.openai_batch.batch_dag import batch_dag
 from batchllm.openai_batch.batch_input import BatchInput, prepare_batch
 from batchllm.openai_batch.results import ResultCounts, write_results
 from batchllm.planner.plan_file import PROFILES_ROOT
+from batchllm.runtime.console import run_console
 from batchllm.runtime.launch import run_dag
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_summary import closing_lines
@@ -67,7 +68,7 @@ def run_batch(requests_file: Path, output: Path, models: Mapping[str, str], *, r
             try:
                 dag = load_dag_mapping(batch_dag(str(batch.requests_path.absolute()), batch.groups), Path.cwd(), BATCH_DAG_NAME)
                 device_set = devices if isinstance(devices, DeviceSet) else parse_devices(devices)
-                result, progress = run_dag(dag, run_dir, device_set, fresh=fresh, console=console or Console(stderr=True),
+                result, progress = run_dag(dag, run_dir, device_set, fresh=fresh, console=console or run_console(),
                                            engine_factory=engine_factory, prefix_order=prefix_order, schedule=schedule,
                                            profiles_root=profiles_root)
                 summary = tuple(closing_lines(result, progress, run_dir))

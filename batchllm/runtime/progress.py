@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from batchllm.dag.model import Price
 from batchllm.io.node_journal import JournalStats
-from batchllm.runtime.status import END_STATES, NodeStatus, RunStatus, format_duration, write_status
+from batchllm.runtime.status import END_STATES, NodeStatus, RunStatus, eta_text, write_status
 
 RATE_WINDOW_S = 60.0  # the ETA uses the rate over this much recent time
 SAMPLE_SPACING_S = 1.0  # at most one (time, units done) sample per node per this long
@@ -112,23 +112,28 @@ def recent_pace(stats: NodeStats, now_s: float, left: int) -> RecentPace | None:
     return RecentPace(left * span_s / units, units, span_s)
 
 
-def progress_line(stats: NodeStats, now_s: float) -> str:
-    """`gen: 400/1,000 units (40%), 20 output tok/s, ETA 0:01:00` (ETA `?` when unknown)."""
+def progress_line(stats: NodeStats, now_s: float, wall_now: datetime | None = None) -> str:
+    """`gen: 400/1,000 units (40%), 20 output tok/s, ETA 1m00s (ends 2026-11-25 18:02 UTC)`
+    (ETA `?` when unknown; the end when `wall_now`, the wall clock at `now_s`, is given)."""
     share = f"{stats.units_done / stats.units_total:.0%}" if stats.units_total else "-"
-    eta = eta_s(stats, now_s)
     return (f"{stats.node}: {stats.units_done:,}/{stats.units_total:,} units ({share}), "
-            f"{stats.output_tokens_per_s(now_s):,.0f} output tok/s, ETA {'?' if eta is None else format_duration(eta)}")
+            f"{stats.output_tokens_per_s(now_s):,.0f} output tok/s, {eta_text(eta_s(stats, now_s), wall_now)}")
+
+
+def _wall_clock() -> datetime:
+    return datetime.now(timezone.utc)
 
 
 def _wall_time() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return _wall_clock().isoformat(timespec="seconds")
 
 
 class RunProgress:
     def __init__(self, console: Console, status_path: Path | None = None, *, line_interval_s: float = 30.0,
                  status_interval_s: float = 2.0, clock: Callable[[], float] = time.monotonic,
-                 wall_time: Callable[[], str] = _wall_time):
+                 wall_time: Callable[[], str] = _wall_time, wall_clock: Callable[[], datetime] = _wall_clock):
         self.console, self.status_path, self.clock, self.wall_time = console, status_path, clock, wall_time
+        self.wall_clock = wall_clock  # when a node's ETA ends, in the lines
         self.line_interval_s, self.status_interval_s = line_interval_s, status_interval_s
         self.bars_shown = console.is_terminal
         self._bars = Progress(
@@ -232,7 +237,8 @@ class RunProgress:
         self._write_status(now_s)
 
     def progress_lines(self, now_s: float, running_only: bool) -> list[str]:
-        return [progress_line(s, now_s) for s in self.stats.values() if not (running_only and s.finished_at is not None)]
+        wall_now = self.wall_clock()
+        return [progress_line(s, now_s, wall_now) for s in self.stats.values() if not (running_only and s.finished_at is not None)]
 
     def status(self, now_s: float) -> RunStatus:
         nodes = {s.node: NodeStatus(

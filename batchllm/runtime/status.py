@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from batchllm.core.files import write_text_atomically
@@ -102,16 +102,51 @@ def format_duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def format_time_left(seconds: float) -> str:
+    """Time left as people read it: 42s, 7m05s, 3h12m, 2d04h (not h:mm:ss, which reads as a clock time)."""
+    seconds = max(int(round(seconds)), 0)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
+    return f"{seconds // 86400}d{seconds // 3600 % 24:02d}h"
+
+
+def ends_at(seconds: float, now: datetime | None) -> str:
+    """` (ends 2026-11-25 18:02 UTC)`: when something `seconds` from `now` ends; empty when
+    `now` is unknown or nothing is left."""
+    if now is None or seconds < 1:
+        return ""
+    return f" (ends {(now + timedelta(seconds=seconds)).astimezone(timezone.utc):%Y-%m-%d %H:%M} UTC)"
+
+
+def eta_text(seconds: float | None, now: datetime | None) -> str:
+    """`ETA 3h12m (ends 2026-11-25 18:02 UTC)`, `ETA ?` while unknown."""
+    return "ETA ?" if seconds is None else f"ETA {format_time_left(seconds)}{ends_at(seconds, now)}"
+
+
+def _parsed(iso: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(iso)
+    except ValueError:
+        return None
+
+
 def status_lines(out: Path, status: RunStatus) -> list[str]:
-    """What `batchllm status` prints: a head line, then two short lines per node (80 columns)."""
-    left = f", about {format_duration(status.rest_s)} left" if status.state == "running" and status.rest_s is not None else ""
+    """What `batchllm status` prints: a head line, then two short lines per node (80 columns).
+    Times left count from the status's `updated_at`."""
+    updated = _parsed(status.updated_at)
+    left = (f", about {format_time_left(status.rest_s)} left{ends_at(status.rest_s, updated)}"
+            if status.state == "running" and status.rest_s is not None else "")
     lines = [f"{out}: {status.state}, {format_duration(status.elapsed_s)} elapsed{left} (updated {status.updated_at})"]
     if status.state in ADVICE:
         lines.append(f"  {ADVICE[status.state]}")
     for name, node in status.nodes.items():
         share = f" ({node.committed / node.total:.0%})" if node.total else ""
         failed = f", {node.failed:,} failed" if node.failed else ""
-        eta = "" if status.state != "running" else f", ETA {'?' if node.eta_s is None else format_duration(node.eta_s)}"
+        eta = "" if status.state != "running" else f", {eta_text(node.eta_s, updated)}"
         lines.append(f"{name}: {node.committed:,}/{node.total:,} units{share}{failed}{eta}")
         lines.append(f"  tokens: prompt {node.prompt_tokens:,}, output {node.output_tokens:,}, "
                      f"{node.output_tokens_per_s:,.0f} output tok/s")
