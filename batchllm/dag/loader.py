@@ -1,6 +1,6 @@
 """YAML file or mapping -> DagSpec: structure, types, templates, references and the graph.
 
-Checks that need the data (columns, types, rows) or the models live in `spec.checks`.
+Checks that need the data (columns, types, rows) or the models live in `io.dag_checks`.
 Every error is a UserError naming the field and line (a mapping given in Python, which has
 no lines: the key path, e.g. `nodes.judge.sampling.max_tokens`), raised before anything runs.
 """
