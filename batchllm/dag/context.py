@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from batchllm.dag.model import NodeSpec
 
 
-def template_context(node: NodeSpec, row: Mapping[str, object], upstream: Mapping[str, str], step: int = 0,
+def template_context(node: NodeSpec, row: Mapping[str, object], upstream: Mapping[str, str | None], step: int = 0,
                      previous: str | None = None) -> dict[str, object]:
     context = dict(row)
     context.update(upstream)

@@ -36,12 +36,20 @@ def _fastest_within(timeline: Timeline, name: str, devices: int) -> ExecutionPla
     return min(options, key=lambda p: (node.speeds[p].start_s + timeline.remaining_s(name, p), p.devices))
 
 
+def _fits(timeline: Timeline, name: str, devices: int) -> ExecutionPlan:
+    """The fastest plan of the node within `devices` (a node always has one within the cluster's)."""
+    plan = _fastest_within(timeline, name, devices)
+    if plan is None:
+        raise ValueError(f"node {name!r} has no plan within {devices} devices")
+    return plan
+
+
 def max_heuristic(timeline: Timeline) -> Schedule:
     started = time.perf_counter()
     devices = timeline.problem.cluster.devices
     while not timeline.done:
         name = timeline.ready()[0]
-        timeline = timeline.advance({name: _fastest_within(timeline, name, devices)})
+        timeline = timeline.advance({name: _fits(timeline, name, devices)})
     return Schedule.of("max-heuristic", timeline, time.perf_counter() - started)
 
 
@@ -76,7 +84,7 @@ def even_split(timeline: Timeline, waiting: list[str], free: int) -> dict[str, E
     plans: dict[str, ExecutionPlan] = {}
     for name in admitted:
         reserved -= smallest[name]  # now what the nodes after this one need at least
-        plan = _fastest_within(timeline, name, min(max(share, smallest[name]), free - reserved))
+        plan = _fits(timeline, name, min(max(share, smallest[name]), free - reserved))
         plans[name] = plan
         free -= plan.devices
     return {n: plans[n] for n in waiting if n in plans}

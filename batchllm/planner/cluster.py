@@ -194,9 +194,10 @@ def _closest_cpu_profile(cluster: Cluster, model: str, profiles_root: Path) -> P
     if not siblings:
         raise UserError(f"no profile for model {model!r} on {cluster.hardware!r} or any other CPU under {str(profiles_root)!r}",
                         hint="run `batchllm profile --model <model>` on this machine")
-    if cluster.identity is None:
+    here = cluster.identity
+    if here is None:
         return siblings[0]
-    return min(siblings, key=lambda p: len(differences(p.identity, cluster.identity)))  # ties: the first by folder name
+    return min(siblings, key=lambda p: len(differences(p.identity, here)))  # ties: the first by folder name
 
 
 def candidate_plans(profile: Profile, cluster: Cluster) -> list[ExecutionPlan]:
@@ -231,11 +232,11 @@ def place(blocks: dict[str, tuple[int, int]], kept: Placement, devices: int,
         starts += size_of_node
     free = [True] * devices
     placement: dict[str, list[int]] = {}
-    for node, ids in kept.items():
+    for node, kept_ids in kept.items():
         if node in blocks:
-            for device in ids:
+            for device in kept_ids:
                 free[device] = False
-            placement[node] = list(ids)
+            placement[node] = list(kept_ids)
     for node in sorted(blocks, key=lambda n: -blocks[n][1]):
         replicas, size = blocks[node]
         ids = placement.setdefault(node, [])

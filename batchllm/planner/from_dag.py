@@ -189,7 +189,9 @@ def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own
     yet (upstream outputs, iteration items) is estimated."""
     system = compile_template(node.system, where=f"nodes.{node.name}", first_line=None) if node.system else None
     prompt = compile_template(node.prompt, where=f"nodes.{node.name}", first_line=None)
-    tokens, texts, requests = [], [], []
+    estimated: list[float] = []
+    texts: list[str] = []
+    requests: list[EngineRequest] = []
     for row in rows:
         context = template_context(node, row, {r: "" for r in node.reads}, step=1, previous="")
         extra = upstream_tokens
@@ -202,11 +204,12 @@ def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own
         text = (rendered_system or "") + rendered_prompt
         texts.append(text)
         requests.append(EngineRequest(str(len(requests)), rendered_prompt, rendered_system or None, node.chat))
-        tokens.append(estimated_tokens(len(text)) + extra + (CHAT_OVERHEAD_TOKENS if node.chat else 0))
+        estimated.append(estimated_tokens(len(text)) + extra + (CHAT_OVERHEAD_TOKENS if node.chat else 0))
+    counts = np.array(estimated, float)
     if tokenizer is not None and requests:
         counted = np.array([len(ids) for ids in tokenizer.token_ids_many(requests)], float)
-        tokens = counted + (np.array(tokens) - [estimated_tokens(len(t)) + (CHAT_OVERHEAD_TOKENS if node.chat else 0) for t in texts])
-    tokens = np.maximum(np.round(tokens), 1).astype(np.int64)
+        counts = counted + (counts - [estimated_tokens(len(t)) + (CHAT_OVERHEAD_TOKENS if node.chat else 0) for t in texts])
+    tokens = np.maximum(np.round(counts), 1).astype(np.int64)
     tree = PrefixTree([[ord(c) for c in t] for t in texts], block_tokens * CHARS_PER_TOKEN)
     cached = np.zeros(len(texts), dtype=np.int64)
     cached[tree.order] = tree.cached_tokens() // CHARS_PER_TOKEN

@@ -77,7 +77,7 @@ def _colours(report: PlanReport) -> dict[str, str]:
     return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(report.problem.nodes)}
 
 
-def _font(size: int) -> ImageFont.ImageFont:
+def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
     try:
         return ImageFont.load_default(size=size)
     except TypeError:  # Pillow < 10.1: one bitmap size
@@ -113,9 +113,9 @@ def write_png(report: PlanReport, path: Path) -> Path:
     step = _tick_step(total)
     tick = 0.0
     while tick <= total + 1e-9:
-        x = LEFT + tick * scale
-        draw.line([(x, axis_y), (x, axis_y + 6)], fill="black")
-        draw.text((x - 10, axis_y + 8), f"{tick:g}", fill="black", font=small)
+        tick_x = LEFT + tick * scale
+        draw.line([(tick_x, axis_y), (tick_x, axis_y + 6)], fill="black")
+        draw.text((tick_x - 10, axis_y + 8), f"{tick:g}", fill="black", font=small)
         tick += step
     draw.text((LEFT, axis_y + 26), "time (seconds)", fill="black", font=small)
     legend_y = axis_y + 52

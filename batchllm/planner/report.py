@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 from batchllm.planner.plan_file import PlanReport
@@ -40,8 +40,10 @@ def stage_rows(schedule: Schedule, report: PlanReport) -> list[dict]:
 def print_report(report: PlanReport, console: Console) -> None:
     schedule = report.chosen
     table = Table(title=f"{report.dag_name} on {report.cluster}: {len(schedule.stages)} stage{'s' if len(schedule.stages) != 1 else ''}", title_justify="left")
-    for column, justify in (("stage", "right"), ("node", "left"), ("model", "left"), ("plan", "left"), ("devices", "left"),
-                            ("start s", "right"), ("end s", "right"), ("load s", "right"), ("left", "right")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("stage", "right"), ("node", "left"), ("model", "left"), ("plan", "left"), ("devices", "left"),
+        ("start s", "right"), ("end s", "right"), ("load s", "right"), ("left", "right"))
+    for column, justify in columns:
         table.add_column(column, justify=justify)
     for row in stage_rows(schedule, report):
         left = "done" if row["finished"] else f"{row['requests_left']:.0f}"
@@ -55,7 +57,9 @@ def print_report(report: PlanReport, console: Console) -> None:
         console.print(f"note: {note}")
     if report.compared:
         compare = Table(title="methods on the same cost model", title_justify="left")
-        for column, justify in (("method", "left"), ("estimated s", "right"), ("vs chosen", "right"), ("search s", "right")):
+        compared: tuple[tuple[str, JustifyMethod], ...] = (
+            ("method", "left"), ("estimated s", "right"), ("vs chosen", "right"), ("search s", "right"))
+        for column, justify in compared:
             compare.add_column(column, justify=justify)
         for other in (schedule, *report.compared):
             label = f"chosen ({other.method})" if other is schedule else other.method

@@ -65,5 +65,7 @@ def rollout_schedule(timeline: Timeline, *, max_rollouts: int | None = None) -> 
             end_s = greedy_schedule(after).total_s if not after.done else after.now_s
             if best is None or end_s < best[0] - 1e-9:
                 best = (end_s, after)
+        if best is None:
+            raise ValueError("no stage to roll out from a timeline that is not done")
         timeline = best[1]
     return Schedule.of("greedy+rollout", timeline, time.perf_counter() - started)

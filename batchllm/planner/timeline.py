@@ -267,6 +267,8 @@ class Timeline:
         if placement is None:  # kept engines block aligned placement: everyone moves and reloads
             timeline = replace(self, engines={}, _alone_finish={}, _replicas={})
             placement = timeline.placement_for(plans)
+        if placement is None:  # with no engine kept, a stage within the cluster's devices always fits
+            raise ValueError(f"stage {plans} does not fit the cluster's nodes")
         finish, costs = timeline.finish_times(plans)
         duration = min(finish.values())
         states = dict(self.states)

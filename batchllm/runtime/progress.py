@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from batchllm.dag.model import Price
 from batchllm.io.node_journal import JournalStats
@@ -141,7 +141,7 @@ class RunProgress:
             TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=console, transient=False,
             disable=not self.bars_shown, auto_refresh=True, refresh_per_second=BAR_REFRESH_PER_S,
         )
-        self._tasks: dict[str, int] = {}
+        self._tasks: dict[str, TaskID] = {}
         self.stats: dict[str, NodeStats] = {}
         self.rest: tuple[float, float] | None = None  # (seconds to the run's end, at clock s), calibrated estimate
         # (s into the run, rest s estimated then, work tokens done, units committed in this run)

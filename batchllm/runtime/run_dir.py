@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import shutil
 from pathlib import Path
+from typing import IO
 
 from batchllm.core.errors import UserError
 
@@ -20,7 +21,7 @@ class RunDir:
     def __init__(self, root: Path):
         self.root = root
         self.state = root / ".batchllm"
-        self._lock_file = None
+        self._lock_file: IO[str] | None = None
 
     def journal_folder(self, node: str) -> Path:
         return self.state / "journal" / node
@@ -43,9 +44,9 @@ class RunDir:
         if self.root.exists() and not self.root.is_dir():
             raise UserError(f"--out {str(self.root)!r} exists and is not a folder", hint="choose another --out")
         self.state.mkdir(parents=True, exist_ok=True)
-        self._lock_file = open(self.state / "lock", "w")
+        self._lock_file = lock = open(self.state / "lock", "w")
         try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise UserError(f"another batchllm run is using {str(self.root)!r}", hint="wait for it to finish, or choose another --out") from None
         if fresh:
