@@ -156,6 +156,7 @@ class Executor:
             self.report.write(self.run_dir.root / "run.json")
             write_run_html(self.report, self.device_ids, self.run_dir.root / "run.html")
         self.feeds, self.backlogs, self.preparing = {}, {}, {}
+        self.progress.keep_counts()
         self.ledger = Ledger({})
 
     def _upstream_of(self, name: str) -> dict[str, Upstream | MergedUpstream]:
@@ -252,8 +253,8 @@ class Executor:
         """Give what a turn did to the progress, the stage's log and the observers."""
         for commit in result.commits:
             self._start_progress(commit.node)
-            self.progress.advance(commit.node, units=len(commit.results), prompt_tokens=commit.prompt_tokens,
-                                  output_tokens=commit.output_tokens, failed=commit.failed)
+            self.progress.advance(commit.node, prompt_tokens=commit.prompt_tokens, output_tokens=commit.output_tokens,
+                                  failed=commit.failed)
             log.add_tokens(commit.node, commit.prompt_tokens, commit.output_tokens)
         for engine_step in result.engine_steps:
             log.add_step(engine_label(engine_step.config), engine_step.step.wall_s)
@@ -261,9 +262,6 @@ class Executor:
                 self.progress.count_steps(engine_step.node, [engine_step.step])
         for observer in self.planning.observers:
             observer.observe(result)
-        for name in self.assigned:
-            if name in self.progress.stats:
-                self.progress.set_total(name, self.ledger[name].total_units, self.ledger[name].expected_units)
 
     def _recover(self, losses: tuple[EngineLoss, ...], log: StageLog) -> None:
         """Engines died in a turn (their units are READY again): re-plan when their cluster
@@ -433,7 +431,7 @@ class Executor:
         if name not in self.progress.stats:
             ledger = self.ledger[name]
             model = self.dag.nodes[name].model
-            self.progress.start_node(NodeStats(name, model, ledger.total_units, ledger.committed_units,
+            self.progress.start_node(NodeStats(name, model, ledger.unit_counts, ledger.committed_units,
                                                earlier=self.earlier[name], price=self.dag.prices.get(model)))
 
     # -- outputs ------------------------------------------------------------------------------

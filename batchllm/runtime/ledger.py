@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,6 +43,15 @@ def node_units(request_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(node indices, units) of request ids."""
     request_ids = np.asarray(request_ids, np.int64)
     return request_ids >> UNIT_BITS, request_ids & UNIT_MASK
+
+
+class UnitCounts(NamedTuple):
+    """A node's units as its ledger counts them now: what the progress, the status file and the
+    run summary show (they read these, and keep no count of their own)."""
+
+    total: int  # taking part, or that may still (skipped rows' units excluded)
+    committed: int
+    expected: int  # `total` less the share of undecided rows' units that will likely be skipped
 
 
 class UnitStatus(IntEnum):
@@ -137,6 +147,9 @@ class NodeLedger:
             return self.total_units
         pending_units = pending * self.units / max(self.rows, 1)  # mean steps a row, for iterating nodes
         return self.total_units - round(pending_units * skipped / (admitted + skipped))
+
+    def unit_counts(self) -> UnitCounts:
+        return UnitCounts(self.total_units, self.committed_units, self.expected_units)
 
     def is_settled(self) -> bool:
         """Every unit committed or skipped."""

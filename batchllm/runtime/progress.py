@@ -3,8 +3,9 @@
 the status file that `batchllm status` reads, rewritten every `status_interval_s` and at
 the end.
 
-Invariant: the cost of progress does not grow with the number of results. The executor
-calls `advance` once per node per poll of the engines (a batch of results, not one call
+Invariant: the cost of progress does not grow with the number of results. A node's unit
+counts are its ledger's, read when shown (`NodeStats.counts`); the executor calls `advance`
+once per node per turn with the tokens of the results it committed (a batch, not one call
 per result); each node keeps at most one rate sample per `SAMPLE_SPACING_S`; `tick` is
 called every loop turn and does nothing until an interval is due; bars are redrawn by
 rich at a bounded rate, never by `advance`. Every time comes from the injected `clock`.
@@ -25,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from batchllm.dag.model import Price
 from batchllm.io.node_journal import JournalStats
+from batchllm.runtime.ledger import UnitCounts
 from batchllm.runtime.status import END_STATES, NodeStatus, RunStatus, eta_text, write_status
 
 RATE_WINDOW_S = 60.0  # the ETA uses the rate over this much recent time
@@ -41,10 +43,8 @@ MAX_ESTIMATES = 4096  # calibrated re-estimates of the rest of the run kept (one
 class NodeStats:
     node: str
     model: str
-    units_total: int
-    units_done_before: int
-    units_expected: int | None = None  # units_total less the undecided rows' likely skips (None: units_total)
-    units_done_now: int = 0
+    counts: Callable[[], UnitCounts]  # the node's units now, from its ledger (the one record of them)
+    units_done_before: int = 0  # committed by earlier invocations or stages: in the counts, not in the rates
     failed: int = 0  # results whose finish_reason starts with "error:" (this invocation's, as the tokens)
     prompt_tokens: int = 0
     output_tokens: int = 0
@@ -63,8 +63,21 @@ class NodeStats:
     recent: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))  # (clock s, units done) samples
 
     @property
+    def units_total(self) -> int:
+        return self.counts().total
+
+    @property
     def units_done(self) -> int:
-        return self.units_done_before + self.units_done_now
+        return self.counts().committed
+
+    @property
+    def units_expected(self) -> int:
+        """units_total less the undecided rows' likely skips."""
+        return self.counts().expected
+
+    @property
+    def units_done_now(self) -> int:
+        return self.units_done - self.units_done_before
 
     def elapsed_s(self, now_s: float) -> float:
         return (self.finished_at if self.finished_at is not None else now_s) - self.started_at
@@ -92,10 +105,10 @@ def eta_s(stats: NodeStats, now_s: float) -> float | None:
     slower: the model knows only the engines, and a run can be held back by anything else
     (the driver, its input, a producer). Without a model, the recent pace (from the oldest
     sample in the window to now, so a stalled node's ETA grows); None while it is unknown."""
-    left = stats.units_total - stats.units_done
-    if left <= 0:
+    counts = stats.counts()
+    if counts.total - counts.committed <= 0:
         return 0.0
-    left = max(left if stats.units_expected is None else stats.units_expected - stats.units_done, 1)
+    left = max(counts.expected - counts.committed, 1)
     pace = recent_pace(stats, now_s, left)
     if stats.model_eta is None:
         return None if pace is None else pace.eta_s
@@ -169,18 +182,10 @@ class RunProgress:
         self._tasks[stats.node] = self._bars.add_task(stats.node, total=stats.units_total, completed=stats.units_done_before, rate="")
         self._write_status(self.clock())  # before its engines start (tens of seconds): a resume shows what is done
 
-    def set_total(self, node: str, units_total: int, units_expected: int | None = None) -> None:
-        """A node learns its total as its producers finish rows (`units_expected`: what the
-        rows decided so far suggest it will be, for the time left)."""
-        self.stats[node].units_expected = units_expected
-        if self.stats[node].units_total != units_total:
-            self.stats[node].units_total = units_total
-            self._bars.update(self._tasks[node], total=units_total)
-
-    def advance(self, node: str, prompt_tokens: int = 0, output_tokens: int = 0, *, units: int = 1, failed: int = 0) -> None:
-        """`units` results of `node` were committed (one call per node per poll), `failed` of them errors."""
+    def advance(self, node: str, prompt_tokens: int = 0, output_tokens: int = 0, *, failed: int = 0) -> None:
+        """Results of `node` were committed (one call per node per turn; the ledger counts them),
+        with these tokens, `failed` of them errors."""
         stats = self.stats[node]
-        stats.units_done_now += units
         stats.failed += failed
         stats.prompt_tokens += prompt_tokens
         stats.output_tokens += output_tokens
@@ -188,7 +193,9 @@ class RunProgress:
         if not stats.recent or now_s - stats.recent[-1][0] >= SAMPLE_SPACING_S:
             stats.recent.append((now_s, stats.units_done))
         if self.bars_shown:  # rich redraws at BAR_REFRESH_PER_S; this only sets the numbers
-            self._bars.update(self._tasks[node], advance=units, rate=f"{stats.output_tokens_per_s(now_s):,.0f} tok/s")
+            counts = stats.counts()
+            self._bars.update(self._tasks[node], total=counts.total, completed=counts.committed,
+                              rate=f"{stats.output_tokens_per_s(now_s):,.0f} tok/s")
 
     def count_steps(self, node: str, steps) -> None:
         stats = self.stats[node]
@@ -209,6 +216,11 @@ class RunProgress:
         self.rest = (rest_s, now_s)
         self.estimates.append((run_s, rest_s, sum(s.work_tokens for s in self.stats.values()),
                                sum(s.units_done_now for s in self.stats.values())))
+
+    def keep_counts(self) -> None:
+        """The run's ledger is about to be freed: each node keeps the counts it has now."""
+        for stats in self.stats.values():
+            stats.counts = (lambda last: lambda: last)(stats.counts())
 
     def finish_node(self, node: str) -> None:
         self.stats[node].finished_at = self.clock()
