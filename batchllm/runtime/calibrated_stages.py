@@ -19,7 +19,7 @@ from batchllm.runtime.observer import RunObserver, RunState
 from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.run_calibration import RunCalibration
 from batchllm.runtime.stage_chooser import NodeProgress, RunningPlan, StageChoice
-from batchllm.runtime.stage_planner import SCHEDULE_METHODS, StagePlanner
+from batchllm.runtime.stage_planner import StagePlanner, known_method
 
 ETA_INTERVAL_S = 2.0
 ETA_BUDGET_SHARE = 0.05  # re-estimating takes at most this share of the run's time
@@ -27,9 +27,7 @@ ETA_BUDGET_SHARE = 0.05  # re-estimating takes at most this share of the run's t
 
 class CalibratedStages:
     def __init__(self, calibration: RunCalibration, method: str):
-        if method not in SCHEDULE_METHODS:
-            raise ValueError(f"unknown schedule method {method!r}; known: {sorted(SCHEDULE_METHODS)}")
-        self.calibration, self.method = calibration, method
+        self.calibration, self.method = calibration, known_method(method)
 
     def choose(self, progress: dict[str, NodeProgress], running: dict[str, RunningPlan]) -> StageChoice:
         """The next stage, planned on the calibrated cost model."""

@@ -30,13 +30,17 @@ SCHEDULE_METHODS: dict[str, Callable[[Timeline], Schedule]] = {
 }
 
 
+def known_method(method: str) -> str:
+    if method not in SCHEDULE_METHODS:
+        raise ValueError(f"unknown schedule method {method!r}; known: {sorted(SCHEDULE_METHODS)}")
+    return method
+
+
 class StagePlanner:
     """A `StageChooser` on a fixed cost model (`problem`)."""
 
     def __init__(self, problem: PlanProblem, method: str):
-        if method not in SCHEDULE_METHODS:
-            raise ValueError(f"unknown schedule method {method!r}; known: {sorted(SCHEDULE_METHODS)}")
-        self.problem, self.method = problem, method
+        self.problem, self.method = problem, known_method(method)
 
     def choose(self, progress: dict[str, NodeProgress], running: dict[str, RunningPlan]) -> StageChoice:
         """`progress` holds the unfinished nodes only; `running` the engines by node."""
