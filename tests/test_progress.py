@@ -256,3 +256,10 @@ def test_a_runs_console_keeps_a_long_line_whole_in_a_log():
     note = "plan note: prior for ./models/" + "a-rather-long-folder-name/" * 8 + "model: measured on another host"
     run_console(file=log).print(note, markup=False, highlight=False)
     assert log.getvalue() == note + "\n"  # rich would break it at 80 columns
+
+
+def test_a_note_is_one_line_whatever_the_consoles_width(tmp_path):
+    progress, _, text = log_progress(tmp_path)  # an 80-column console that is not a terminal
+    note = "engine for judge lost; its log: /tmp/" + "a-long-run-folder/" * 6 + "engine.log"
+    progress.note(note)
+    assert text.getvalue() == note + "\n"

@@ -80,9 +80,9 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
     if schedule != "sequential":
         planning, why_not = _calibrated_planning(dag, sources, devices, schedule, profiles_root, home)
         if planning is None:
-            console.print(f"[yellow]no plan:[/yellow] {why_not}; running node by node on all devices")
+            console.print(f"[yellow]no plan:[/yellow] {why_not}; running node by node on all devices", soft_wrap=True)
         for note in planning.calibration.problem.notes if planning and planning.calibration else ():  # e.g. what the profile differs in from this machine
-            console.print(f"plan note: {note}", markup=False, highlight=False)
+            console.print(f"plan note: {note}", markup=False, highlight=False, soft_wrap=True)
     planning = planning or RunPlanning(SequentialStages(devices, dag.topological_order()))
     replanner = None
     if cluster is not None:
@@ -144,4 +144,4 @@ def _save_learnt(calibration: RunCalibration | None, console: Console) -> None:
     except (OSError, UserError) as error:
         lines = [f"the learnt profile was not saved: {error}"]
     for line in lines:
-        console.print(line, markup=False, highlight=False)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -174,7 +174,7 @@ class RunProgress:
         self._bars.__exit__(*exc)
 
     def note(self, message: str) -> None:
-        self.console.print(message)
+        self.console.print(message, soft_wrap=True)
 
     def start_node(self, stats: NodeStats) -> None:
         stats.started_at = self.clock()
