@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
@@ -31,18 +33,16 @@ def test_the_code_keeps_the_layers(tmp_path):
     assert "Contracts: 1 kept, 0 broken." in result.stdout
 
 
-def test_an_import_up_a_layer_breaks_them(tmp_path):
+@pytest.mark.parametrize("module, added, broken", [
+    ("core/paths.py", "\n\ndef _later():\n    from batchllm.runtime import ledger  # noqa: F401\n",
+     "batchllm.core.paths -> batchllm.runtime.ledger"),  # up a layer, inside a function
+    ("io/node_journal.py", "\nfrom batchllm.engines import devices  # noqa: E402,F401\n",
+     "batchllm.io.node_journal -> batchllm.engines.devices"),  # between the two sides of one layer
+])
+def test_a_forbidden_import_breaks_them(tmp_path, module, added, broken):
     root = copy_of_the_tree(tmp_path)
-    paths = root / "batchllm" / "core" / "paths.py"
-    paths.write_text(paths.read_text() + "\n\ndef _later():\n    from batchllm.runtime import ledger  # noqa: F401\n")
+    path = root / "batchllm" / module
+    path.write_text(path.read_text() + added)
     result = lint_imports(root)
     assert result.returncode != 0
-    assert "batchllm.core.paths -> batchllm.runtime.ledger" in result.stdout
-
-
-def test_io_and_engines_stay_apart(tmp_path):
-    root = copy_of_the_tree(tmp_path)
-    journal = root / "batchllm" / "io" / "node_journal.py"
-    journal.write_text(journal.read_text() + "\nfrom batchllm.engines import devices  # noqa: E402,F401\n")
-    result = lint_imports(root)
-    assert result.returncode != 0 and "batchllm.io.node_journal -> batchllm.engines.devices" in result.stdout
+    assert broken in result.stdout
