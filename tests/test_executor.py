@@ -115,6 +115,26 @@ def test_resume_after_a_driver_crash_is_exactly_once(workspace):
             "output_tokens": sum(results.column("num_output_tokens").to_pylist())}, node
 
 
+def test_a_journal_damaged_in_its_middle_is_resumed_with_every_unit_once(workspace):
+    with pytest.raises(DriverCrash):
+        run(workspace, FakeEngineFactory(crash_after_results=7))  # a finished, b three results in
+    tail = workspace.out / ".batchllm" / "journal" / "a" / "tail-000000.jsonl"
+    lines = tail.read_bytes().split(b"\n")
+    damaged_row = json.loads(lines[1])["row"]
+    lines[1] = lines[1][:20] + b"\xff\x00" + lines[1][22:]
+    tail.write_bytes(b"\n".join(lines))
+    resumed, notes = FakeEngineFactory(), []
+    console = Console(quiet=True)
+    console.print = lambda *a, **k: notes.append(" ".join(map(str, a)))  # type: ignore[method-assign]
+    run_dag_file(workspace.dag(ENSEMBLE_DAG), workspace.out, CPU2, console=console, engine_factory=resumed, prefix_order=False,
+                 schedule="sequential")
+    assert ("a", QUESTIONS[damaged_row][0]) in sent(resumed)  # the damaged unit ran again
+    assert sum(1 for node, _ in sent(resumed) if node == "a") == 1
+    assert any("journal damaged:" in n and "1 damaged line(s) set aside" in n for n in notes), notes
+    for node in ORDER:
+        assert node_keys(workspace.out, node) == ALL_KEYS, node
+
+
 def test_engine_death_is_retried_then_the_node_fails_and_independent_nodes_finish(workspace):
     dag = ENSEMBLE_DAG.replace("judge:\n        model: ./tiny-model", "judge:\n        model: ./other-model")
     (workspace.root / "other-model").mkdir()

@@ -168,3 +168,39 @@ def test_committed_keys_come_a_segment_at_a_time_then_the_tail(tmp_path):
     batches = list(journal.committed_key_batches())
     assert [len(rows) for rows, _ in batches] == [2, 2, 1]
     assert sorted((r, s) for rows, steps in batches for r, s in zip(rows.tolist(), steps.tolist())) == keys(journal)
+
+
+def test_a_damaged_line_in_the_middle_of_a_tail_is_set_aside_and_the_rest_stays_committed(tmp_path):
+    journal = ResultJournal(tmp_path / "a", "fp", "a")
+    journal.append_many([record(1), record(2), record(3), record(4)])
+    journal.close()
+    tail = tmp_path / "a" / "tail-000000.jsonl"
+    lines = tail.read_bytes().split(b"\n")
+    lines[1] = b'{"row": 2, "step": 0, "te\x00\xff garbage'  # a disk error inside line 2
+    lines.insert(3, lines[2])  # and a copied line: a second result for row 3
+    tail.write_bytes(b"\n".join(lines))
+    reopened = ResultJournal(tmp_path / "a", "fp", "a")
+    assert keys(reopened) == [(1, 0), (3, 0), (4, 0)]
+    assert len(reopened.damage) == 1
+    assert reopened.damage[0].startswith(f"{tail}: 2 damaged line(s) set aside in tail-000000.jsonl.damaged: line 2 (")
+    assert "4 (a second result for row 3 step 0)" in reopened.damage[0]
+    assert (tmp_path / "a" / "tail-000000.jsonl.damaged").read_bytes().count(b"\n") == 2
+    reopened.append_many([record(2)])  # its unit computed again: committed once
+    reopened.close()
+    again = ResultJournal(tmp_path / "a", "fp", "a")
+    assert keys(again) == [(1, 0), (2, 0), (3, 0), (4, 0)] and again.damage == []
+
+
+def test_a_segment_that_does_not_read_is_set_aside(tmp_path):
+    journal = ResultJournal(tmp_path / "a", "fp", "a", segment_records=2)
+    journal.append_many([record(1), record(2)])  # compacted: seg-000000
+    journal.append_many([record(3), record(4)])  # seg-000001
+    journal.append_many([record(5)])
+    journal.close()
+    segment = tmp_path / "a" / "seg-000000.parquet"
+    segment.write_bytes(segment.read_bytes()[:100])  # cut short: its footer is gone
+    reopened = ResultJournal(tmp_path / "a", "fp", "a", segment_records=2)
+    assert keys(reopened) == [(3, 0), (4, 0), (5, 0)]
+    assert reopened.stats().committed == 3
+    assert reopened.damage == [f"{segment} does not read (Parquet magic bytes not found in footer. Either the file is corrupted "
+                               "or this is not a parquet file.): set aside as seg-000000.parquet.damaged; its units run again"]

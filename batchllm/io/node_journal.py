@@ -103,6 +103,7 @@ class ResultJournal:
         self._segment_stats = JournalStats()
         self._tail: dict[int, ResultRecord] = {}  # key -> record, in the current tail part
         self._cache: tuple[Path, np.ndarray, pa.Array] | None = None  # the last segment texts() read
+        self.damage: list[str] = []  # what opening found damaged and set aside (its units are not committed)
         self._part = self._recover()
         self._file = open(self._tail_path(self._part), "a", encoding="utf-8")
         self._unsynced = 0
@@ -133,31 +134,65 @@ class ResultJournal:
         tails = {int(p.stem[5:]): p for p in self.folder.glob("tail-*.jsonl")}
         for part in set(tails) & set(segments):  # compacted; the delete did not happen
             tails.pop(part).unlink()
-        self._segments = [segments[k] for k in sorted(segments)]
-        for path in self._segments:
-            metadata = pq.read_metadata(path)
-            self._key_ranges.append(_key_range(metadata))
-            stats = metadata.schema.to_arrow_schema().metadata[STATS_KEY]
-            self._segment_stats = self._segment_stats.plus(JournalStats(**json.loads(stats)))
+        self._segments = []
+        for part in sorted(segments):
+            try:
+                metadata = pq.read_metadata(segments[part])
+                key_range = _key_range(metadata)
+                stats = JournalStats(**json.loads(metadata.schema.to_arrow_schema().metadata[STATS_KEY]))
+            except (OSError, ValueError, KeyError, TypeError, IndexError) as error:  # pyarrow's errors are OSError/ValueError
+                self.damage.append(self._set_aside(segments[part], f"does not read ({_first_line(error)})"))
+                continue
+            self._segments.append(segments[part])
+            self._key_ranges.append(key_range)
+            self._segment_stats = self._segment_stats.plus(stats)
         if len(tails) > 1:
-            raise RuntimeError(f"{self.folder}: more than one uncompacted part ({sorted(tails)}): journal is corrupt")
+            for part in sorted(tails)[:-1]:  # only the newest part is appended to: an older one is a copy's leftover
+                self.damage.append(self._set_aside(tails.pop(part), "is an uncompacted part older than the newest"))
         if not tails:
             return max(segments, default=-1) + 1
         part, path = next(iter(tails.items()))
+        self._load_tail(path)
+        return part
+
+    def _load_tail(self, path: Path) -> None:
+        """The tail's committed lines into `_tail`. The torn end of an interrupted write (no
+        newline yet) is cut off; a whole line that does not parse, or repeats a committed
+        (row, step), is damage (a disk or copy error): it is moved to a `.damaged` file
+        beside the journal and its unit is computed again."""
         data = path.read_bytes()
         committed_end = data.rfind(b"\n") + 1
-        for number, line in enumerate(_lines(data[:committed_end]), start=1):
-            item = json.loads(line)
-            record = ResultRecord(item["row"], item["step"], tuple(item["texts"]), item["num_prompt_tokens"],
-                                  item["num_output_tokens"], item["finish_reason"])
+        kept: list[bytes] = []
+        damaged: list[tuple[int, bytes, str]] = []
+        for number, raw in enumerate(data[:committed_end].split(b"\n")[:-1], start=1):
+            try:
+                record = _record_of(raw)
+            except (UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
+                damaged.append((number, raw, _first_line(error)))
+                continue
             key = record.row << STEP_BITS | record.step
             if key in self._tail:
-                raise RuntimeError(f"{path}:{number}: duplicate result for row {record.row} step {record.step}: journal is corrupt")
+                damaged.append((number, raw, f"a second result for row {record.row} step {record.step}"))
+                continue
             self._tail[key] = record
-        if committed_end < len(data):  # the torn end of an interrupted write
+            kept.append(raw)
+        if damaged:
+            aside = path.with_name(f"{path.name}.damaged")
+            with open(aside, "ab") as handle:
+                handle.write(b"".join(raw + b"\n" for _, raw, _ in damaged))
+            with replacing(path, fsync=True) as new:
+                new.path.write_bytes(b"".join(raw + b"\n" for raw in kept))
+            lines = ", ".join(f"{number} ({why})" for number, _, why in damaged[:3]) + (" ..." if len(damaged) > 3 else "")
+            self.damage.append(f"{path}: {len(damaged):,} damaged line(s) set aside in {aside.name}: line {lines}; "
+                               "their units run again")
+        elif committed_end < len(data):  # the torn end of an interrupted write
             with open(path, "r+b") as handle:
                 handle.truncate(committed_end)
-        return part
+
+    def _set_aside(self, path: Path, why: str) -> str:
+        aside = path.with_name(f"{path.name}.damaged")
+        os.replace(path, aside)
+        return f"{path} {why}: set aside as {aside.name}; its units run again"
 
     # -- reading ---------------------------------------------------------------------------
     def committed_keys(self) -> tuple[np.ndarray, np.ndarray]:
@@ -175,7 +210,12 @@ class ResultJournal:
         """(rows, steps) of the committed records, a segment at a time (only those two columns
         are read), then the tail's."""
         for path in self._segments:
-            table = pq.read_table(path, columns=["row", "step"])
+            try:
+                table = pq.read_table(path, columns=["row", "step"])
+            except (OSError, ValueError) as error:  # its footer read at opening; its pages do not
+                raise UserError(f"journal segment {str(path)!r} of node {self.node!r} is damaged: {_first_line(error)}",
+                                where=str(path), hint=f"move it aside (mv {path} {path}.damaged) and run again: its units "
+                                "run again, everything else stays committed") from error
             yield table.column("row").to_numpy(), table.column("step").to_numpy()
         if self._tail:
             yield (np.fromiter((r.row for r in self._tail.values()), np.int64, len(self._tail)),
@@ -281,6 +321,19 @@ def _key_range(metadata: pq.FileMetaData) -> tuple[int, int]:
     first_group, last_group = metadata.row_group(0), metadata.row_group(metadata.num_row_groups - 1)
     row_min, row_max = first_group.column(0).statistics.min, last_group.column(0).statistics.max
     return int(row_min) << STEP_BITS, (int(row_max) << STEP_BITS) | ((1 << STEP_BITS) - 1)
+
+
+def _record_of(raw: bytes) -> ResultRecord:
+    item = json.loads(raw.decode("utf-8"))
+    record = ResultRecord(int(item["row"]), int(item["step"]), tuple(item["texts"]), int(item["num_prompt_tokens"]),
+                          int(item["num_output_tokens"]), str(item["finish_reason"]))
+    if not record.texts or not all(isinstance(t, str) for t in record.texts) or record.row < 0 or record.step < 0:
+        raise ValueError("not a result record")
+    return record
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
 
 
 def _lines(data: bytes) -> list[str]:

@@ -130,6 +130,9 @@ class Executor:
         prints = node_fingerprints(self.dag, self.sources)
         self.journals = {n: ResultJournal(self.run_dir.journal_folder(n), prints[n], n, samples=self.dag.nodes[n].sampling.n)
                          for n in self.order}
+        for journal in self.journals.values():
+            for damage in journal.damage:
+                self.progress.note(f"[yellow]journal damaged:[/yellow] {damage}")
         self.earlier = {n: j.stats() for n, j in self.journals.items()}  # what earlier invocations committed
         self.ledger = Ledger({n: self._node_ledger(n) for n in self.order})
         self.feeds = {}
