@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.console import Console
 
 from batchllm.engines.devices import parse_devices
@@ -42,7 +43,12 @@ def _run_exits() -> Iterator[None]:
     except UserError as error:
         _fail(error)
     except RunIncomplete as incomplete:
-        run_console().print(f"[red]run incomplete:[/red] {incomplete}. Fix the cause and run the same command again to resume.")
+        console = run_console()
+        console.print(f"[red]run incomplete:[/red] {escape(str(incomplete))}. Fix the cause and run the same command again to "
+                      "resume.", soft_wrap=True)
+        for name, path in incomplete.outputs.items():
+            console.print(f"{name}: {path} (incomplete: the results so far; the run that completes replaces it)", markup=False,
+                          highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     except KeyboardInterrupt:
         run_console().print("interrupted: finished results are kept; run the same command again to resume.")

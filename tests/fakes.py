@@ -29,7 +29,7 @@ class FakeEngine:
 
     def poll(self, timeout_s: float) -> list[EngineResult]:
         if self._die_after is not None and self._answered >= self._die_after:
-            raise EngineFailed("fake engine died")
+            raise EngineFailed("fake engine", "died")
         batch, self.queue = self.queue[: self._per_poll], self.queue[self._per_poll:]
         results = []
         for request in batch:

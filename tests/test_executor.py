@@ -142,12 +142,47 @@ def test_engine_death_is_retried_then_the_node_fails_and_independent_nodes_finis
     # a: its first engine dies after 1 result, the second after 1 more, the third after 1 more
     # -> node a fails; b gets a fresh engine and succeeds; judge needs a, so it fails too.
     factory = FakeEngineFactory(die_after=[1, 1, 1])
-    with pytest.raises(RunIncomplete, match="node a: fake engine died; node judge: upstream node 'a' failed"):
+    with pytest.raises(RunIncomplete, match="node a: fake engine: died; node judge: upstream node 'a' failed"):
         run(workspace, factory, dag_text=dag)
     assert len(node_keys(workspace.out, "a")) == 3
     assert node_keys(workspace.out, "b") == ALL_KEYS
     judged = pq.read_table(workspace.out / "judged.parquet").to_pylist()
     assert [row["verdict"] for row in judged] == [None] * 4
+    report = json.loads((workspace.out / "run.json").read_text())  # the data set says it is incomplete
+    assert report["outputs"] == {"judged": {"path": str(workspace.out / "judged.parquet"), "complete": False}}
+    run(workspace, FakeEngineFactory(), dag_text=dag)  # the run that completes replaces it
+    report = json.loads((workspace.out / "run.json").read_text())
+    assert report["failed"] == {} and report["outputs"]["judged"]["complete"] is True
+    assert pq.read_table(workspace.out / "judged.parquet").column("verdict").null_count == 0
+
+
+def test_an_engine_that_cannot_start_fails_its_node_with_the_cause_and_no_empty_data_set_is_written(workspace):
+    from batchllm.engines.engine import EngineFailed
+
+    cause = "ValueError: User-specified max_model_len (100000) is greater than the derived max_model_len (8192)"
+
+    def refusing(config):
+        raise EngineFailed(f"engine for {config.model} failed to start", cause, log_path="/logs/engine-a.log")
+
+    dag = ENSEMBLE_DAG.replace("columns: {question: question, verdict: judge, a_tokens: a.num_output_tokens}",
+                               "columns: {question: question, verdict: judge}")
+    with pytest.raises(RunIncomplete) as incomplete:
+        run(workspace, refusing, dag_text=dag)
+    model = str(workspace.root / "tiny-model")
+    expected = f"engine for {model} failed to start: {cause} (engine log: /logs/engine-a.log)"
+    assert str(incomplete.value) == f"node a: {expected}; node judge: upstream node 'a' failed; node b: {expected}"
+    assert incomplete.value.outputs == {}
+    assert sorted(p.name for p in workspace.out.iterdir()) == [".batchllm", "run.html", "run.json"]  # no data set, no node file
+    report = json.loads((workspace.out / "run.json").read_text())
+    assert report["failed"] == {"a": expected, "judge": "upstream node 'a' failed", "b": expected}
+    assert report["outputs"] == {}
+    status = json.loads((workspace.out / ".batchllm" / "status.json").read_text())
+    assert status["state"] == "incomplete" and status["nodes"]["a"]["failure"] == expected
+    from batchllm.runtime.status import read_status, status_json, status_lines
+
+    assert status_json(read_status(workspace.out))["nodes"]["a"]["failure"] == expected
+    lines = status_lines(workspace.out, read_status(workspace.out))
+    assert lines[lines.index("a: 0/4 units (0%)") + 2] == f"  failed: {expected}"
 
 
 def test_a_changed_node_refuses_old_results_unless_fresh(workspace):

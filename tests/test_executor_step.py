@@ -82,6 +82,6 @@ def test_a_lost_engine_gives_its_units_back_in_the_same_turn(executor):
     engine.engine._die_after = 0  # dies at its next poll, with the 4 units inside
     result = executor.step()
     assert (result.submitted, result.committed) == (4, 0)
-    assert [loss.cause for loss in result.losses] == ["fake engine died"]
+    assert [loss.cause for loss in result.losses] == ["fake engine: died"]
     assert counts(executor, "a") == {"READY": 4}  # READY again, to be queued for the restarted engine
     assert executor.feeds["a"].has_more()

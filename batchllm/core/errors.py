@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 USAGE_EXIT_CODE = 2
 
 
@@ -25,4 +27,9 @@ class UserError(Exception):
 
 
 class RunIncomplete(Exception):
-    """The run stopped with work left (a node failed); outputs so far are kept."""
+    """The run stopped with work left (a node failed). `outputs`: the data sets written with
+    the results so far (marked incomplete in run.json; the run that completes replaces them)."""
+
+    def __init__(self, message: str, outputs: "dict[str, Path] | None" = None):
+        super().__init__(message)
+        self.outputs = dict(outputs or {})

@@ -19,7 +19,12 @@ from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 
 
 class EngineFailed(RuntimeError):
-    """The engine could not start or died; the message says why."""
+    """The engine could not start or died. `what` says which engine and when, `cause` why
+    (never empty: the engine's exception, or the last error lines of its log)."""
+
+    def __init__(self, what: str, cause: str, *, log_path: str | None = None):
+        self.what, self.cause, self.log_path = what, cause or "no cause reported", log_path
+        super().__init__(f"{what}: {self.cause}" + (f" (engine log: {log_path})" if log_path else ""))
 
 
 class Engine(Protocol):

@@ -14,6 +14,7 @@ from a pool thread is killed when that thread ends. Construction returns at once
 from __future__ import annotations
 
 import multiprocessing
+import re
 import queue
 import sys
 import time
@@ -30,11 +31,22 @@ from batchllm.engines.worker import worker_main
 
 
 
-def _log_tail(path: str | None, lines: int = 15) -> str:
+_ERROR_LINE = re.compile(r"\b[A-Za-z_.]*(?:Error|Exception|Exit)\b:?\s*\S")
+_LOG_PREFIX = re.compile(r"^\(?[A-Za-z]*\)?\s*(?:ERROR|WARNING|INFO|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s*")
+
+
+def log_cause(path: str | None, lines: int = 400) -> str:
+    """The last error line of an engine's log (its log prefix cut), '' when there is none:
+    the cause of a worker that died without a word (killed, out of memory, a crash in C)."""
     if not path or not Path(path).is_file():
         return ""
-    tail = Path(path).read_text(errors="replace").splitlines()[-lines:]
-    return "\n".join(tail)
+    with open(path, "rb") as handle:
+        handle.seek(max(0, handle.seek(0, 2) - 256_000))
+        tail = handle.read().decode("utf-8", errors="replace").splitlines()[-lines:]
+    for line in reversed(tail):
+        if _ERROR_LINE.search(line) and "root cause" not in line and not line.lstrip().startswith(("File ", "raise ", "^")):
+            return _LOG_PREFIX.sub("", line.strip())[:500]
+    return ""
 
 
 class WorkerEngine:
@@ -58,10 +70,10 @@ class WorkerEngine:
             self._ready = self._wait_ready(self._start_timeout_s)
         return self._ready
 
-    def _failure(self, reason: str) -> EngineFailed:
-        tail = _log_tail(self.config.log_path)
-        where = f" (engine log: {self.config.log_path})" if self.config.log_path and Path(self.config.log_path).is_file() else ""
-        return EngineFailed(f"{reason}{where}" + (f"\n{tail}" if tail else ""))
+    def _failure(self, what: str, cause: str = "") -> EngineFailed:
+        """`cause`: what the worker said; without it, the last error line of the engine's log."""
+        log = self.config.log_path if self.config.log_path and Path(self.config.log_path).is_file() else None
+        return EngineFailed(f"engine for {self.config.model} {what}", cause or log_cause(log), log_path=log)
 
     def _send(self, message) -> None:
         raise NotImplementedError
@@ -82,8 +94,8 @@ class WorkerEngine:
             return message
         self._kill()
         if isinstance(message, WorkerFailed):
-            raise self._failure(f"engine for {self.config.model} failed to start:\n{message.error}")
-        raise self._failure(f"engine for {self.config.model} did not start within {timeout_s:.0f} s")
+            raise self._failure("failed to start", message.cause)
+        raise self._failure(f"did not start within {timeout_s:.0f} s")
 
     def submit(self, requests: Sequence[EngineRequest]) -> None:
         if requests:
@@ -102,7 +114,7 @@ class WorkerEngine:
             message = self._next_message(timeout_s)
             while message is not None:
                 if isinstance(message, WorkerFailed):
-                    raise self._failure(f"engine for {self.config.model} failed:\n{message.error}")
+                    raise self._failure("failed", message.cause)
                 if isinstance(message, WorkerResults):
                     results.extend(message.results)
                     self._steps.extend(message.steps)
@@ -151,7 +163,7 @@ class ProcessEngine(WorkerEngine):
                 return self._outbox.get(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
             except queue.Empty:
                 if not self._process.is_alive():
-                    raise self._failure(f"engine worker exited with code {self._process.exitcode}") from None
+                    raise self._failure(f"exited with code {self._process.exitcode}") from None
                 if time.monotonic() >= deadline:
                     return None
 

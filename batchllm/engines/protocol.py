@@ -61,7 +61,19 @@ class WorkerResults:
 
 @dataclass(frozen=True)
 class WorkerFailed:
-    error: str
+    cause: str  # one line: the exception's type and message
+    traceback: str = ""
+
+    @classmethod
+    def of(cls, error: BaseException, traceback_text: str = "") -> "WorkerFailed":
+        return cls(exception_cause(error), traceback_text)
+
+
+def exception_cause(error: BaseException) -> str:
+    """An exception as one line: its type and message, without the advice lines some
+    libraries append (pydantic's "For further information visit ...")."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip() and "errors.pydantic.dev" not in line]
+    return f"{type(error).__name__}: {' '.join(lines)}" if lines else type(error).__name__
 
 
 # Driver -> worker messages.

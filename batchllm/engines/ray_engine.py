@@ -25,7 +25,7 @@ from pathlib import Path
 
 from batchllm.engines.engine import EngineFailed
 from batchllm.engines.process_engine import WorkerEngine, _VllmStepperFactory
-from batchllm.engines.protocol import EngineConfig, StopWorker, WorkerFailed
+from batchllm.engines.protocol import EngineConfig, StopWorker, WorkerFailed, exception_cause
 from batchllm.engines.worker import worker_main
 
 TAKE_WAIT_S = 1.0  # an outstanding take returns after this long with nothing to say
@@ -91,7 +91,7 @@ class RayEngine(WorkerEngine):
         node = config.replica.node
         alive = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
         if node not in alive:
-            raise EngineFailed(f"node {node!r} of replica {config.replica} is not in the cluster (alive: {sorted(alive)})")
+            raise EngineFailed(f"engine for {config.model} on node {node!r}", f"the node is not in the cluster (alive: {sorted(alive)})")
         bundle = replica_bundle(config, alive[node]["Resources"])
         self._group = placement_group([bundle], strategy="STRICT_PACK", bundle_label_selector=[{"ray.io/node-id": node}],
                                       name=f"batchllm-{Path(config.model).name}-{node[:8]}-{config.replica.device_ids}")
@@ -117,8 +117,9 @@ class RayEngine(WorkerEngine):
         placed, _ = ray.wait([self._placed], timeout=min(timeout_s, PLACEMENT_TIMEOUT_S))
         if not placed:
             self._kill()
-            raise EngineFailed(f"devices {self.config.replica.device_ids} of node {self.node!r} could not be reserved "
-                               f"within {PLACEMENT_TIMEOUT_S:.0f} s (node lost, or its devices taken)")
+            raise EngineFailed(f"engine for {self.config.model} on node {self.node!r}",
+                               f"devices {self.config.replica.device_ids} could not be reserved within {PLACEMENT_TIMEOUT_S:.0f} s "
+                               "(node lost, or its devices taken)")
         return super()._wait_ready(timeout_s)
 
     def _send(self, message) -> None:
@@ -136,8 +137,7 @@ class RayEngine(WorkerEngine):
             try:
                 self._buffer.extend(ray.get(self._pending))
             except RayError as error:
-                raise self._failure(f"engine actor on node {self.node!r} lost: {type(error).__name__}: "
-                                    f"{str(error).splitlines()[0] if str(error) else ''}") from None
+                raise self._failure(f"actor on node {self.node!r} lost", exception_cause(error)) from None
             self._pending = self._actor.take.remote(TAKE_WAIT_S)
         return self._buffer.popleft()
 

@@ -44,8 +44,9 @@ def worker_main(config: EngineConfig, inbox, outbox, stepper_factory: StepperFac
         stepper = stepper_factory(config)
         outbox.put(stepper.ready)
         serve(stepper, inbox, outbox, parent_alive=lambda: os.getppid() == parent)
-    except BaseException:  # report, then exit: the driver decides what to do
-        outbox.put(WorkerFailed(traceback.format_exc(limit=8)))
+    except BaseException as error:  # report, then exit: the driver decides what to do
+        print(traceback.format_exc(), flush=True)  # into the engine's log
+        outbox.put(WorkerFailed.of(error, traceback.format_exc(limit=8)))
         sys.stdout.flush()
 
 

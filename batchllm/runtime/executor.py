@@ -117,11 +117,13 @@ class Executor:
         release_free_memory()
         try:
             outputs = self._write_outputs()
+            if self.report.outputs:
+                self.report.write(self.run_dir.root / "run.json")
         finally:
             for journal in self.journals.values():
                 journal.close()
         if self.failed:
-            raise RunIncomplete("; ".join(f"node {n}: {cause.splitlines()[0]}" for n, cause in self.failed.items()))
+            raise RunIncomplete("; ".join(f"node {n}: {cause}" for n, cause in self.failed.items()), outputs)
         return RunResult(len(self.engines.starts), dict(self.failed), outputs, self.report)
 
     def open(self) -> None:
@@ -155,7 +157,7 @@ class Executor:
         for journal in self.journals.values():
             journal.sync()
         self.report.finish(wall_s)
-        if self.report.stages:
+        if self.report.stages or self.report.failed:
             self.report.write(self.run_dir.root / "run.json")
             write_run_html(self.report, self.device_ids, self.run_dir.root / "run.html")
         self.feeds, self.backlogs, self.preparing = {}, {}, {}
@@ -188,7 +190,7 @@ class Executor:
             node, ledger = self.dag.nodes[name], self.ledger[name]
             blocked = [u for u in node.upstream if u in self.failed]
             if blocked:
-                self.failed[name] = f"upstream node {blocked[0]!r} failed"
+                self._fail(name, f"upstream node {blocked[0]!r} failed")
                 continue
             if not all(u in self.finished for u in node.upstream):
                 continue
@@ -313,12 +315,17 @@ class Executor:
                 continue
             self.restarts[node] = self.restarts.get(node, 0) + 1
             if self.restarts[node] > MAX_ENGINE_RESTARTS:
-                self.failed[node] = loss.cause or "engine lost"
+                self._fail(node, loss.cause or "engine lost")
                 self.assigned.pop(node, None)
-                self.progress.note(f"[red]node {node} failed:[/red] {loss.cause}")
             else:
                 self.progress.note(f"[yellow]engine for {node} lost; restarting ({self.restarts[node]}/{MAX_ENGINE_RESTARTS})[/yellow]")
         self._settle()
+
+    def _fail(self, node: str, cause: str) -> None:
+        self.failed[node] = cause
+        self.report.failed[node] = cause
+        if node in self.progress.stats:
+            self.progress.node_failed(node, cause)
 
     def _devices_lost(self) -> bool:
         """On a cluster, after engines were lost: when their nodes are gone, the stage ends and
@@ -439,15 +446,25 @@ class Executor:
 
     # -- outputs ------------------------------------------------------------------------------
     def _write_outputs(self) -> dict[str, Path]:
+        """The node files and the output data sets. A run with a failed node writes only what
+        has results (a file of nulls would pass for an answer), marks those files incomplete
+        in run.json, and copies none to `copy_to`; the run that completes replaces them."""
+        complete = not self.failed
+        has_results = {n: self.journals[n].stats().committed > 0 for n in self.order}
         files = {name: InputFile(source.path, source.id_column) for name, source in self.sources.items()}
         for name in self.order:
-            write_node_file(self.journals[name], files[self.dag.nodes[name].input_name], self.run_dir.node_path(name))
+            if complete or has_results[name]:
+                write_node_file(self.journals[name], files[self.dag.nodes[name].input_name], self.run_dir.node_path(name))
         finals = {n: FinalSource(self.journals[n], iterate.over if (iterate := self.dag.nodes[n].iterate) else None)
                   for n in self.order}
         written = {}
         for name, spec in self.dag.outputs.items():
+            feeding = {member for ref in spec.columns.values() if ref.node for member in self.dag.merges.get(ref.node, (ref.node,))}
+            if not complete and not any(has_results[n] for n in feeding):
+                continue
             written[name] = self.run_dir.output_path(name, spec.format)
             write_output_set(spec, files[spec.input_name], finals, self.dag.merges, written[name])
-            if spec.copy_to is not None:
+            self.report.outputs[name] = {"path": str(written[name]), "complete": complete}
+            if spec.copy_to is not None and complete:
                 copy_out(written[name], spec.copy_to, where=f"outputs.{name}.copy_to")
         return written

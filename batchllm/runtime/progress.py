@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from batchllm.dag.model import Price
@@ -160,6 +161,7 @@ class RunProgress:
         # (s into the run, rest s estimated then, work tokens done, units committed in this run)
         self.estimates: deque = deque(maxlen=MAX_ESTIMATES)
         self.state = "running"
+        self._failures: dict[str, str] = {}  # node -> why it stopped with work left
         self._started_s = clock()
         self.started_at = wall_time()
         self._next_line_s = self._started_s + line_interval_s
@@ -172,6 +174,11 @@ class RunProgress:
 
     def __exit__(self, *exc) -> None:
         self._bars.__exit__(*exc)
+
+    def node_failed(self, node: str, cause: str) -> None:
+        """The node stopped with work left: the cause goes to the status file."""
+        self._failures[node] = cause
+        self.note(f"[red]node {node} failed:[/red] {escape(cause)}")
 
     def note(self, message: str) -> None:
         self.console.print(message, soft_wrap=True)
@@ -256,7 +263,7 @@ class RunProgress:
         nodes = {s.node: NodeStatus(
             model=s.model, committed=s.units_done, total=s.units_total, failed=s.earlier.failed + s.failed,
             prompt_tokens=s.earlier.prompt_tokens + s.prompt_tokens, output_tokens=s.earlier.output_tokens + s.output_tokens,
-            output_tokens_per_s=s.output_tokens_per_s(now_s), eta_s=eta_s(s, now_s))
+            output_tokens_per_s=s.output_tokens_per_s(now_s), eta_s=eta_s(s, now_s), failure=self._failures.get(s.node))
             for s in self.stats.values()}
         rest_s = None if self.rest is None or self.state != "running" else max(
             self.rest[0] - (now_s - self.rest[1]), *(n.eta_s for n in nodes.values() if n.eta_s is not None), 0.0)  # no node ends after the run

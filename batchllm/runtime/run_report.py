@@ -84,6 +84,8 @@ class RunReport:
     planned: list[dict] = field(default_factory=list)  # the plan made at the start: start_s, end_s, nodes {name: {plan, devices, start_s}}
     models: dict[str, str] = field(default_factory=dict)  # node -> model
     first_request_s: float | None = None  # from the first stage's engines being ready to the first request sent
+    failed: dict[str, str] = field(default_factory=dict)  # node -> why it stopped with work left
+    outputs: dict[str, dict] = field(default_factory=dict)  # data set -> {path, complete}: complete false after a failed node
 
     def plan_made(self, schedule: Schedule, device_ids: tuple[int, ...]) -> None:
         """Keep the first plan of the run, to compare with what happened."""
@@ -122,7 +124,8 @@ class RunReport:
                 "estimated_s": self.estimated_s, "planning_s": self.planning_s, "overhead_s": self.overhead_s,
                 "overhead_share": self.overhead_s / self.wall_s if self.wall_s else 0.0, "models": self.models,
                 "first_request_s": self.first_request_s,
-                "stages": stages, "planned": self.planned}
+                "stages": stages, "planned": self.planned, "failed": self.failed,
+                "outputs": self.outputs}
 
     def write(self, path: Path) -> None:
         """Atomically: a crash leaves the previous report or the new one, never half."""

@@ -40,6 +40,7 @@ class NodeStatus:
     output_tokens: int
     output_tokens_per_s: float  # this invocation's
     eta_s: float | None  # None: no rate known yet
+    failure: str | None = None  # why the node stopped with work left (its engine's failure); None: it did not fail
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,9 @@ def write_status(path: Path, status: RunStatus) -> None:
     body = asdict(status)
     if body["rest_s"] is None:
         del body["rest_s"]  # a run without a calibrated estimate writes the file it always wrote
+    for node in body["nodes"].values():
+        if node["failure"] is None:
+            del node["failure"]
     write_text_atomically(path, json.dumps(body, indent=1) + "\n")
 
 
@@ -150,6 +154,8 @@ def status_lines(out: Path, status: RunStatus) -> list[str]:
         lines.append(f"{name}: {node.committed:,}/{node.total:,} units{share}{failed}{eta}")
         lines.append(f"  tokens: prompt {node.prompt_tokens:,}, output {node.output_tokens:,}, "
                      f"{node.output_tokens_per_s:,.0f} output tok/s")
+        if node.failure:
+            lines.append(f"  failed: {node.failure}")
     return lines
 
 
@@ -159,5 +165,6 @@ def status_json(status: RunStatus) -> dict:
             "elapsed_s": status.elapsed_s, **({"rest_s": status.rest_s} if status.rest_s is not None else {}), "pid": status.pid,
             "nodes": {name: {"model": n.model, "committed": n.committed, "total": n.total, "failed": n.failed,
                              "prompt_tokens": n.prompt_tokens, "output_tokens": n.output_tokens,
-                             "output_tokens_per_s": n.output_tokens_per_s, "eta_s": n.eta_s}
+                             "output_tokens_per_s": n.output_tokens_per_s, "eta_s": n.eta_s,
+                             **({"failure": n.failure} if n.failure else {})}
                       for name, n in status.nodes.items()}}
