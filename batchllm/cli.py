@@ -161,7 +161,8 @@ def plan(
     lacks): output lengths sampled from each model's distribution, the engine's batching
     simulated step by step. The search grows each stage greedily by throughput per
     device (SamuLLM's Algorithm 1), ends a stage when its first node finishes, and
-    re-plans the devices then; rollouts try nearby stages. Nothing is run.
+    re-plans the devices then; rollouts try nearby stages. Nothing is run. Planned for
+    this machine, the models and engine settings are checked as `validate` checks them.
 
     Example: batchllm plan dags/ensemble_judge.yaml --devices 8xA100-80G --compare
     """
@@ -171,9 +172,17 @@ def plan(
     from batchllm.planner.plan_file import PROFILES_ROOT, plan_dag_file
     from batchllm.planner.report import print_report, report_json
 
+    from batchllm.engines.settings_check import check_engine_settings
+    from batchllm.io.dag_checks import check_dag
+    from batchllm.dag.loader import load_dag
+
     try:
-        if devices == "auto":
-            devices = _this_machine_devices()
+        this_machine = _this_machine_devices()
+        if devices in ("auto", this_machine):  # a plan for this machine: its models and settings are checked as `run` does
+            devices = this_machine
+            spec = load_dag(dag)
+            check_dag(spec, batchllm_home())
+            check_engine_settings(spec, batchllm_home(), parse_devices("auto").kind)
         chart, html_path = chart_paths(chart or Path("plans") / f"{dag.stem}-{devices.replace(':', '').replace('/', '_')}.png")
         report = plan_dag_file(dag, devices, profiles_root=profiles or PROFILES_ROOT, compare=compare)
         try:
@@ -227,14 +236,22 @@ def status(
 
 @app.command()
 def validate(dag: Path = DAG_ARGUMENT) -> None:
-    """Check DAG, its input files and its models without running anything."""
+    """Check DAG, its input files, its models and the engine settings without running anything.
+
+    Models must be on this machine (an embedded name, a complete model directory, or a hub
+    id in the local Hugging Face cache); vLLM's own configuration checks judge the engine
+    settings against each model (the first check of a model and settings takes a few seconds).
+    """
     from batchllm.io.dag_checks import check_dag
     from batchllm.dag.loader import load_dag
     from batchllm.dag.warnings import dag_warnings
 
+    from batchllm.engines.settings_check import check_engine_settings
+
     try:
         spec = load_dag(dag)
         check_dag(spec, batchllm_home())
+        check_engine_settings(spec, batchllm_home(), parse_devices("auto").kind)
     except UserError as error:
         _fail(error)
     for warning in dag_warnings(spec):

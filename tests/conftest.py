@@ -54,10 +54,18 @@ def workspace(tmp_path) -> Workspace:
         pa.table({"doc_id": [d for d, _ in DOCUMENTS], "chunks": pa.array([c for _, c in DOCUMENTS], pa.list_(pa.string()))}),
         root / "documents.parquet",
     )
-    model = root / "tiny-model"  # a model directory for orchestration tests; the fake engine never loads it
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+    make_model_dir(root / "tiny-model")  # for orchestration tests; the fake engine never loads it
     return Workspace(root)
+
+
+def make_model_dir(path: Path) -> Path:
+    """A model directory with the files an engine needs (config, weights, tokenizer), empty:
+    for tests whose fake engines never load it."""
+    path.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "tokenizer.json"):
+        (path / name).write_text("{}")
+    (path / "model.safetensors").write_bytes(b"")
+    return path
 
 
 ENSEMBLE_DAG = """

@@ -17,7 +17,7 @@ from batchllm.engines.devices import DeviceSet, hardware_name
 from batchllm.core.errors import RunIncomplete, UserError
 from batchllm.runtime.launch import run_dag_file
 from batchllm.runtime.ledger import UNIT_BITS, UNIT_MASK
-from tests.conftest import ENSEMBLE_DAG, QUESTIONS
+from tests.conftest import ENSEMBLE_DAG, QUESTIONS, make_model_dir
 from tests.fakes import DriverCrash, FakeEngineFactory
 
 CPU2 = DeviceSet("cpu", (0, 1))
@@ -137,8 +137,7 @@ def test_a_journal_damaged_in_its_middle_is_resumed_with_every_unit_once(workspa
 
 def test_engine_death_is_retried_then_the_node_fails_and_independent_nodes_finish(workspace):
     dag = ENSEMBLE_DAG.replace("judge:\n        model: ./tiny-model", "judge:\n        model: ./other-model")
-    (workspace.root / "other-model").mkdir()
-    (workspace.root / "other-model" / "config.json").write_text("{}")
+    make_model_dir(workspace.root / "other-model")
     # a: its first engine dies after 1 result, the second after 1 more, the third after 1 more
     # -> node a fails; b gets a fresh engine and succeeds; judge needs a, so it fails too.
     factory = FakeEngineFactory(die_after=[1, 1, 1])

@@ -18,6 +18,7 @@ from batchllm.engines.devices import DeviceSet
 from batchllm.core.errors import UserError
 from batchllm.openai_batch import model_map, run_batch
 from batchllm.openai_batch.request_lines import parse_line
+from tests.conftest import make_model_dir
 from tests.fakes import DriverCrash, FakeEngineFactory
 
 CPU2 = DeviceSet("cpu", (0, 1))
@@ -49,8 +50,7 @@ LINES = [
 def batch(tmp_path) -> dict:
     """A request file, two model directories for the fake engine, and their mapping."""
     for name in ("model-a", "model-b"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "config.json").write_text("{}")
+        make_model_dir(tmp_path / name)
     requests = tmp_path / "requests.jsonl"
     requests.write_text("\n".join(LINES) + "\n")
     models = {"gpt-a": str(tmp_path / "model-a"), "gpt-b": str(tmp_path / "model-b")}
@@ -171,8 +171,7 @@ def test_a_missing_request_file_is_refused_and_leaves_no_run_folder(batch):
 
 def test_a_model_mapping_from_options_and_a_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # an option's relative directory starts at the current folder
-    (tmp_path / "local-model").mkdir()
-    (tmp_path / "local-model" / "config.json").write_text("{}")
+    make_model_dir(tmp_path / "local-model")
     mapping = tmp_path / "models.yaml"
     mapping.write_text("gpt-4o: ./local-model\ngpt-4o-mini: smollm2-135m\n")
     mapped = model_map(["gpt-4o-mini=./local-model"], mapping, tmp_path / "home")

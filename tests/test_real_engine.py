@@ -222,6 +222,44 @@ def test_a_prompt_longer_than_the_context_fails_its_row_only(tmp_path, model_hom
     assert rows["long"]["finish_reason"].startswith("error: prompt has ") and "max_model_len is 2048" in rows["long"]["finish_reason"]
 
 
+def test_an_engine_vllm_refuses_at_start_fails_its_node_with_vllms_words_everywhere(tmp_path, model_home):
+    """The settings check before the run would refuse this DAG (tests/test_model_checks.py); a
+    caller that brings its own engine factory skips it, so the real engine meets the setting."""
+    import json
+
+    import pyarrow as pa
+    from typer.testing import CliRunner
+
+    from batchllm.cli import app
+    from batchllm.core.errors import RunIncomplete
+
+    pq.write_table(pa.table({"id": ["a"], "text": ["Say hello."]}), tmp_path / "rows.parquet")
+    dag = tmp_path / "dag.yaml"
+    dag.write_text("inputs:\n  rows: {path: rows.parquet, id_column: id}\nengine:\n  max_model_len: 100000\n"
+                   "nodes:\n  echo:\n    model: smollm2-135m\n    prompt: '{{ text }}'\n    sampling: {max_tokens: 8}\n")
+    out = tmp_path / "out"
+    with pytest.raises(RunIncomplete) as incomplete:
+        run_dag_file(dag, out, parse_devices("cpu:1"), console=Console(quiet=True), engine_factory=start_vllm_engine,
+                     schedule="sequential")
+    refusal = "User-specified max_model_len (100000) is greater than the derived max_model_len"
+    assert str(incomplete.value).startswith("node echo: engine for ") and refusal in str(incomplete.value)
+    assert refusal in json.loads((out / "run.json").read_text())["failed"]["echo"]
+    status = CliRunner().invoke(app, ["status", str(out), "--json"])
+    assert refusal in json.loads(status.output)["nodes"]["echo"]["failure"]
+    assert incomplete.value.outputs == {} and not (out / "nodes").exists()
+
+
+def test_the_embedded_models_shipped_config_is_the_converted_models(model_home):
+    """An embedded model's settings are checked against the config shipped with batchllm
+    (before the model is converted): it must be the config the conversion writes."""
+    import json
+
+    from batchllm.models.embedded import SMOLLM2_135M
+
+    converted = SMOLLM2_135M.prepare(model_home) / "config.json"
+    assert json.loads(converted.read_text()) == json.loads((SMOLLM2_135M.config_dir() / "config.json").read_text())
+
+
 def test_prompt_tokens_without_transformers_equal_transformers_on_the_embedded_model(model_home):
     from transformers import AutoTokenizer
 

@@ -17,6 +17,7 @@ ROUTED_DAG = ENSEMBLE_DAG.replace('prompt: "B {{ question }}"', """prompt: "B {{
 
 def run_cli(workspace, monkeypatch, dag_text: str, *extra: str):
     monkeypatch.setattr("batchllm.runtime.launch.start_vllm_engine", FakeEngineFactory())
+    monkeypatch.setattr("batchllm.runtime.launch.check_engine_settings", lambda dag, home, kind: None)  # vLLM's check: its own tests
     monkeypatch.chdir(workspace.root)
     return CliRunner().invoke(app, ["run", str(workspace.dag(dag_text)), "--out", "out", "--devices", "cpu:2",
                                     "--schedule", "sequential", "--no-prefix-order", *extra], env={"COLUMNS": "80"})

@@ -401,4 +401,5 @@ def _parse_engine(top: _Section, path: Path) -> EngineSpec:
         max_num_seqs=e.get("max_num_seqs", int, None, **positive),
         kv_cache_memory_bytes=e.get("kv_cache_memory_bytes", int, None, **positive),
         enforce_eager=e.get("enforce_eager", bool, None, expect="true or false"),
+        line=top.line("engine"),
     )

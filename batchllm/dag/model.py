@@ -94,6 +94,7 @@ class EngineSpec:
     max_num_seqs: int | None = None
     kv_cache_memory_bytes: int | None = None
     enforce_eager: bool | None = None  # None: eager on CPUs (compiling costs ~100 s there), compiled on GPUs
+    line: int = field(default=0, compare=False)  # of the `engine:` section in the DAG file (0: none, or no file)
 
 
 @dataclass(frozen=True)

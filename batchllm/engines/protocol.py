@@ -72,6 +72,12 @@ class WorkerFailed:
 def exception_cause(error: BaseException) -> str:
     """An exception as one line: its type and message, without the advice lines some
     libraries append (pydantic's "For further information visit ...")."""
+    details = getattr(error, "errors", None)  # pydantic's ValidationError: its messages, without the input it quotes
+    if callable(details):
+        try:
+            return f"{type(error).__name__}: " + "; ".join(str(d["msg"]).removeprefix("Value error, ") for d in details())
+        except (TypeError, KeyError):
+            pass
     lines = [line.strip() for line in str(error).splitlines() if line.strip() and "errors.pydantic.dev" not in line]
     return f"{type(error).__name__}: {' '.join(lines)}" if lines else type(error).__name__
 

@@ -45,6 +45,11 @@ class EmbeddedModel:
             )
         return path
 
+    def config_dir(self) -> Path:
+        """A directory with the converted model's config.json, shipped with batchllm: what the
+        engine's settings are checked against before the model is converted."""
+        return Path(__file__).parent / "embedded_configs" / self.name
+
     def converted_dir(self, home: Path) -> Path:
         return home / "models" / self.name
 

