@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from batchllm.engines.devices import Replica, engine_dtype  # noqa: E402
 from batchllm.engines.process_engine import start_vllm_engine  # noqa: E402
 from batchllm.core.requests import EngineRequest  # noqa: E402
+from batchllm.core.sampling import SamplingSpec
 from batchllm.engines.protocol import EngineConfig  # noqa: E402
 from batchllm.models.registry import batchllm_home, resolve_model  # noqa: E402
 
@@ -37,7 +38,7 @@ def run(model_dir: str, cores: list[int], prompts: list[str], max_tokens: int) -
             engine.ready  # noqa: B018  all loaded before the clock starts
         started = time.perf_counter()
         for engine in engines:
-            engine.submit([EngineRequest(f"r{i}", p, max_tokens=max_tokens, temperature=0.0) for i, p in enumerate(prompts)])
+            engine.submit([EngineRequest(f"r{i}", p, sampling=SamplingSpec(max_tokens=max_tokens, temperature=0.0)) for i, p in enumerate(prompts)])
         pending, finished_at = {k: len(prompts) for k in range(len(engines))}, {}
         while pending:
             for k, engine in enumerate(engines):

@@ -30,6 +30,7 @@ from batchllm.engines.devices import hardware_name  # noqa: E402
 from batchllm.engines.devices import Replica  # noqa: E402
 from batchllm.engines.process_engine import start_vllm_engine  # noqa: E402
 from batchllm.core.requests import EngineRequest  # noqa: E402
+from batchllm.core.sampling import SamplingSpec  # noqa: E402
 from batchllm.engines.protocol import EngineConfig  # noqa: E402
 from batchllm.models.registry import batchllm_home, resolve_model  # noqa: E402
 from batchllm.models.tokens import PromptTokenizer  # noqa: E402
@@ -77,7 +78,7 @@ def main() -> None:
             texts = [t for t in prompts(prompt_set, FIRST_UNUSED_PROMPT, 10_000) if len(t) <= max_chars]
             texts = texts[used.get(prompt_set, 0): used.get(prompt_set, 0) + count]  # no prompt twice across workloads
             used[prompt_set] = used.get(prompt_set, 0) + count
-            requests = [EngineRequest(f"{label}-{i}", text, max_tokens=max_tokens) for i, text in enumerate(texts)]
+            requests = [EngineRequest(f"{label}-{i}", text, sampling=SamplingSpec(max_tokens=max_tokens)) for i, text in enumerate(texts)]
             prompt_tokens = np.array([tokenizer.count(r) for r in requests])
             workload = Workload.of(prompt_tokens, max_tokens)
             plan = ExecutionPlan(1, shape)

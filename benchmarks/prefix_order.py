@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from batchllm.engines.devices import Replica, engine_dtype  # noqa: E402
 from batchllm.engines.process_engine import start_vllm_engine  # noqa: E402
 from batchllm.core.requests import EngineRequest  # noqa: E402
+from batchllm.core.sampling import SamplingSpec
 from batchllm.engines.protocol import EngineConfig  # noqa: E402
 from batchllm.models.registry import batchllm_home, resolve_model  # noqa: E402
 from batchllm.models.tokens import PromptTokenizer  # noqa: E402
@@ -85,8 +86,8 @@ def workload(texts: list[str], tokenizer: PromptTokenizer, target_tokens: int, s
 
 
 def _request(request_id: str, text: str) -> EngineRequest:
-    return EngineRequest(request_id=request_id, prompt=text, system=None, chat=False, max_tokens=MAX_TOKENS,
-                         temperature=0.0, top_p=1.0, seed=0, n=1)
+    return EngineRequest(request_id=request_id, prompt=text, system=None, chat=False, sampling=SamplingSpec(max_tokens=MAX_TOKENS,
+                         temperature=0.0, top_p=1.0, seed=0, n=1))
 
 
 def orders(items: list[tuple[str, list[int]]], replicas: int, block_size: int) -> dict[str, list[list[int]]]:

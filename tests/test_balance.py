@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from batchllm.core.requests import EngineRequest
+from batchllm.core.sampling import SamplingSpec
 from batchllm.costmodel.estimator import ExecutionPlan, Workload, estimate
 from batchllm.costmodel.profile import ReplicaShape
 from batchllm.ordering.balance import balance
@@ -65,7 +66,7 @@ def test_the_estimate_models_the_runtimes_split(monkeypatch):
 
     rng = np.random.default_rng(7)
     prompts, outputs = rng.integers(10, 100, 60), rng.integers(1, 150, 60)  # within the profile's 256 positions
-    requests = [EngineRequest(i, "x", max_tokens=int(o), prompt_token_ids=tuple(range(int(p))))
+    requests = [EngineRequest(i, "x", sampling=SamplingSpec(max_tokens=int(o)), prompt_token_ids=tuple(range(int(p))))
                 for i, (p, o) in enumerate(zip(prompts, outputs))]
     runtime = [sorted(r.request_id for r in part) for part in split(requests, 3, 16, prefix_order=False).replicas]
     seen: list[list[list[int]]] = []

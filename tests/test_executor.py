@@ -200,7 +200,7 @@ def test_sampling_n_keeps_every_completion(workspace):
                                                           'prompt: "A {{ question }}"\n        sampling: {n: 2, seed: 3}'))
     table = pq.read_table(workspace.out / "nodes" / "a.parquet")
     assert table.column("texts").to_pylist()[0] == ["<A What is a prime number?>"] * 2
-    assert {r.seed for r in factory.requests if r.request_id >> UNIT_BITS == 0} == {3}
+    assert {r.sampling.seed for r in factory.requests if r.request_id >> UNIT_BITS == 0} == {3}
 
 
 def test_ctrl_c_keeps_committed_results_and_says_how_to_resume(workspace, monkeypatch):

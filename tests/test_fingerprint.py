@@ -29,3 +29,15 @@ def test_the_order_of_a_merge_decides_the_readers_fingerprint(workspace):
     ab = node_fingerprints(load_dag(workspace.dag(dag % "a, b", "ab.yaml")))
     ba = node_fingerprints(load_dag(workspace.dag(dag % "b, a", "ba.yaml")))
     assert ab["a"] == ba["a"] and ab["judge"] != ba["judge"]
+
+
+def test_sampling_keys_added_later_leave_earlier_runs_resumable_and_count_once_set(workspace):
+    from batchllm.runtime.fingerprint import _decisive_fields
+
+    before = node_fingerprints(load_dag(workspace.dag(ENSEMBLE_DAG)))
+    assert _decisive_fields(load_dag(workspace.dag(ENSEMBLE_DAG)).nodes["a"])["sampling"] == {  # what earlier versions hashed
+        "max_tokens": 128, "temperature": 0.0, "top_p": 1.0, "seed": None, "n": 1}
+    for key, value in [("stop", "['###']"), ("repetition_penalty", "1.2"), ("logprobs", "true"), ("top_k", "5")]:
+        text = ENSEMBLE_DAG.replace('prompt: "A {{ question }}"', f'prompt: "A {{{{ question }}}}"\n        sampling: {{{key}: {value}}}')
+        changed = node_fingerprints(load_dag(workspace.dag(text, f"{key}.yaml")))
+        assert changed["a"] != before["a"] and changed["b"] == before["b"], key

@@ -122,6 +122,7 @@ def test_no_replicas_is_an_error():
 
 def test_the_runtime_prepares_requests_tokenized_and_in_prefix_order():
     from batchllm.core.requests import EngineRequest
+    from batchllm.core.sampling import SamplingSpec
     from batchllm.runtime.prepare import RequestPreparer
 
     class CharacterTokenizer:  # one token per character
@@ -130,7 +131,7 @@ def test_the_runtime_prepares_requests_tokenized_and_in_prefix_order():
 
     preparer = RequestPreparer(prefix_order=True, tokenizer_for=lambda model_dir: CharacterTokenizer())
     texts = ["zz question 1", "shared document, question a", "zz question 2", "shared document, question b"]
-    requests = [EngineRequest(request_id=str(i), prompt=t, chat=False, max_tokens=4) for i, t in enumerate(texts)]
+    requests = [EngineRequest(request_id=str(i), prompt=t, chat=False, sampling=SamplingSpec(max_tokens=4)) for i, t in enumerate(texts)]
     window = preparer.submit(requests, "model-dir", 4, 1).result(timeout=30)
     assert [r.request_id for r in window.replicas[0]] == ["1", "3", "0", "2"]
     assert window.replicas[0][0].prompt_token_ids == tuple(ord(c) for c in texts[1])  # the engine need not tokenize

@@ -7,6 +7,7 @@ import time
 from batchllm.engines.devices import Replica
 from batchllm.engines.process_engine import ProcessEngine
 from batchllm.core.requests import EngineRequest
+from batchllm.core.sampling import SamplingSpec
 from batchllm.engines.protocol import EngineConfig
 from benchmarks.standin_engine import MAX_MODEL_LEN, standin_engine, standin_text
 
@@ -46,7 +47,7 @@ def test_counts_token_ids_cuts_at_max_tokens_and_refuses_what_does_not_fit():
     try:
         engine.submit([
             EngineRequest("ids", "one two three four", prompt_token_ids=tuple(range(37))),
-            EngineRequest("cut", "one two three four", max_tokens=2, n=2),
+            EngineRequest("cut", "one two three four", sampling=SamplingSpec(max_tokens=2, n=2)),
             EngineRequest("long", "x" * (4 * MAX_MODEL_LEN)),
         ])
         by_id = {r.request_id: r for r in collect(engine, 3)}

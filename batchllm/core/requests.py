@@ -13,27 +13,42 @@ from enum import Enum
 from typing import NamedTuple
 
 from batchllm.core.output_constraint import OutputConstraint
+from batchllm.core.sampling import DEFAULT_SAMPLING, SamplingSpec
 
 RequestId = int | str  # opaque to engines, which give it back with the result (the runtime's: see runtime/ledger.py)
 
 
+Message = tuple[str, str]  # (role, content) of a chat message: system, user or assistant
+
+
 class EngineRequest(NamedTuple):
     request_id: RequestId
-    prompt: str  # the user message when `chat`, else the raw completion prompt
+    prompt: str  # the user message when `chat`, else the raw completion prompt ("" when `messages` holds the chat)
     system: str | None = None
     chat: bool = True
-    max_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    n: int = 1
+    sampling: SamplingSpec = DEFAULT_SAMPLING  # one object shared by a node's requests
     prompt_token_ids: tuple[int, ...] | None = None  # the prompt as the model's tokenizer gives it (chat template applied); None: the engine tokenizes
     output: OutputConstraint | None = None  # structured output the engine enforces
+    messages: tuple[Message, ...] | None = None  # a whole conversation (then `prompt` and `system` are unused)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling.max_tokens
+
+    @property
+    def n(self) -> int:
+        return self.sampling.n
 
     def with_token_ids(self, token_ids: Sequence[int]) -> "EngineRequest":
         """This request with its prompt's token ids (positional: `_replace` costs twice as much)."""
-        return EngineRequest(self.request_id, self.prompt, self.system, self.chat, self.max_tokens, self.temperature,
-                             self.top_p, self.seed, self.n, tuple(token_ids), self.output)
+        return EngineRequest(self.request_id, self.prompt, self.system, self.chat, self.sampling, tuple(token_ids), self.output,
+                             self.messages)
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        """The chat as the model's chat template takes it."""
+        if self.messages is not None:
+            return [{"role": role, "content": content} for role, content in self.messages]
+        return ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": self.prompt}]
 
 
 class FinishReason(str, Enum):
@@ -63,6 +78,14 @@ def parse_finish_text(text: str) -> tuple[FinishReason, str | None]:
     return FinishReason(text), None
 
 
+class TokenLogprob(NamedTuple):
+    """One output token: its text, its log probability, and the most likely tokens there."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()  # (token, logprob), most likely first
+
+
 class EngineResult(NamedTuple):
     request_id: RequestId
     texts: tuple[str, ...]  # n completions; texts[0] is the main one
@@ -70,6 +93,7 @@ class EngineResult(NamedTuple):
     num_output_tokens: int  # summed over the n completions
     finish_reason: FinishReason
     error: str | None = None  # why it could not run (finish_reason ERROR)
+    logprobs: tuple[TokenLogprob, ...] | None = None  # of texts[0], token by token, when the request asked for them
 
     @classmethod
     def failed(cls, request_id: RequestId, num_prompt_tokens: int, why: str) -> "EngineResult":

@@ -2,7 +2,8 @@
 node file, the DAG's `node.field` output columns and the readers of those files use.
 
 A result is keyed by where it belongs (the row's position in the journal, the row's id in a
-node file) and its step; `texts` holds every completion when a node samples n > 1.
+node file) and its step; `texts` holds every completion when a node samples n > 1, and
+`logprobs` each output token's log probability (and the top ones) when a node asks for them.
 """
 
 from __future__ import annotations
@@ -14,8 +15,21 @@ RESULT_FIELDS = (("text", pa.string()), ("num_prompt_tokens", pa.int64()), ("num
 RESULT_FIELD_NAMES = tuple(name for name, _ in RESULT_FIELDS)  # what an output column may name as `node.field`
 STEP_FIELD = ("step", pa.int32())
 SAMPLES_FIELD = ("texts", pa.list_(pa.string()))
+TOP_LOGPROB = pa.struct([("token", pa.string()), ("logprob", pa.float64())])
+LOGPROBS_FIELD = ("logprobs", pa.list_(pa.struct([("token", pa.string()), ("logprob", pa.float64()),
+                                                   ("top_logprobs", pa.list_(TOP_LOGPROB))])))
+LOGPROB_FIELDS = ("logprobs", "logprob")  # what `node.field` may name of a node with `logprobs: true` (logprob: their sum)
 
 
-def result_schema(key: tuple[str, pa.DataType], samples: int = 1) -> pa.Schema:
-    """`key`, the step, the result's fields, and `texts` when a node samples more than one."""
-    return pa.schema([key, STEP_FIELD, *RESULT_FIELDS, *([SAMPLES_FIELD] if samples > 1 else [])])
+def result_schema(key: tuple[str, pa.DataType], samples: int = 1, logprobs: bool = False) -> pa.Schema:
+    """`key`, the step, the result's fields, `texts` when a node samples more than one, and
+    `logprobs` when it keeps them."""
+    return pa.schema([key, STEP_FIELD, *RESULT_FIELDS, *([SAMPLES_FIELD] if samples > 1 else []),
+                      *([LOGPROBS_FIELD] if logprobs else [])])
+
+
+def logprobs_rows(logprobs) -> list[dict] | None:
+    """A result's TokenLogprobs as the rows of a `logprobs` cell."""
+    if logprobs is None:
+        return None
+    return [{"token": t, "logprob": lp, "top_logprobs": [{"token": tt, "logprob": tl} for tt, tl in top]} for t, lp, top in logprobs]

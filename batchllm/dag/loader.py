@@ -15,7 +15,8 @@ from pathlib import Path
 
 import networkx as nx
 
-from batchllm.core.result_schema import RESULT_FIELD_NAMES
+from batchllm.core.result_schema import LOGPROB_FIELDS, RESULT_FIELD_NAMES
+from batchllm.core.sampling import SAMPLING_KEYS, SamplingError, SamplingSpec, sampling_from
 from batchllm.core.errors import UserError
 from batchllm.dag.model import (
     INPUT_FORMATS,
@@ -29,9 +30,9 @@ from batchllm.dag.model import (
     OutputConstraint,
     OutputSpec,
     Price,
-    SamplingSpec,
 )
-from batchllm.dag.templates import compile_template
+from batchllm.dag.templates import compile_expression, compile_template
+from batchllm.dag.node_prompt import message_templates
 from batchllm.dag.sql_names import sql_identifiers
 from batchllm.dag.yaml_lines import LineDict, read_yaml
 from batchllm.core.paths import is_uri
@@ -204,15 +205,12 @@ def _parse_sampling(node: _Section, path: Path) -> SamplingSpec:
     if "sampling" not in node.mapping:
         return SamplingSpec()
     where = f"{node.where}.sampling"
-    s = _Section(path, node.mapping["sampling"], where, node.line("sampling"), {"max_tokens", "temperature", "top_p", "seed", "n"})
-    number = (int, float)
-    return SamplingSpec(
-        max_tokens=s.get("max_tokens", int, 128, check=lambda v: v > 0, expect="a positive integer"),
-        temperature=float(s.get("temperature", number, 0.0, check=lambda v: v >= 0, expect="a number >= 0")),
-        top_p=float(s.get("top_p", number, 1.0, check=lambda v: 0 < v <= 1, expect="a number in (0, 1]")),
-        seed=s.get("seed", int, None, expect="an integer"),
-        n=s.get("n", int, 1, check=lambda v: v >= 1, expect="an integer >= 1"),
-    )
+    s = _Section(path, node.mapping["sampling"], where, node.line("sampling"), set(SAMPLING_KEYS))
+    try:
+        return sampling_from({key: _plain(s.mapping[key]) for key in s.mapping})
+    except SamplingError as error:
+        s.fail(error.key if error.key in s.mapping else None, f"{where}.{error.message}")
+        raise
 
 
 CONSTRAINT_KEYS = ("choices", "json_schema", "regex")
@@ -254,7 +252,7 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
     if not raw:
         top.fail("nodes", "the DAG declares no nodes", "add at least one LLM stage under `nodes:`")
     section = _Section(path, raw, "nodes", top.line("nodes"), set(raw))
-    allowed = {"model", "input", "prompt", "system", "chat", "sampling", "where", "iterate", "output"}
+    allowed = {"model", "input", "prompt", "system", "messages", "chat", "sampling", "where", "iterate", "output"}
     parsed: dict[str, tuple[_Section, NodeSpec, set[str]]] = {}
     for name, body in raw.items():
         _check_name(section, name, "node")
@@ -272,8 +270,26 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
         where_text = node.get("where", str, None, expect="a SQL predicate")
         names: set[str] = set()
         templates = {}
+        messages = None
+        if "messages" in node.mapping:
+            given = [key for key in ("prompt", "system") if key in node.mapping]
+            if given:
+                node.fail(given[0], f"nodes.{name} gives both `messages:` and `{given[0]}:`",
+                          "write the system text and the prompt as messages, or drop `messages:`")
+            if node.mapping.get("chat") is False:
+                node.fail("chat", f"nodes.{name} gives `messages:` with `chat: false`", "messages need the chat template")
+            try:
+                messages = message_templates(_plain(node.mapping["messages"]), f"nodes.{name}.messages")
+            except ValueError as error:
+                node.fail("messages", str(error))
+            where = f"{path}, nodes.{name}.messages" if node.line("messages") else f"nodes.{name}.messages"
+            if isinstance(messages, str):
+                names |= compile_expression(messages, where=where).names
+            else:
+                for k, turn in enumerate(messages or ()):
+                    names |= compile_template(turn.content, where=f"{where}[{k}].content", first_line=None).names
         for key in ("prompt", "system"):
-            source = node.get(key, str, None if key == "system" else ..., expect="a template string")
+            source = node.get(key, str, None if key == "system" or messages is not None else ..., expect="a template string")
             if source is not None:
                 first_line = node.mapping.value_line(key)
                 where = f"{path}, nodes.{name}.{key}" if first_line else f"nodes.{name}.{key}"
@@ -293,7 +309,7 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
             name=name,
             model=node.get("model", str, expect="a model name or directory"),
             input_name=input_name,
-            prompt=templates["prompt"].source,
+            prompt=templates["prompt"].source if "prompt" in templates else "",
             system=templates["system"].source if "system" in templates else None,
             chat=node.get("chat", bool, True, expect="true or false"),
             sampling=_parse_sampling(node, path),
@@ -305,6 +321,7 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
             output=_parse_output(node, path),
             merges_read=merges_read,
             reads=reads,
+            messages=messages,
         )
         parsed[name] = (node, spec, names)
     for name, (node, spec, _) in parsed.items():
@@ -362,10 +379,13 @@ def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], node
             if head in nodes or head in merges:
                 field = field or "text"
                 json_fields = _json_fields(head, nodes, merges)
-                if field not in RESULT_FIELD_NAMES and field not in json_fields:
-                    out.fail("columns", f"outputs.{name}.columns.{column}: {ref!r} names unknown field {field!r}",
-                             f"fields: {', '.join((*RESULT_FIELD_NAMES, *json_fields))}")
-                columns[column] = ColumnRef(head, field, None if field in RESULT_FIELD_NAMES else json_fields[field])
+                with_logprobs = all(nodes[m].sampling.logprobs for m in merges.get(head, (head,)))
+                known = (*RESULT_FIELD_NAMES, *(LOGPROB_FIELDS if with_logprobs else ()))
+                if field not in known and field not in json_fields:
+                    hint = (f"set `sampling: {{logprobs: true}}` on {head!r} to keep them" if field in LOGPROB_FIELDS
+                            else f"fields: {', '.join((*known, *json_fields))}")
+                    out.fail("columns", f"outputs.{name}.columns.{column}: {ref!r} names unknown field {field!r}", hint)
+                columns[column] = ColumnRef(head, field, None if field in known else json_fields[field])
             else:
                 columns[column] = ColumnRef(None, ref)
         node_inputs = {nodes[merges[c.node][0] if c.node in merges else c.node].input_name for c in columns.values() if c.node}

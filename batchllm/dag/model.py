@@ -11,19 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchllm.core.output_constraint import OutputConstraint
+from batchllm.core.sampling import SamplingSpec
 
 # What an input may be read from (`io.input_formats`), and what an output data set may be written as.
 INPUT_FORMATS = ("parquet", "jsonl", "csv", "hf")
 OUTPUT_FORMATS = ("parquet", "jsonl")
-
-
-@dataclass(frozen=True)
-class SamplingSpec:
-    max_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    n: int = 1
 
 
 @dataclass(frozen=True)
@@ -49,6 +41,12 @@ class IterateSpec:
 
 
 @dataclass(frozen=True)
+class MessageTemplate:
+    role: str  # system, user or assistant
+    content: str  # a template
+
+
+@dataclass(frozen=True)
 class NodeSpec:
     name: str
     model: str
@@ -65,6 +63,9 @@ class NodeSpec:
     output: OutputConstraint | None = None
     merges_read: tuple[str, ...] = ()  # merges (see DagSpec.merges) its templates or `where` read; their members are in `upstream`
     reads: tuple[str, ...] = ()  # the upstream texts it reads by name: upstream nodes it names, and merges
+    # The chat as turns (a template each), or as one expression that yields the list (see dag.node_prompt);
+    # `prompt` and `system` are "" and None then.
+    messages: tuple[MessageTemplate, ...] | str | None = None
 
 
 @dataclass(frozen=True)

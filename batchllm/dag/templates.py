@@ -98,3 +98,30 @@ def render_checked(template: PromptTemplate, context: dict[str, object], *, wher
         raise UserError(f"template error: {exc.message}", where=where) from None
     except (TypeError, ValueError, ArithmeticError, jinja2.TemplateError) as exc:
         raise UserError(f"template failed to render: {exc}", where=where) from None
+
+
+@dataclass(frozen=True)
+class ExpressionTemplate:
+    """One Jinja expression (`conversation`, `few_shot + turns`): a value, not text."""
+
+    source: str
+    names: frozenset[str]
+    compiled: object
+
+    def evaluate(self, context: dict[str, object], *, where: str) -> object:
+        try:
+            return self.compiled(**context)  # type: ignore[operator]
+        except jinja2.exceptions.UndefinedError as exc:
+            raise UserError(f"expression error: {exc.message}", where=where) from None
+        except (jinja2.exceptions.SecurityError, TypeError, ValueError, ArithmeticError, jinja2.TemplateError) as exc:
+            raise UserError(f"expression failed: {exc}", where=where) from None
+
+
+def compile_expression(source: str, *, where: str) -> ExpressionTemplate:
+    """Parse and check an expression as `compile_template` checks a template."""
+    template = compile_template("{{ " + source + " }}", where=where, first_line=None)
+    try:
+        compiled = _ENVIRONMENT.compile_expression(source, undefined_to_none=False)
+    except jinja2.TemplateSyntaxError as exc:
+        raise UserError(f"expression syntax error: {exc.message}", where=where) from None
+    return ExpressionTemplate(source, template.names, compiled)

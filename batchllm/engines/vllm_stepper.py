@@ -14,7 +14,8 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
-from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, RequestId
+from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, RequestId, TokenLogprob
+from batchllm.core.sampling import SamplingSpec
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 from batchllm.models.tokens import PromptTokenizer
 
@@ -48,14 +49,30 @@ class _LiveRequest:
     pieces: list[list[str]]  # per completion: text deltas
     output_tokens: list[int]
     finish_reasons: list[str | None]
+    logprobs: list[TokenLogprob] | None = None  # of the main completion, when asked for
+    top_logprobs: int = 0
     decoding: bool = False
 
     @classmethod
-    def new(cls, request_id: RequestId, prompt_tokens: int, n: int) -> "_LiveRequest":
-        return cls(request_id, prompt_tokens, [[] for _ in range(n)], [0] * n, [None] * n)
+    def new(cls, request_id: RequestId, prompt_tokens: int, sampling: SamplingSpec) -> "_LiveRequest":
+        n = sampling.n
+        return cls(request_id, prompt_tokens, [[] for _ in range(n)], [0] * n, [None] * n,
+                   [] if sampling.logprobs else None, sampling.top_logprobs)
 
     def context(self) -> int:
         return sum(self.prompt_tokens + tokens for tokens in self.output_tokens)
+
+
+def _token_logprobs(token_ids, positions, top_k: int) -> list[TokenLogprob]:
+    """vLLM's per-position {token id: Logprob} (the sampled token, and the `top_k` most
+    likely ranked 1..top_k) -> ours."""
+    tokens = []
+    for token_id, candidates in zip(token_ids, positions):
+        chosen = candidates[token_id]
+        top = sorted((c for c in candidates.values() if c.rank is not None and 1 <= c.rank <= top_k), key=lambda c: c.rank)
+        tokens.append(TokenLogprob(chosen.decoded_token or "", float(chosen.logprob),
+                                   tuple((c.decoded_token or "", float(c.logprob)) for c in top)))
+    return tokens
 
 
 @dataclass
@@ -132,9 +149,13 @@ class VllmStepper:
         from vllm.exceptions import VLLMError
         from vllm.sampling_params import RequestOutputKind
 
+        s = request.sampling
         params = SamplingParams(
-            n=request.n, max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
-            seed=None if request.seed is None else request_seed(request.seed, request.request_id),
+            n=s.n, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
+            seed=None if s.seed is None else request_seed(s.seed, request.request_id),
+            stop=list(s.stop) or None, presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+            repetition_penalty=s.repetition_penalty, top_k=s.top_k, min_p=s.min_p, logit_bias=dict(s.logit_bias) or None,
+            ignore_eos=s.ignore_eos, min_tokens=s.min_tokens, logprobs=s.top_logprobs if s.logprobs else None,
             output_kind=RequestOutputKind.DELTA, structured_outputs=_structured(request.output),
         )
         ids = list(request.prompt_token_ids) if request.prompt_token_ids is not None else self._tokenizer.token_ids(request)
@@ -146,7 +167,7 @@ class VllmStepper:
             self._engine.add_request(text_id, {"prompt_token_ids": ids}, params)
         except (VLLMError, ValueError) as exc:  # any other request vLLM refuses
             return EngineResult.failed(request.request_id, len(ids), str(exc))
-        self._live[text_id] = _LiveRequest.new(request.request_id, len(ids), request.n)
+        self._live[text_id] = _LiveRequest.new(request.request_id, len(ids), s)
         return None
 
     def has_work(self) -> bool:
@@ -163,6 +184,8 @@ class VllmStepper:
             live = self._live[output.request_id]
             before = live.context() if live.decoding else 0
             for completion in output.outputs:
+                if live.logprobs is not None and completion.index == 0 and completion.logprobs:
+                    live.logprobs.extend(_token_logprobs(completion.token_ids, completion.logprobs, live.top_logprobs))
                 live.pieces[completion.index].append(completion.text)
                 live.output_tokens[completion.index] += len(completion.token_ids)
                 if completion.finish_reason is not None:
@@ -179,6 +202,7 @@ class VllmStepper:
                     num_output_tokens=sum(live.output_tokens),
                     finish_reason=reason,
                     error="the engine failed the request" if reason is FinishReason.ERROR else None,
+                    logprobs=None if live.logprobs is None else tuple(live.logprobs),
                 ))
             else:
                 self._decode_context += live.context() - before

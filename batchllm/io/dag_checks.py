@@ -18,7 +18,7 @@ from batchllm.io.sql import where_row_ids
 from batchllm.models.registry import resolve_model
 from batchllm.dag.context import template_context
 from batchllm.dag.model import DagSpec, NodeSpec
-from batchllm.dag.templates import compile_template, render_checked
+from batchllm.dag.node_prompt import NodePrompt
 
 
 def _is_text(kind: pa.DataType) -> bool:
@@ -27,6 +27,14 @@ def _is_text(kind: pa.DataType) -> bool:
 
 def _is_text_list(kind: pa.DataType) -> bool:
     return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and _is_text(kind.value_type)
+
+
+def _is_message_list(kind: pa.DataType) -> bool:
+    """list<struct<role: string, content: string, ...>>: a conversation column."""
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_struct(kind.value_type):
+        return False
+    names = {kind.value_type.field(k).name: kind.value_type.field(k).type for k in range(kind.value_type.num_fields)}
+    return "role" in names and "content" in names and _is_text(names["role"]) and _is_text(names["content"])
 
 
 def check_dag(dag: DagSpec, home, *, resolve_models: bool = True) -> dict[str, InputSource]:
@@ -66,6 +74,8 @@ def _check_node(dag: DagSpec, node: NodeSpec, first_row: pa.Table) -> None:
         if column in dag.nodes:
             raise UserError(f"{column!r} is both a node and a column of input {node.input_name!r}", where=where, hint="rename the node")
         kind = schema.field(column).type
+        if isinstance(node.messages, str) and _is_message_list(kind):
+            continue
         if not _is_text(kind) and not (node.iterate and column == node.iterate.over):
             raise UserError(
                 f"column {column!r} of input {node.input_name!r} has type {kind}, but prompt columns must be strings",
@@ -87,10 +97,7 @@ def _check_node(dag: DagSpec, node: NodeSpec, first_row: pa.Table) -> None:
 
 
 def _dry_render(node: NodeSpec, first_row: pa.Table, where: str) -> None:
-    """Render both templates on the first row at step 0, upstream outputs as empty text."""
+    """Render the node's prompt on the first row at step 0, upstream outputs as empty text."""
     row = first_row.to_pylist()[0]
     context = template_context(node, row, {name: "" for name in node.reads})
-    for key, source in (("prompt", node.prompt), ("system", node.system)):
-        if source is not None:
-            template = compile_template(source, where=f"{where}.{key}", first_line=None)
-            render_checked(template, context, where=f"{where}.{key}")
+    NodePrompt(node).render(context, where=where)

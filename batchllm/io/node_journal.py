@@ -31,9 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchllm.core.result_schema import result_schema
+from batchllm.core.result_schema import logprobs_rows, result_schema
 from batchllm.core.files import replacing, write_text_atomically
-from batchllm.core.requests import FinishReason, parse_finish_text
+from batchllm.core.requests import FinishReason, TokenLogprob, parse_finish_text
 from batchllm.core.errors import UserError
 
 STEP_BITS = 20  # a (row, step) key is row << STEP_BITS | step: up to a million steps a row
@@ -47,6 +47,7 @@ class ResultRecord(NamedTuple):  # one per committed (row, step): built in 0.5 Â
     num_prompt_tokens: int
     num_output_tokens: int
     finish_reason: str  # as stored: core.requests.finish_text
+    logprobs: tuple[TokenLogprob, ...] | None = None  # of texts[0], when the node keeps them
 
     @property
     def text(self) -> str:
@@ -54,9 +55,10 @@ class ResultRecord(NamedTuple):  # one per committed (row, step): built in 0.5 Â
 
     def json_line(self) -> str:
         """The record as its tail line (what `json.dumps` of its fields gives, three times faster)."""
+        logprobs = "" if self.logprobs is None else f', "logprobs": {json.dumps(self.logprobs)}'
         return (f'{{"row": {self.row}, "step": {self.step}, "texts": [{", ".join(map(encode_basestring, self.texts))}], '
                 f'"num_prompt_tokens": {self.num_prompt_tokens}, "num_output_tokens": {self.num_output_tokens}, '
-                f'"finish_reason": {encode_basestring(self.finish_reason)}}}')
+                f'"finish_reason": {encode_basestring(self.finish_reason)}{logprobs}}}')
 
 
 @dataclass(frozen=True)
@@ -74,14 +76,14 @@ class JournalStats:
     def of(cls, records: Sequence[ResultRecord]) -> "JournalStats":
         if not records:
             return cls()
-        _, _, _, prompt_tokens, output_tokens, reasons = zip(*records)  # the records' fields as columns
+        _, _, _, prompt_tokens, output_tokens, reasons, _ = zip(*records)  # the records' fields as columns
         failed = sum(1 for reason in reasons if parse_finish_text(reason)[0] is FinishReason.ERROR)
         return cls(len(records), failed, sum(prompt_tokens), sum(output_tokens))
 
 
-def segment_schema(samples: int) -> pa.Schema:
+def segment_schema(samples: int, logprobs: bool = False) -> pa.Schema:
     """A segment's results, keyed by the row's position."""
-    return result_schema(("row", pa.int64()), samples)
+    return result_schema(("row", pa.int64()), samples, logprobs)
 
 
 def key_of(rows: np.ndarray, steps: np.ndarray) -> np.ndarray:
@@ -93,9 +95,11 @@ class ResultJournal:
 
     FSYNC_EVERY = 4096  # records between fsyncs (a flush alone survives a process crash)
 
-    def __init__(self, folder: Path, fingerprint: str, node: str, *, samples: int = 1, segment_records: int = 50_000):
+    def __init__(self, folder: Path, fingerprint: str, node: str, *, samples: int = 1, logprobs: bool = False,
+                 segment_records: int = 50_000):
         self.folder, self.node, self.samples, self.segment_records = folder, node, samples, segment_records
-        self.schema = segment_schema(samples)
+        self.logprobs = logprobs
+        self.schema = segment_schema(samples, logprobs)
         folder.mkdir(parents=True, exist_ok=True)
         self._check_header(fingerprint)
         self._segments: list[Path] = []
@@ -286,11 +290,13 @@ class ResultJournal:
         self.sync()
         keys = sorted(self._tail)
         records = [self._tail[k] for k in keys]
-        rows, steps, texts, prompt_tokens, output_tokens, reasons = zip(*records)  # the records' fields as columns
+        rows, steps, texts, prompt_tokens, output_tokens, reasons, logprobs = zip(*records)  # the records' fields as columns
         columns = {"row": rows, "step": steps, "text": [t[0] for t in texts], "num_prompt_tokens": prompt_tokens,
                    "num_output_tokens": output_tokens, "finish_reason": reasons}
         if self.samples > 1:
             columns["texts"] = [list(t) for t in texts]
+        if self.logprobs:
+            columns["logprobs"] = [logprobs_rows(lp) for lp in logprobs]
         stats = JournalStats.of(records)
         schema = self.schema.with_metadata({STATS_KEY: json.dumps(stats.__dict__).encode()})
         segment = self._segment_path(self._part)
@@ -325,8 +331,11 @@ def _key_range(metadata: pq.FileMetaData) -> tuple[int, int]:
 
 def _record_of(raw: bytes) -> ResultRecord:
     item = json.loads(raw.decode("utf-8"))
+    logprobs = item.get("logprobs")
     record = ResultRecord(int(item["row"]), int(item["step"]), tuple(item["texts"]), int(item["num_prompt_tokens"]),
-                          int(item["num_output_tokens"]), str(item["finish_reason"]))
+                          int(item["num_output_tokens"]), str(item["finish_reason"]),
+                          None if logprobs is None else tuple(TokenLogprob(t, float(lp), tuple((tt, float(tl)) for tt, tl in top))
+                                                              for t, lp, top in logprobs))
     if not record.texts or not all(isinstance(t, str) for t in record.texts) or record.row < 0 or record.step < 0:
         raise ValueError("not a result record")
     return record

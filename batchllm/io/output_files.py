@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchllm.core.result_schema import result_schema
+from batchllm.core.result_schema import LOGPROBS_FIELD, result_schema
 from batchllm.core.files import replacing
 from batchllm.dag.model import ColumnRef, OutputSpec
 from batchllm.io.input_source import ROW_ID
@@ -40,7 +40,9 @@ JOIN_WINDOW_ROWS = 16_384  # input rows per join. Writing a 3-node data set alon
 #                       (20 s); 32,768 rows on two threads: +0.29 GB (16 s); the whole data set at once: +0.51 GB at 10M
 READ_BUFFER_BYTES = 1 << 20  # the input's pages stream through this buffer
 JSON_SQL_TYPES = {"integer": "BIGINT", "number": "DOUBLE", "boolean": "BOOLEAN", "string": "VARCHAR", "json": "VARCHAR"}
-ARROW_TYPES = {"BIGINT": pa.int64(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(), "VARCHAR": pa.string()}
+LOGPROBS_SQL_TYPE = "STRUCT(token VARCHAR, logprob DOUBLE, top_logprobs STRUCT(token VARCHAR, logprob DOUBLE)[])[]"
+ARROW_TYPES = {"BIGINT": pa.int64(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(), "VARCHAR": pa.string(),
+               LOGPROBS_SQL_TYPE: LOGPROBS_FIELD[1]}
 NODE_SCHEMA = result_schema((ROW_ID, pa.string()))  # a node file's columns (with `texts` when n > 1)
 NODE_COLUMNS = tuple(NODE_SCHEMA.names[1:])
 
@@ -74,12 +76,14 @@ def _column_type(ref: ColumnRef) -> str:
     """The SQL type of a node result's column: a result field's, or a JSON field's."""
     if ref.json_type is not None:
         return JSON_SQL_TYPES[ref.json_type]
-    return "VARCHAR" if ref.field in ("text", "finish_reason") else "BIGINT"
+    return {"text": "VARCHAR", "finish_reason": "VARCHAR", "logprobs": LOGPROBS_SQL_TYPE, "logprob": "DOUBLE"}.get(ref.field, "BIGINT")
 
 
 def _result_value(alias: str, ref: ColumnRef) -> str:
     """A result field, or a JSON-schema output's property read from its text: null where the
     text is not JSON (e.g. cut at max_tokens) or the value does not have the property's type."""
+    if ref.field == "logprob":  # the sum over the output's tokens
+        return f"list_sum(list_transform({alias}.logprobs, t -> t.logprob))"
     if ref.json_type is None:
         return f"{alias}.{ref.field}"
     path = sql_literal(f'$."{ref.field}"')
@@ -112,7 +116,7 @@ class _Segments:
         if not meeting:
             return ("(SELECT NULL::BIGINT AS row, NULL::INTEGER AS step, NULL::VARCHAR AS text, NULL::BIGINT AS "
                     "num_prompt_tokens, NULL::BIGINT AS num_output_tokens, NULL::VARCHAR AS finish_reason, "
-                    "NULL::VARCHAR[] AS texts WHERE false)")
+                    f"NULL::VARCHAR[] AS texts, NULL::{LOGPROBS_SQL_TYPE} AS logprobs WHERE false)")
         files = ", ".join(sql_literal(str(p)) for p in meeting)
         return f"(SELECT * FROM read_parquet([{files}]) WHERE row >= {int(start)} AND row < {int(stop)})"
 
@@ -195,13 +199,13 @@ def _copy_windows_jsonl(source: InputFile, columns: list[str], query_of: Callabl
 def write_node_file(journal: ResultJournal, source: InputFile, path: Path) -> None:
     """Every committed result of the node (the journal's tail is compacted first)."""
     journal.compact()
-    schema = result_schema((ROW_ID, pa.string()), journal.samples)
+    schema = result_schema((ROW_ID, pa.string()), journal.samples, journal.logprobs)
     segments = _Segments.of(journal)
     id_columns = [source.id_column] if source.id_column else []
     if not segments.paths:
         _copy_windows(source, id_columns, None, path, schema, ["finish_reason"])
         return
-    extra = ", s.texts" if journal.samples > 1 else ""
+    extra = (", s.texts" if journal.samples > 1 else "") + (", s.logprobs" if journal.logprobs else "")
     columns = ", ".join(f"s.{c}" for c in NODE_COLUMNS)
 
     def query_of(start: int, stop: int) -> str:

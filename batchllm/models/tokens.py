@@ -161,11 +161,13 @@ class PromptTokenizer:
         """The text the model reads: the chat template applied, or the raw prompt."""
         if not request.chat:
             return request.prompt
+        if request.messages is not None:  # a conversation: rendered whole
+            return self._tokenizer.render(request.chat_messages())
         frame = self.frame(request.system)
         return frame[0] + request.prompt + frame[1] if frame else self._render(request.system, request.prompt)
 
     def token_ids_many(self, requests: Sequence[EngineRequest]) -> list[list[int]]:
-        chat = [(r, self.stitch(r.system)) for r in requests if r.chat]
+        chat = [(r, None if r.messages is not None else self.stitch(r.system)) for r in requests if r.chat]
         ids: dict[int, list[int]] = {}
         if chat:
             texts = [stitch.tail + r.prompt if stitch else self.prompt_text(r) for r, stitch in chat]

@@ -45,7 +45,7 @@ from batchllm.planner.cluster import Cluster, candidate_plans, cluster_profile, 
 from batchllm.planner.problem import NodeWorkload, too_big
 from batchllm.dag.model import DagSpec, NodeSpec
 from batchllm.dag.context import template_context
-from batchllm.dag.templates import compile_template
+from batchllm.dag.node_prompt import NodePrompt
 
 CHAT_OVERHEAD_TOKENS = 12  # role markers of a chat template
 SAMPLE_ROWS = 1000
@@ -187,8 +187,7 @@ def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own
     upstream outputs, unknown yet, count as not shared). With the model's `tokenizer`, the
     rendered text is counted exactly (chat template included) and only what is not known
     yet (upstream outputs, iteration items) is estimated."""
-    system = compile_template(node.system, where=f"nodes.{node.name}", first_line=None) if node.system else None
-    prompt = compile_template(node.prompt, where=f"nodes.{node.name}", first_line=None)
+    node_prompt = NodePrompt(node)
     estimated: list[float] = []
     texts: list[str] = []
     requests: list[EngineRequest] = []
@@ -199,11 +198,11 @@ def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own
             items = row.get(node.iterate.over) or [""]
             context[node.iterate.item_name] = ""
             extra += estimated_tokens(sum(len(i) for i in items) / len(items)) + own_output_tokens * (len(items) - 1) / len(items)
-        rendered_system = system.render(context) if system else None
-        rendered_prompt = prompt.render(context)
-        text = (rendered_system or "") + rendered_prompt
+        rendered = node_prompt.render(context, where=f"nodes.{node.name}")
+        text = rendered.text
         texts.append(text)
-        requests.append(EngineRequest(str(len(requests)), rendered_prompt, rendered_system or None, node.chat))
+        requests.append(EngineRequest(str(len(requests)), rendered.prompt, rendered.system or None, node.chat,
+                                      messages=rendered.messages))
         estimated.append(estimated_tokens(len(text)) + extra + (CHAT_OVERHEAD_TOKENS if node.chat else 0))
     counts = np.array(estimated, float)
     if tokenizer is not None and requests:

@@ -28,6 +28,7 @@ from batchllm.engines.devices import DeviceSet, Replica, engine_dtype
 from batchllm.engines.hardware import this_machine
 from batchllm.engines.engine import EngineFactory
 from batchllm.core.requests import EngineRequest, EngineResult
+from batchllm.core.sampling import SamplingSpec
 from batchllm.engines.protocol import EngineConfig, StepRecord
 
 PROMPTS = Path(__file__).resolve().parent.parent.parent / "profiles" / "prompts"
@@ -138,15 +139,15 @@ def profile_model(model_name: str, model_dir: Path, devices: DeviceSet, hardware
                                "kv_cache_memory_bytes": config.kv_cache_memory_bytes}
             steps: list[StepRecord] = []
             first_steps: list[StepRecord] = []
-            workloads = [("prefill", [EngineRequest(f"p{i}", text, max_tokens=4) for i, text in enumerate(prompts("multi_turn", 0, settings.prefill_prompts))])]
+            workloads = [("prefill", [EngineRequest(f"p{i}", text, sampling=SamplingSpec(max_tokens=4)) for i, text in enumerate(prompts("multi_turn", 0, settings.prefill_prompts))])]
             short = prompts("first_turns", 0, settings.short_decode_prompts, settings.short_prompt_max_chars)
-            workloads.append(("short-decode", [EngineRequest(f"s{i}", text, max_tokens=48) for i, text in enumerate(short)]))
+            workloads.append(("short-decode", [EngineRequest(f"s{i}", text, sampling=SamplingSpec(max_tokens=48)) for i, text in enumerate(short)]))
             if shape == widest:
                 texts = prompts("first_turns", 0, settings.length_prompts, settings.length_prompt_max_chars)
-                workloads.append(("lengths", [EngineRequest(f"l{i}", t, max_tokens=settings.length_cap_tokens) for i, t in enumerate(texts)]))
+                workloads.append(("lengths", [EngineRequest(f"l{i}", t, sampling=SamplingSpec(max_tokens=settings.length_cap_tokens)) for i, t in enumerate(texts)]))
             else:
                 texts = prompts("first_turns", 0, settings.latency_prompts, settings.length_prompt_max_chars)
-                workloads.append(("decode", [EngineRequest(f"d{i}", t, max_tokens=128) for i, t in enumerate(texts)]))
+                workloads.append(("decode", [EngineRequest(f"d{i}", t, sampling=SamplingSpec(max_tokens=128)) for i, t in enumerate(texts)]))
             for label, requests in workloads:
                 started = time.monotonic()
                 results, records = run_requests(engine, requests, lambda n: None)

@@ -23,6 +23,7 @@ from batchllm.dag.model import EngineSpec
 from batchllm.engines.devices import DeviceSet, Replica, engine_dtype
 from batchllm.engines.engine import EngineFactory
 from batchllm.core.requests import EngineRequest
+from batchllm.core.sampling import SamplingSpec
 from batchllm.engines.protocol import EngineConfig
 from batchllm.planner.cluster import cluster_profile, local_cluster, run_settings
 from batchllm.profiling.profiler import WARMUP_STEPS, prompts, run_requests, shapes_to_profile
@@ -52,9 +53,9 @@ def quick_profile(model_name: str, model_dir: Path, devices: DeviceSet, factory:
     report(f"prior: {stored.describe() if stored else f'{prior.kind} profile {prior.hardware}/{prior.model}'}")
     calibration = ModelCalibration(prior)
     workload = [
-        [EngineRequest(f"p{i}", t, max_tokens=4) for i, t in enumerate(prompts("multi_turn", 0, settings.prefill_prompts, settings.prefill_max_chars))],
-        [EngineRequest(f"s{i}", t, max_tokens=32) for i, t in enumerate(prompts("first_turns", 0, settings.short_prompts, settings.short_max_chars))],
-        [EngineRequest(f"d{i}", t, max_tokens=64) for i, t in enumerate(prompts("first_turns", 400, settings.decode_prompts, settings.decode_max_chars))],
+        [EngineRequest(f"p{i}", t, sampling=SamplingSpec(max_tokens=4)) for i, t in enumerate(prompts("multi_turn", 0, settings.prefill_prompts, settings.prefill_max_chars))],
+        [EngineRequest(f"s{i}", t, sampling=SamplingSpec(max_tokens=32)) for i, t in enumerate(prompts("first_turns", 0, settings.short_prompts, settings.short_max_chars))],
+        [EngineRequest(f"d{i}", t, sampling=SamplingSpec(max_tokens=64)) for i, t in enumerate(prompts("first_turns", 400, settings.decode_prompts, settings.decode_max_chars))],
     ]
     for shape in shapes_to_profile(devices, prior.facts.attention_heads):
         if shape.key not in prior.shapes:

@@ -130,7 +130,8 @@ class Executor:
         """The journals (what earlier invocations committed), the ledger restored from them,
         and each node's feed."""
         prints = node_fingerprints(self.dag, self.sources)
-        self.journals = {n: ResultJournal(self.run_dir.journal_folder(n), prints[n], n, samples=self.dag.nodes[n].sampling.n)
+        self.journals = {n: ResultJournal(self.run_dir.journal_folder(n), prints[n], n, samples=self.dag.nodes[n].sampling.n,
+                                          logprobs=self.dag.nodes[n].sampling.logprobs)
                          for n in self.order}
         for journal in self.journals.values():
             for damage in journal.damage:
@@ -432,7 +433,7 @@ class Executor:
         """Journal the node's results (of `units`, in the same order) and mark them committed."""
         rows, steps = self.ledger[name].row_step_of(units)
         self.journals[name].append_many([
-            ResultRecord(row, step, r.texts, r.num_prompt_tokens, r.num_output_tokens, r.finish_text())
+            ResultRecord(row, step, r.texts, r.num_prompt_tokens, r.num_output_tokens, r.finish_text(), r.logprobs)
             for row, step, r in zip(rows.tolist(), steps.tolist(), results)])
         self.feeds[name].requeue(self.ledger.commit(name, units))
         return NodeCommit.of(name, results)

@@ -11,6 +11,7 @@ import hashlib
 import json
 from dataclasses import MISSING, asdict, fields
 
+from batchllm.core.sampling import DEFAULT_SAMPLING, ORIGINAL_KEYS
 from batchllm.dag.model import DagSpec, NodeSpec
 from batchllm.io.input_formats import input_digest
 from batchllm.io.input_source import InputSource, file_digest
@@ -26,8 +27,12 @@ def _decisive_fields(node: NodeSpec) -> dict:
     """The node's fields that decide its results, leaving out those at their default: a
     field added to NodeSpec later (with a default) leaves earlier runs resumable."""
     defaults = {f.name: f.default for f in fields(NodeSpec) if f.default is not MISSING}
-    return {key: value for key, value in asdict(node).items()
-            if key not in NOT_DECISIVE and not (key in defaults and value == defaults[key])}
+    decisive = {key: value for key, value in asdict(node).items()
+                if key not in NOT_DECISIVE and not (key in defaults and value == defaults[key])}
+    sampling_defaults = asdict(DEFAULT_SAMPLING)  # the sampling keys added later count only when set
+    decisive["sampling"] = {key: value for key, value in decisive["sampling"].items()
+                            if key in ORIGINAL_KEYS or value != sampling_defaults[key]}
+    return decisive
 
 
 def node_fingerprints(dag: DagSpec, sources: dict[str, InputSource] | None = None) -> dict[str, str]:

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from batchllm.dag.context import template_context
 from batchllm.dag.model import NodeSpec
-from batchllm.dag.templates import compile_template, render_checked
+from batchllm.dag.node_prompt import NodePrompt
 from batchllm.core.requests import EngineRequest
 from batchllm.io.input_source import ROW_ID, InputSource
 from batchllm.io.node_journal import ResultJournal
@@ -84,8 +84,7 @@ class NodeFeed:
         self.cursor = 0
         self.retry: deque[np.ndarray] = deque()
         self._all_decided = False
-        self._prompt = compile_template(node.prompt, where=f"nodes.{node.name}.prompt", first_line=None)
-        self._system = compile_template(node.system, where=f"nodes.{node.name}.system", first_line=None) if node.system else None
+        self._prompt = NodePrompt(node)
         used = set(node.columns_used) | ({node.iterate.over} if node.iterate else set())
         used |= sql_identifiers(node.where) if node.where else set()  # `where:` may read columns no template reads
         self._where_filter = WhereFilter(node.where, where=f"nodes.{node.name}.where") if node.where else None
@@ -195,14 +194,13 @@ class NodeFeed:
         if len(later):
             for k, text in zip(later.tolist(), self.journal.texts(rows[later], steps[later] - 1)):
                 previous[k] = text
-        node, s = self.node, self.node.sampling
+        node = self.node
         requests = []
         for k, (unit, step) in enumerate(zip(units.tolist(), steps.tolist())):
             i = int(where_in[k])
             context = template_context(node, data[i], {n: t[i] for n, t in upstream.items()}, step, previous[k])
             where = f"nodes.{node.name} (row {data[i][ROW_ID]!r}, step {step})"
-            requests.append(EngineRequest(
-                request_id=request_id(self.index, unit), prompt=render_checked(self._prompt, context, where=where),
-                system=render_checked(self._system, context, where=where) if self._system else None, chat=node.chat,
-                max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=s.seed, n=s.n, output=node.output))
+            rendered = self._prompt.render(context, where=where)
+            requests.append(EngineRequest(request_id(self.index, unit), rendered.prompt, rendered.system, node.chat, node.sampling,
+                                          None, node.output, rendered.messages))
         return requests
