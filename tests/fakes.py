@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from batchllm.engines.engine import EngineFailed
-from batchllm.core.requests import EngineRequest, EngineResult, FinishReason
+from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, TokenLogprob
 from batchllm.engines.protocol import EngineConfig, WorkerReady
 
 
 def fake_text(request: EngineRequest) -> str:
-    """Deterministic output: the request's prompt, tagged, so tests can see what was rendered."""
+    """Deterministic output: the request's prompt (or its chat's turns), tagged, so tests can
+    see what was rendered."""
+    if request.messages is not None:
+        return "<" + " | ".join(f"{role}: {content}" for role, content in request.messages) + ">"
     return f"<{request.prompt}>"
+
+
+def fake_logprobs(text: str, top: int) -> tuple[TokenLogprob, ...]:
+    """A token per character, each with log probability -0.5 (and `top` alternatives)."""
+    return tuple(TokenLogprob(c, -0.5, tuple((c if k == 0 else f"alt{k}", -0.5 - k) for k in range(top))) for c in text)
 
 
 class FakeEngine:
@@ -37,7 +45,9 @@ class FakeEngine:
                 break  # like the real engine: what was delivered is kept, the failure comes next
             self._answered += 1
             text = self.answer(request)
-            results.append(EngineResult(request.request_id, (text,) * request.n, len(request.prompt), len(text), FinishReason.STOP))
+            logprobs = fake_logprobs(text, request.sampling.top_logprobs) if request.sampling.logprobs else None
+            results.append(EngineResult(request.request_id, (text,) * request.n, len(request.prompt), len(text), FinishReason.STOP,
+                                        logprobs=logprobs))
         return results
 
     def drain_steps(self) -> list:

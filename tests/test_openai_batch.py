@@ -82,13 +82,15 @@ def test_a_chat_line_with_a_system_message_and_text_parts():
         "max_completion_tokens": 12, "temperature": 0, "seed": 3, "n": 2, "stream": False, "user": "u"}})
     record = parse_line(line, 7, {"m": "smollm2-135m"})
     assert (record.custom_id, record.kind, record.system, record.prompt) == ("x", "chat", "Be brief.", "Hi there")
-    assert (record.max_tokens, record.temperature, record.top_p, record.seed, record.n) == (12, 0.0, 1.0, 3, 2)
+    sampling = record.sampling
+    assert (sampling.max_tokens, sampling.temperature, sampling.top_p, sampling.seed, sampling.n) == (12, 0.0, 1.0, 3, 2)
     assert record.error_code is None
 
 
 def test_a_completion_line_takes_openais_defaults():
     record = parse_line(json.dumps(completion("x", "m", "Once")), 1, {"m": "smollm2-135m"})
-    assert (record.kind, record.prompt, record.max_tokens, record.temperature, record.n) == ("completion", "Once", 16, 1.0, 1)
+    assert (record.kind, record.prompt, record.sampling.max_tokens, record.sampling.temperature, record.sampling.n) == (
+        "completion", "Once", 16, 1.0, 1)
 
 
 @pytest.mark.parametrize("line, code, message", [
@@ -96,19 +98,34 @@ def test_a_completion_line_takes_openais_defaults():
     (json.dumps({"method": "POST", "url": "/v1/completions", "body": {}}), "invalid_request",
      "line 3: custom_id must be a non-empty string"),
     (json.dumps({**completion("x", "m", "p"), "url": "/v1/embeddings"}), "unsupported_url",
-     "line 3: url '/v1/embeddings' is not supported; use /v1/chat/completions or /v1/completions"),
+     "line 3: url '/v1/embeddings' is not supported: batchllm runs generative models only (use /v1/chat/completions or "
+     "/v1/completions; embed with vLLM's own run-batch)"),
+    (json.dumps({**completion("x", "m", "p"), "url": "/v1/moderations"}), "unsupported_url",
+     "line 3: url '/v1/moderations' is not supported; use /v1/chat/completions or /v1/completions"),
     (json.dumps(completion("x", "nope", "p")), "model_not_found",
      "line 3: model 'nope' is not mapped to a local model; map it with --model nope=<local model>"),
-    (json.dumps(completion("x", "m", "p", logit_bias={"1": 2})), "unsupported_parameter",
-     'line 3: body.logit_bias = {"1": 2} is not supported (batchllm takes max_tokens, max_completion_tokens, '
-     "temperature, top_p, seed, n)"),
+    (json.dumps(completion("x", "m", "p", tools=[{"type": "function"}])), "unsupported_parameter",
+     'line 3: body.tools = [{"type": "function"}] is not supported (batchllm takes max_tokens, temperature, top_p, seed, n, '
+     "stop, presence_penalty, frequency_penalty, repetition_penalty, top_k, min_p, logit_bias, ignore_eos, min_tokens, "
+     "logprobs, top_logprobs, max_completion_tokens)"),
+    (json.dumps(completion("x", "m", "p", logprobs=3)), "unsupported_parameter",
+     "line 3: body.logprobs is supported on /v1/chat/completions lines only"),
+    (json.dumps(chat("x", "m", "q", logprobs=True, top_logprobs=21)), "invalid_request",
+     "line 3: body.top_logprobs must be an integer in [0, 20], got 21"),
+    (json.dumps(chat("x", "m", "q", top_logprobs=2)), "invalid_request",
+     "line 3: body.top_logprobs = 2 needs logprobs: true"),
+    (json.dumps(chat("x", "m", "q", presence_penalty=2.5)), "invalid_request",
+     "line 3: body.presence_penalty must be a number in [-2, 2], got 2.5"),
+    (json.dumps(chat("x", "m", "q", stop=["a", ""])), "invalid_request",
+     "line 3: body.stop must be a non-empty string or a list of them, got ['a', '']"),
+    (json.dumps(chat("x", "m", "q", max_completion_tokens=0)), "invalid_request",
+     "line 3: body.max_completion_tokens must be a positive integer, got 0"),
     (json.dumps(completion("x", "m", "p", temperature=3)), "invalid_request",
      "line 3: body.temperature must be a number in [0, 2], got 3"),
     (json.dumps(completion("x", "m", ["a", "b"])), "unsupported_body", 'line 3: body.prompt must be one string, got ["a", "b"]'),
     (json.dumps({**chat("x", "m", "q"), "body": {"model": "m", "messages": [{"role": "user", "content": "a"},
-                                                                              {"role": "assistant", "content": "b"}]}}),
-     "unsupported_body", "line 3: body.messages has roles ['user', 'assistant']; batchllm runs an optional system message "
-                         "and one user message"),
+                                                                              {"role": "tool", "content": "b"}]}}),
+     "unsupported_body", "line 3: body.messages[1].role is 'tool'; batchllm runs system, developer, user, assistant messages"),
 ])
 def test_a_bad_line_gets_its_own_error_that_names_the_line(line, code, message):
     record = parse_line(line, 3, {"m": "smollm2-135m"})

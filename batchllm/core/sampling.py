@@ -117,6 +117,17 @@ def sampling_from(values: Mapping[str, Any], defaults: SamplingSpec = DEFAULT_SA
     return spec
 
 
+def sampling_mapping(spec: SamplingSpec) -> dict[str, Any]:
+    """The spec as a DAG's `sampling:` mapping (JSON-able; what `sampling_from` reads back)."""
+    values: dict[str, Any] = {}
+    for f in fields(SamplingSpec):
+        value = getattr(spec, f.name)
+        if value is None or (f.name not in ORIGINAL_KEYS and value == getattr(DEFAULT_SAMPLING, f.name)):
+            continue
+        values[f.name] = {str(k): b for k, b in value} if f.name == "logit_bias" else list(value) if f.name == "stop" else value
+    return values
+
+
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -83,7 +83,7 @@ def _result_value(alias: str, ref: ColumnRef) -> str:
     """A result field, or a JSON-schema output's property read from its text: null where the
     text is not JSON (e.g. cut at max_tokens) or the value does not have the property's type."""
     if ref.field == "logprob":  # the sum over the output's tokens
-        return f"list_sum(list_transform({alias}.logprobs, t -> t.logprob))"
+        return f"list_sum(list_transform({alias}.logprobs, lambda t: t.logprob))"
     if ref.json_type is None:
         return f"{alias}.{ref.field}"
     path = sql_literal(f'$."{ref.field}"')

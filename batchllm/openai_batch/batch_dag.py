@@ -1,7 +1,8 @@
 """A request file's groups -> the DAG batchllm runs: one node per group, selected by `where:`.
 
-Sampling is per node in batchllm, so lines that differ in model, endpoint, having a system
-message, sampling or response format run in different nodes, which the planner runs side by side. Invariant:
+Sampling is per node in batchllm, so lines that differ in model, endpoint, chat shape (one
+user message, with a system message, or a longer chat), sampling or response format run in
+different nodes, which the planner runs side by side. Invariant:
 node names follow only from the groups in order of their first line, so the same request
 file gives the same DAG (and the same journals) on every run.
 """
@@ -25,12 +26,8 @@ class BatchGroup:
     model: str  # body.model as requested
     local_model: str  # what runs it: an embedded name, a directory or a hub id
     kind: str  # "chat" | "completion"
-    has_system: bool
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    n: int
+    shape: str  # "prompt", "system" (+ prompt) or "messages" (see request_lines.LineRecord.shape)
+    sampling: dict  # the node's `sampling:` (core.sampling.sampling_mapping)
     requests: int  # valid lines in the group
     json_schema: str | None = None  # structured output (body.response_format), JSON text
 
@@ -54,12 +51,12 @@ def batch_dag(requests_path: str, groups: tuple[BatchGroup, ...]) -> dict:
     """The DAG (as a dict of the YAML schema) over the converted request file."""
     nodes = {}
     for group in groups:
-        sampling = {"max_tokens": group.max_tokens, "temperature": group.temperature, "top_p": group.top_p, "n": group.n}
-        if group.seed is not None:
-            sampling["seed"] = group.seed
-        node = {"model": group.local_model, "chat": group.kind == "chat", "prompt": "{{ prompt }}",
-                "sampling": sampling, "where": f"node = '{group.node}'"}
-        if group.has_system:
+        node = {"model": group.local_model, "chat": group.kind == "chat", "sampling": group.sampling, "where": f"node = '{group.node}'"}
+        if group.shape == "messages":
+            node["messages"] = "{{ messages }}"
+        else:
+            node["prompt"] = "{{ prompt }}"
+        if group.shape == "system":
             node["system"] = "{{ system }}"
         if group.json_schema is not None:
             node["output"] = {"json_schema": json.loads(group.json_schema)}

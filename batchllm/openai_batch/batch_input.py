@@ -1,7 +1,7 @@
 """An OpenAI batch request file -> two Parquet files in the run folder, converted once.
 
 - `requests.parquet`, the DAG's input: one row per line that can run (custom_id, model,
-  kind, system, prompt, max_tokens, temperature, top_p, seed, n, node), in file order;
+  kind, system, prompt, messages, node), in file order (sampling is per node: see groups);
 - `lines.parquet`: one row per non-blank line (line, custom_id, model, kind, node,
   error_code, error_message), what the results file is written from.
 
@@ -32,20 +32,19 @@ from batchllm.io.sql import sql_literal
 from batchllm.openai_batch.batch_dag import BatchGroup, node_names
 from batchllm.openai_batch.request_lines import LineRecord, parse_line
 
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3
 READ_BATCH_LINES = 8_192
 MEMORY_LIMIT = "256MB"
 GROUPS_FILE = "groups.json"  # written last: a folder with it is complete
 
+MESSAGES_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
 PARSED_SCHEMA = pa.schema([
     ("line", pa.int64()), ("custom_id", pa.string()), ("model", pa.string()), ("kind", pa.string()),
-    ("system", pa.string()), ("prompt", pa.string()), ("max_tokens", pa.int64()), ("temperature", pa.float64()),
-    ("top_p", pa.float64()), ("seed", pa.int64()), ("n", pa.int64()), ("json_schema", pa.string()), ("group_key", pa.string()),
-    ("error_code", pa.string()), ("error_message", pa.string())])
+    ("system", pa.string()), ("prompt", pa.string()), ("messages", MESSAGES_TYPE), ("json_schema", pa.string()),
+    ("group_key", pa.string()), ("error_code", pa.string()), ("error_message", pa.string())])
 REQUEST_SCHEMA = pa.schema([
     ("custom_id", pa.string()), ("model", pa.string()), ("kind", pa.string()), ("system", pa.string()),
-    ("prompt", pa.string()), ("max_tokens", pa.int64()), ("temperature", pa.float64()), ("top_p", pa.float64()),
-    ("seed", pa.int64()), ("n", pa.int64()), ("node", pa.string())])
+    ("prompt", pa.string()), ("messages", MESSAGES_TYPE), ("node", pa.string())])
 LINE_SCHEMA = pa.schema([
     ("line", pa.int64()), ("custom_id", pa.string()), ("model", pa.string()), ("kind", pa.string()),
     ("node", pa.string()), ("error_code", pa.string()), ("error_message", pa.string())])
@@ -123,7 +122,9 @@ def _write_parsed(requests_file: Path, models: Mapping[str, str], path: Path) ->
 
 
 def _parsed_table(batch: list[LineRecord], names: list[str]) -> pa.Table:
-    columns = {name: [getattr(r, name) for r in batch] for name in names if name != "local_model"}
+    columns = {name: [getattr(r, name) for r in batch] for name in names if name in PARSED_SCHEMA.names}
+    columns["messages"] = [None if r.messages is None else [{"role": role, "content": text} for role, text in r.messages]
+                           for r in batch]
     columns["group_key"] = [r.group_key for r in batch]
     return pa.table(columns, schema=PARSED_SCHEMA)
 
@@ -143,12 +144,11 @@ def _build(requests_file: Path, models: Mapping[str, str], folder: Path) -> None
                               f"GROUP BY p.group_key ORDER BY first").fetchall()
         decoded = [json.loads(key) for key, _, _ in keys]
         names = node_names([(d[0], d[2]) for d in decoded])
-        groups = [BatchGroup(name, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], count, d[9])
-                  for name, d, (_, count, _) in zip(names, decoded, keys)]
+        groups = [BatchGroup(name, d[0], d[1], d[2], d[3], d[4], count, d[5]) for name, d, (_, count, _) in zip(names, decoded, keys)]
         connection.register("group_nodes", pa.table({"group_key": [k for k, _, _ in keys], "node": names},
                                                     schema=pa.schema([("group_key", pa.string()), ("node", pa.string())])))
         _write_query(connection, f"""
-            SELECT p.custom_id, p.model, p.kind, p.system, p.prompt, p.max_tokens, p.temperature, p.top_p, p.seed, p.n, g.node
+            SELECT p.custom_id, p.model, p.kind, p.system, p.prompt, p.messages, g.node
             FROM {source} p JOIN group_nodes g ON g.group_key = p.group_key LEFT JOIN dups d ON d.line = p.line
             WHERE p.error_code IS NULL AND d.line IS NULL ORDER BY p.line""", folder / "requests.parquet", REQUEST_SCHEMA)
         _write_query(connection, f"""

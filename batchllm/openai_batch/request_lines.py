@@ -1,14 +1,16 @@
 """One line of an OpenAI batch request file -> the request batchllm runs, or that line's error.
 
 A line is `{"custom_id", "method": "POST", "url", "body"}` with url `/v1/chat/completions`
-(body.messages: an optional system (or developer) message and one user message, content a
+(body.messages: any sequence of system, developer, user and assistant messages, content a
 string or text parts) or `/v1/completions` (body.prompt: one string). Sampling comes from
-the body with OpenAI's defaults (temperature 1, top_p 1; max_tokens 16 for completions, as
-OpenAI, and `DEFAULT_CHAT_MAX_TOKENS` for chat); a chat's `response_format` (`json_schema`
-or `json_object`) becomes the engine's structured output, checked per line with the
-engine's own grammar compiler. Invariant: every line gives exactly one
-`LineRecord`; a line that cannot run has `error_code` set and says why in `error_message`,
-naming its line, and never stops the others.
+the body (core.sampling: OpenAI's names, and vLLM's where only vLLM has the parameter) with
+OpenAI's defaults (temperature 1, top_p 1; max_tokens 16 for completions, as OpenAI, and
+`DEFAULT_CHAT_MAX_TOKENS` for chat); a chat's `logprobs`/`top_logprobs` keep each output
+token's log probability; a chat's `response_format` (`json_schema` or `json_object`)
+becomes the engine's structured output, checked per line with the engine's own grammar
+compiler. `/v1/embeddings` lines are refused (`unsupported_url`): batchllm runs generative
+models. Invariant: every line gives exactly one `LineRecord`; a line that cannot run has
+`error_code` set and says why in `error_message`, naming its line, and never stops the others.
 """
 
 from __future__ import annotations
@@ -19,20 +21,22 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from batchllm.core.output_constraint import OutputConstraint
+from batchllm.core.requests import Message
+from batchllm.core.sampling import SAMPLING_KEYS, SamplingError, SamplingSpec, sampling_from, sampling_mapping
 from batchllm.engines.constraints import check_constraint
 from batchllm.core.errors import UserError
 from batchllm.models.embedded import EMBEDDED_MODELS
 
-CHAT_URL, COMPLETIONS_URL = "/v1/chat/completions", "/v1/completions"
+CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
 KINDS = {CHAT_URL: "chat", COMPLETIONS_URL: "completion"}
 DEFAULT_CHAT_MAX_TOKENS = 256
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-INT64_MAX = 2**63 - 1
-SAMPLING_KEYS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "n")
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+BODY_SAMPLING_KEYS = (*SAMPLING_KEYS, "max_completion_tokens")
 IGNORED_KEYS = ("user", "metadata", "store")  # do not change what is generated
 # Parameters batchllm does not implement, accepted only at the value that means "off".
-OFF_VALUES = {"stream": (False, None), "logprobs": (False, None), "echo": (False, None), "stop": (None, [], ""),
-              "frequency_penalty": (0, None), "presence_penalty": (0, None), "stream_options": (None,)}
+OFF_VALUES = {"stream": (False, None), "echo": (False, None), "stream_options": (None,), "logprobs": (False, None, 0),
+              "stop": (None, [], "")}
 
 
 @dataclass(frozen=True)
@@ -43,23 +47,24 @@ class LineRecord:
     local_model: str | None  # what it maps to: an embedded name, a directory or a hub id
     kind: str | None  # "chat" | "completion"
     system: str | None
-    prompt: str | None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    n: int | None = None
+    prompt: str | None  # the one user message, or the completion prompt ("" when `messages` holds the chat)
+    messages: tuple[Message, ...] | None = None  # a chat that is more than [system,] user
+    sampling: SamplingSpec | None = None
     json_schema: str | None = None  # structured output from body.response_format (JSON text)
     error_code: str | None = None
     error_message: str | None = None
 
     @property
+    def shape(self) -> str:
+        """How the chat is given: "messages", "system" (+ prompt) or "prompt"."""
+        return "messages" if self.messages is not None else "system" if self.system is not None else "prompt"
+
+    @property
     def group_key(self) -> str | None:
-        """Lines with one key run in one node: model, endpoint, system or not, sampling."""
-        if self.error_code is not None:
+        """Lines with one key run in one node: model, endpoint, chat shape, sampling, response format."""
+        if self.error_code is not None or self.sampling is None:
             return None
-        return json.dumps([self.model, self.local_model, self.kind, self.system is not None, self.max_tokens,
-                           self.temperature, self.top_p, self.seed, self.n, self.json_schema])
+        return json.dumps([self.model, self.local_model, self.kind, self.shape, sampling_mapping(self.sampling), self.json_schema])
 
 
 class LineError(Exception):
@@ -85,6 +90,9 @@ def parse_line(text: str, line: int, models: Mapping[str, str]) -> LineRecord:
         if request.get("method", "POST") != "POST":
             raise LineError("invalid_request", f"method {request.get('method')!r} is not supported; use POST")
         url = request.get("url")
+        if url == EMBEDDINGS_URL:
+            raise LineError("unsupported_url", f"url {url!r} is not supported: batchllm runs generative models only "
+                                               f"(use {CHAT_URL} or {COMPLETIONS_URL}; embed with vLLM's own run-batch)")
         if url not in KINDS:
             raise LineError("unsupported_url", f"url {url!r} is not supported; use {CHAT_URL} or {COMPLETIONS_URL}")
         body = request.get("body")
@@ -99,18 +107,13 @@ def parse_line(text: str, line: int, models: Mapping[str, str]) -> LineRecord:
             raise LineError("model_not_found", f"model {model!r} is not mapped to a local model; map it with --model {model}=<local model>")
         kind = KINDS[url]
         _check_keys(body, kind)
-        system, prompt = _chat_messages(body) if kind == "chat" else (None, _completion_prompt(body))
-        default_max = DEFAULT_CHAT_MAX_TOKENS if kind == "chat" else DEFAULT_COMPLETION_MAX_TOKENS
-        max_key = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
-        return LineRecord(
-            line, custom_id, model, local, kind, system, prompt,
-            max_tokens=_integer(body, max_key, default_max, 1),
-            temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-            top_p=_number(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
-            seed=_integer(body, "seed", None, 0),
-            n=_integer(body, "n", 1, 1),
-            json_schema=_response_format(body) if kind == "chat" else None,
-        )
+        messages = None
+        if kind == "chat":
+            system, prompt, messages = _chat_messages(body)
+        else:
+            system, prompt = None, _completion_prompt(body)
+        return LineRecord(line, custom_id, model, local, kind, system, prompt, messages, _sampling(body, kind),
+                          json_schema=_response_format(body) if kind == "chat" else None)
     except LineError as error:
         return LineRecord(line, custom_id, model, None, None, None, None, error_code=error.code,
                           error_message=f"line {line}: {error.message}")
@@ -119,14 +122,32 @@ def parse_line(text: str, line: int, models: Mapping[str, str]) -> LineRecord:
 def _check_keys(body: dict, kind: str) -> None:
     content_key = "messages" if kind == "chat" else "prompt"
     for key, value in body.items():
-        if key in ("model", content_key, *SAMPLING_KEYS, *IGNORED_KEYS) or (key == "response_format" and kind == "chat"):
-            continue
         if key in OFF_VALUES and any(_same(value, off) for off in OFF_VALUES[key]):
+            continue
+        if kind != "chat" and key in ("logprobs", "top_logprobs"):
+            raise LineError("unsupported_parameter", f"body.{key} is supported on {CHAT_URL} lines only")
+        if key in ("model", content_key, *BODY_SAMPLING_KEYS, *IGNORED_KEYS) or (key == "response_format" and kind == "chat"):
             continue
         if key == "max_completion_tokens" and kind != "chat":
             raise LineError("unsupported_parameter", "body.max_completion_tokens is for /v1/chat/completions; use max_tokens")
         raise LineError("unsupported_parameter", f"body.{key} = {_short(value)} is not supported "
-                                                 f"(batchllm takes {', '.join(SAMPLING_KEYS)})")
+                                                 f"(batchllm takes {', '.join(BODY_SAMPLING_KEYS)})")
+
+
+def _sampling(body: dict, kind: str) -> SamplingSpec:
+    defaults = SamplingSpec(max_tokens=DEFAULT_CHAT_MAX_TOKENS if kind == "chat" else DEFAULT_COMPLETION_MAX_TOKENS, temperature=1.0)
+    values = {key: body.get(key) for key in SAMPLING_KEYS}
+    if kind == "chat" and body.get("max_completion_tokens") is not None:
+        values["max_tokens"] = body["max_completion_tokens"]
+    if values.get("stop") == "" or values.get("stop") == []:
+        values["stop"] = None
+    if values.get("logprobs") == 0 and not isinstance(values.get("logprobs"), bool):
+        values["logprobs"] = None
+    try:
+        return sampling_from(values, defaults)
+    except SamplingError as error:
+        key = "max_completion_tokens" if error.key == "max_tokens" and body.get("max_completion_tokens") is not None else error.key
+        raise LineError("invalid_request", f"body.{error.message.replace(error.key, key, 1)}") from None
 
 
 def _same(value: object, off: object) -> bool:
@@ -134,16 +155,21 @@ def _same(value: object, off: object) -> bool:
     return value == off and isinstance(value, bool) == isinstance(off, bool) and (value is None) == (off is None)
 
 
-def _chat_messages(body: dict) -> tuple[str | None, str]:
+def _chat_messages(body: dict) -> tuple[str | None, str, tuple[Message, ...] | None]:
+    """(system, user message, None) for a chat of an optional system message and one user
+    message (the common shape, which shares its chat frame); else ("", None, the messages)."""
     messages = body.get("messages")
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise LineError("invalid_request", "body.messages must be a list of message objects")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise LineError("invalid_request", "body.messages must be a non-empty list of message objects")
     roles = [m.get("role") for m in messages]
-    if roles not in (["user"], ["system", "user"], ["developer", "user"]):
-        raise LineError("unsupported_body", f"body.messages has roles {roles}; batchllm runs an optional system message "
-                                            "and one user message")
+    for k, role in enumerate(roles):
+        if role not in CHAT_ROLES:
+            raise LineError("unsupported_body", f"body.messages[{k}].role is {_short(role)}; batchllm runs "
+                                                f"{', '.join(CHAT_ROLES)} messages")
     texts = [_content(m.get("content"), k) for k, m in enumerate(messages)]
-    return (texts[0] if len(texts) == 2 else None), texts[-1]
+    if roles in (["user"], ["system", "user"], ["developer", "user"]):
+        return (texts[0] if len(texts) == 2 else None), texts[-1], None
+    return None, "", tuple((CHAT_ROLES[role], text) for role, text in zip(roles, texts))
 
 
 def _content(content: object, index: int) -> str:
@@ -192,26 +218,6 @@ def _completion_prompt(body: dict) -> str:
     if not isinstance(prompt, str):
         raise LineError("unsupported_body", f"body.prompt must be one string, got {_short(prompt)}")
     return prompt
-
-
-def _integer(body: dict, key: str, default: int | None, minimum: int) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= INT64_MAX:
-        raise LineError("invalid_request", f"body.{key} must be an integer in [{minimum}, 2**63), got {_short(value)}")
-    return value
-
-
-def _number(body: dict, key: str, default: float, low: float, high: float, *, open_low: bool = False) -> float:
-    value = body.get(key)
-    if value is None:
-        return default
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (low < value if open_low else low <= value) and value <= high
-    if not ok:
-        bounds = f"{'(' if open_low else '['}{low:g}, {high:g}]"
-        raise LineError("invalid_request", f"body.{key} must be a number in {bounds}, got {_short(value)}")
-    return float(value)
 
 
 def _short(value: object) -> str:

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from batchllm.core.files import replacing, temporary_beside
 from batchllm.core.requests import FinishReason, parse_finish_text
+from batchllm.io.output_files import LOGPROBS_SQL_TYPE
 from batchllm.io.sql import sql_literal
 from batchllm.openai_batch.batch_input import MEMORY_LIMIT, READ_BATCH_LINES, BatchInput
 
@@ -66,11 +67,13 @@ def _query(batch: BatchInput, node_files: Mapping[str, Path]) -> str:
     files = [str(path) for path in node_files.values() if path.is_file()]
     with_texts = any("texts" in pq.read_schema(path).names for path in files)
     texts = "r.texts" if with_texts else "NULL::VARCHAR[]"
+    with_logprobs = any("logprobs" in pq.read_schema(path).names for path in files)
+    logprobs = "r.logprobs" if with_logprobs else f"NULL::{LOGPROBS_SQL_TYPE}"
     results = (f"read_parquet({_list(files)}, union_by_name = true)" if files else
                "(SELECT NULL::VARCHAR AS row_id, NULL::VARCHAR AS text, NULL::BIGINT AS num_prompt_tokens, "
                "NULL::BIGINT AS num_output_tokens, NULL::VARCHAR AS finish_reason WHERE false)")
     return (f"SELECT l.line, l.custom_id, l.model, l.kind, l.node, l.error_code, l.error_message, r.row_id, r.text, "
-            f"{texts} AS texts, r.num_prompt_tokens, r.num_output_tokens, r.finish_reason "
+            f"{texts} AS texts, {logprobs} AS logprobs, r.num_prompt_tokens, r.num_output_tokens, r.finish_reason "
             f"FROM read_parquet({sql_literal(str(batch.lines_path))}) l LEFT JOIN {results} r "
             f"ON l.node IS NOT NULL AND r.row_id = l.custom_id ORDER BY l.line")
 
@@ -97,11 +100,21 @@ def _body(row: dict, ids: str, created: int) -> dict:
     texts = row["texts"] or [row["text"]]
     chat = row["kind"] == "chat"
     choices = [{"index": k, **({"message": {"role": "assistant", "content": text}} if chat else {"text": text}),
-                "logprobs": None, "finish_reason": row["finish_reason"]} for k, text in enumerate(texts)]
+                "logprobs": _logprobs(row["logprobs"]) if k == 0 else None, "finish_reason": row["finish_reason"]}
+               for k, text in enumerate(texts)]
     prompt, completion = row["num_prompt_tokens"], row["num_output_tokens"]
     return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{ids[:24]}", "object": "chat.completion" if chat else "text_completion",
             "created": created, "model": row["model"], "choices": choices,
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
+
+
+def _logprobs(tokens: list[dict] | None) -> dict | None:
+    """A result's logprobs in OpenAI's `choices[].logprobs` shape (each token with its UTF-8 bytes)."""
+    if tokens is None:
+        return None
+    return {"content": [{"token": t["token"], "logprob": t["logprob"], "bytes": list(t["token"].encode()),
+                         "top_logprobs": [{"token": top["token"], "logprob": top["logprob"], "bytes": list(top["token"].encode())}
+                                          for top in t["top_logprobs"]]} for t in tokens]}
 
 
 def _list(paths: list[str]) -> str:
