@@ -119,6 +119,8 @@ def run_batch(
     devices: str = typer.Option("auto", help="Devices to use: auto, cpu:N, gpu:N, or ids such as cpu:0,1."),
     fresh: bool = typer.Option(False, "--fresh", help="Discard results of an earlier run in the run folder instead of resuming."),
     schedule: str = typer.Option("plan", help="plan, max, min or sequential, as for `batchllm run`."),
+    engine: list[str] = typer.Option(None, "--engine", metavar="KEY=VALUE", help="An engine setting, as a DAG's `engine:` "
+                                     "takes it: max_model_len, max_num_seqs, kv_cache_memory_bytes, enforce_eager. Repeat for more."),
 ) -> None:
     """Run an OpenAI batch file on local models and write OpenAI batch output lines.
 
@@ -138,12 +140,26 @@ def run_batch(
     with _run_exits():
         mapping = model_map(model or [], models, batchllm_home())
         done = run_batch_file(input_file, output, mapping, run_dir=run_dir or Path("runs") / output.stem,
-                              devices=parse_devices(devices), fresh=fresh, schedule=schedule, console=console)
+                              devices=parse_devices(devices), fresh=fresh, schedule=schedule, console=console,
+                              engine=_key_values(engine or [], "--engine"))
     for line in done.summary:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     failed = ", ".join(f"{count:,} {code}" for code, count in done.counts.failed.items())
     typer.echo(f"{done.output}: {done.counts.lines:,} lines, {done.counts.succeeded:,} succeeded"
                + (f", {sum(done.counts.failed.values()):,} failed ({failed})" if failed else ""))
+
+
+def _key_values(items: list[str], option: str) -> dict[str, object]:
+    """KEY=VALUE options, each value read as YAML reads a scalar (1 -> 1, true -> True)."""
+    import yaml
+
+    values: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"{option} {item!r} is not KEY=VALUE", where=option, hint=f"e.g. {option} max_num_seqs=64")
+        values[key] = yaml.safe_load(value)
+    return values
 
 
 @app.command()

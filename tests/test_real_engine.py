@@ -260,6 +260,75 @@ def test_the_embedded_models_shipped_config_is_the_converted_models(model_home):
     assert json.loads(converted.read_text()) == json.loads((SMOLLM2_135M.config_dir() / "config.json").read_text())
 
 
+def test_stop_penalties_and_logprobs_on_the_real_engine(tmp_path, model_home, shared_engines):
+    import pyarrow as pa
+
+    question = "Count from one to twenty in words, separated by commas."
+    pq.write_table(pa.table({"id": ["q"], "question": [question]}), tmp_path / "rows.parquet")
+    dag = tmp_path / "dag.yaml"
+    dag.write_text(
+        "inputs:\n  rows: {path: rows.parquet, id_column: id}\n"
+        "nodes:\n"
+        "  plain: {model: smollm2-135m, prompt: '{{ question }}', sampling: {max_tokens: 40}}\n"
+        "  stopped: {model: smollm2-135m, prompt: '{{ question }}', sampling: {max_tokens: 40, stop: [',']}}\n"
+        "  penalised: {model: smollm2-135m, prompt: '{{ question }}', sampling: {max_tokens: 40, repetition_penalty: 1.8}}\n"
+        "  scored: {model: smollm2-135m, prompt: '{{ question }}', sampling: {max_tokens: 40, logprobs: true, top_logprobs: 2}}\n"
+        "outputs:\n  o: {columns: {plain: plain, stopped: stopped, penalised: penalised, scored: scored, "
+        "total: scored.logprob, tokens: scored.logprobs}}\n")
+    run_dag_file(dag, tmp_path / "out", parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines,
+                 schedule="sequential")
+    row = pq.read_table(tmp_path / "out" / "o.parquet").to_pylist()[0]
+    plain = row["plain"]
+    assert "," in plain and row["stopped"] == plain[:plain.index(",")]  # cut before the delimiter
+    assert row["penalised"] != plain
+    assert row["scored"] == plain  # logprobs change nothing of the text at temperature 0
+    scored = results(tmp_path / "out", "scored")[0]
+    assert len(row["tokens"]) == scored["num_output_tokens"] > 0
+    assert "".join(t["token"] for t in row["tokens"]) == plain
+    assert row["total"] == pytest.approx(sum(t["logprob"] for t in row["tokens"]))
+    assert all(len(t["top_logprobs"]) == 2 and t["top_logprobs"][0]["logprob"] >= t["logprob"] - 1e-6 for t in row["tokens"])
+
+
+def test_messages_render_the_chat_the_tokenizer_renders(model_home, tmp_path):
+    """A few-shot `messages:` node and a conversation-column node give the token ids of the
+    tokenizer's own apply_chat_template (no engine: the driver's tokenizer)."""
+    import pyarrow as pa
+    from transformers import AutoTokenizer
+
+    from batchllm.dag.loader import load_dag
+    from batchllm.dag.context import template_context
+    from batchllm.dag.node_prompt import NodePrompt
+    from batchllm.core.requests import EngineRequest
+    from batchllm.models.embedded import SMOLLM2_135M
+    from batchllm.models.tokens import PromptTokenizer
+
+    model_dir = SMOLLM2_135M.prepare(model_home)
+    chats = [[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
+              {"role": "user", "content": "Tell me a joke."}]]
+    pq.write_table(pa.table({"id": ["a"], "q": ["What is 2+2?"], "chat": chats}), tmp_path / "rows.parquet")
+    dag = tmp_path / "dag.yaml"
+    dag.write_text("inputs:\n  rows: {path: rows.parquet, id_column: id}\nnodes:\n"
+                   "  few:\n    model: smollm2-135m\n    messages:\n"
+                   "      - {role: system, content: 'Answer with a number.'}\n"
+                   "      - {role: user, content: 'What is 1+1?'}\n      - {role: assistant, content: '2'}\n"
+                   "      - {role: user, content: '{{ q }}'}\n"
+                   "  conversation: {model: smollm2-135m, messages: '{{ chat }}'}\n")
+    spec = load_dag(dag)
+    row = pq.read_table(tmp_path / "rows.parquet").to_pylist()[0]
+    reference, ours = AutoTokenizer.from_pretrained(str(model_dir)), PromptTokenizer(model_dir)
+    expected = {
+        "few": [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "What is 1+1?"},
+                {"role": "assistant", "content": "2"}, {"role": "user", "content": "What is 2+2?"}],
+        "conversation": chats[0],
+    }
+    for name, messages in expected.items():
+        node = spec.nodes[name]
+        rendered = NodePrompt(node).render(template_context(node, row, {}), where=name)
+        request = EngineRequest(0, rendered.prompt, rendered.system, True, messages=rendered.messages)
+        ids = reference.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        assert ours.token_ids(request) == list(ids if isinstance(ids, list) else ids["input_ids"]), name
+
+
 def test_prompt_tokens_without_transformers_equal_transformers_on_the_embedded_model(model_home):
     from transformers import AutoTokenizer
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -49,9 +50,10 @@ class BatchRun:
 def run_batch(requests_file: Path, output: Path, models: Mapping[str, str], *, run_dir: Path,
               devices: str | DeviceSet = "auto", fresh: bool = False, schedule: str = "plan", prefix_order: bool = True,
               engine_factory: EngineFactory | None = None, console: Console | None = None,
-              profiles_root: Path = PROFILES_ROOT) -> BatchRun:
-    """`models`: body.model -> local model, as `model_map` checked it. Raises RunIncomplete
-    (after writing the results file) when a node failed."""
+              profiles_root: Path = PROFILES_ROOT, engine: Mapping[str, Any] | None = None) -> BatchRun:
+    """`models`: body.model -> local model, as `model_map` checked it; `engine`: engine
+    settings as a DAG's `engine:` section takes them (max_num_seqs, max_model_len, ...).
+    Raises RunIncomplete (after writing the results file) when a node failed."""
     requests_file, output, run_dir = Path(requests_file), Path(output), Path(run_dir)
     if output.is_dir():
         raise UserError(f"the results file {str(output)!r} is a folder", where="-o/--output", hint="name a file, e.g. results.jsonl")
@@ -66,7 +68,10 @@ def run_batch(requests_file: Path, output: Path, models: Mapping[str, str], *, r
         incomplete, summary = None, ()
         if batch.groups:
             try:
-                dag = load_dag_mapping(batch_dag(str(batch.requests_path.absolute()), batch.groups), Path.cwd(), BATCH_DAG_NAME)
+                dag_mapping = batch_dag(str(batch.requests_path.absolute()), batch.groups)
+                if engine:
+                    dag_mapping["engine"] = dict(engine)
+                dag = load_dag_mapping(dag_mapping, Path.cwd(), BATCH_DAG_NAME)
                 device_set = devices if isinstance(devices, DeviceSet) else parse_devices(devices)
                 result, progress = run_dag(dag, run_dir, device_set, fresh=fresh, console=console or run_console(),
                                            engine_factory=engine_factory, prefix_order=prefix_order, schedule=schedule,
