@@ -4,8 +4,11 @@
 
 Workloads, from the real ShareGPT text in profiles/prompts/ (shuffled with a fixed seed):
   multi-turn   every human turn of multi-turn conversations as a request, each holding
-               all earlier turns;
+               all earlier turns (as one completion text);
+  multi-turn-messages  the same conversations as chats (`messages:` turns rendered by the
+               model's chat template, as a DAG node with `messages:` sends them);
   shared-docs  several questions over each of a few long texts.
+--workloads NAME,... runs only those.
 Each workload holds at least 5x the engine's KV cache in prompt tokens (the cache is
 shrunk with kv_cache_memory_bytes), which is the normal offline case. Orders:
   given        as shuffled; with two replicas dealt out alternately;
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -35,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from batchllm.engines.devices import Replica, engine_dtype  # noqa: E402
 from batchllm.engines.process_engine import start_vllm_engine  # noqa: E402
 from batchllm.core.requests import EngineRequest  # noqa: E402
-from batchllm.core.sampling import SamplingSpec
+from batchllm.core.sampling import SamplingSpec  # noqa: E402
 from batchllm.engines.protocol import EngineConfig  # noqa: E402
 from batchllm.models.registry import batchllm_home, resolve_model  # noqa: E402
 from batchllm.models.tokens import PromptTokenizer  # noqa: E402
@@ -62,6 +66,16 @@ def multi_turn_texts() -> list[str]:
     return texts
 
 
+def multi_turn_chats() -> list[tuple[tuple[str, str], ...]]:
+    """The same conversations as chats: every prefix that ends at a human turn."""
+    chats = []
+    for row in pq.read_table(PROMPTS / "multi_turn.parquet").to_pylist():
+        turns = re.split(r"(?:^|\n\n)(HUMAN|GPT): ", row["prompt"])[1:]
+        messages = tuple(("user" if who == "HUMAN" else "assistant", text) for who, text in zip(turns[::2], turns[1::2]))
+        chats.extend(messages[:k + 1] for k, (role, _) in enumerate(messages) if role == "user")
+    return chats
+
+
 def shared_doc_texts() -> list[str]:
     documents = [r["prompt"] for r in pq.read_table(PROMPTS / "multi_turn.parquet").to_pylist() if len(r["prompt"]) > 4500]
     questions = [r["prompt"] for r in pq.read_table(PROMPTS / "first_turns.parquet").to_pylist() if len(r["prompt"]) < 300]
@@ -69,7 +83,7 @@ def shared_doc_texts() -> list[str]:
     return [f"Read this text.\n\n{doc}\n\nQuestion: {q}\nAnswer:" for doc in documents[:40] for q in rng.sample(questions, 6)]
 
 
-def workload(texts: list[str], tokenizer: PromptTokenizer, target_tokens: int, seed: int) -> list[tuple[str, list[int]]]:
+def workload(texts: list, tokenizer: PromptTokenizer, target_tokens: int, seed: int) -> list[tuple[object, list[int]]]:
     """Whole groups of texts (a conversation's turns, a document's questions) until the
     token target, shuffled."""
     picked, total = [], 0
@@ -85,9 +99,12 @@ def workload(texts: list[str], tokenizer: PromptTokenizer, target_tokens: int, s
     return picked
 
 
-def _request(request_id: str, text: str) -> EngineRequest:
-    return EngineRequest(request_id=request_id, prompt=text, system=None, chat=False, sampling=SamplingSpec(max_tokens=MAX_TOKENS,
-                         temperature=0.0, top_p=1.0, seed=0, n=1))
+def _request(request_id: str, prompt: str | tuple) -> EngineRequest:
+    """A completion text, or a chat's messages (rendered by the chat template)."""
+    sampling = SamplingSpec(max_tokens=MAX_TOKENS, temperature=0.0, top_p=1.0, seed=0, n=1)
+    if isinstance(prompt, tuple):
+        return EngineRequest(request_id=request_id, prompt="", chat=True, sampling=sampling, messages=prompt)
+    return EngineRequest(request_id=request_id, prompt=prompt, system=None, chat=False, sampling=sampling)
 
 
 def orders(items: list[tuple[str, list[int]]], replicas: int, block_size: int) -> dict[str, list[list[int]]]:
@@ -141,6 +158,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kv-tokens", type=int, default=3000, help="KV cache size given to each engine, in tokens")
     parser.add_argument("--tokens", type=int, default=60000, help="prompt tokens per workload (>= 5x --kv-tokens)")
+    parser.add_argument("--workloads", default="multi-turn,multi-turn-messages,shared-docs", help="which workloads, comma-separated")
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     home = batchllm_home()
@@ -148,8 +166,8 @@ def main() -> int:
     tokenizer = PromptTokenizer(model_dir)
     block_size = 128  # vLLM CPU's block size, also in the measured profile
     worst_speedup, worst_share, longest_order_s = float("inf"), 1.0, 0.0
-    workloads = {name: workload(texts, tokenizer, args.tokens, seed=7)
-                 for name, texts in (("multi-turn", multi_turn_texts()), ("shared-docs", shared_doc_texts()))}
+    sources = {"multi-turn": multi_turn_texts, "multi-turn-messages": multi_turn_chats, "shared-docs": shared_doc_texts}
+    workloads = {name: workload(sources[name](), tokenizer, args.tokens, seed=7) for name in args.workloads.split(",")}
     for name, items in workloads.items():  # before any engine runs: the machine is otherwise idle
         times = {r: ordering_time_s([ids for _, ids in items], ORDERING_PROMPTS, r, block_size) for r in (1, 2)}
         mean_tokens = sum(len(ids) for _, ids in items) / len(items)
@@ -157,7 +175,7 @@ def main() -> int:
               f"{BLOCK_IDS_IN}): {times[1]:.2f} s for 1 replica, {times[2]:.2f} s for 2", flush=True)
         longest_order_s = max(longest_order_s, *times.values())
     print(f"KV cache {args.kv_tokens:,} tokens per engine; workloads of >= {args.tokens:,} prompt tokens; max_tokens {MAX_TOKENS}")
-    print(f"{'workload':12} {'replicas':>8} {'order':9} {'requests':>8} {'prompt tok':>10} {'cached':>8} {'ideal':>8} "
+    print(f"{'workload':19} {'replicas':>8} {'order':9} {'requests':>8} {'prompt tok':>10} {'cached':>8} {'ideal':>8} "
           f"{'cached/ideal':>12} {'wall s':>8} {'speed-up':>8}")
     for name, items in workloads.items():
         prompt_tokens = sum(len(ids) for _, ids in items)
@@ -169,7 +187,7 @@ def main() -> int:
                 wall_s, cached = run_once(model_dir, items, assignment, args.kv_tokens)
                 walls[order] = wall_s
                 speedup = walls["given"] / wall_s
-                print(f"{name:12} {replicas:8} {order:9} {len(items):8} {prompt_tokens:10,} {cached:8,} {ideal:8,} "
+                print(f"{name:19} {replicas:8} {order:9} {len(items):8} {prompt_tokens:10,} {cached:8,} {ideal:8,} "
                       f"{cached / ideal:12.1%} {wall_s:8.1f} {speedup:7.2f}x", flush=True)
                 if order == "batchllm":
                     worst_speedup, worst_share = min(worst_speedup, speedup), min(worst_share, cached / ideal)
