@@ -6,19 +6,16 @@ import pytest
 
 from batchllm.core.requests import EngineRequest
 from batchllm.runtime.backlog import Backlog
+from batchllm.runtime.prepare import Planned
 
 
-def requests(*ids: str) -> list[EngineRequest]:
-    return [EngineRequest(request_id=i, prompt=i) for i in ids]
+def requests(*ids: str) -> list[Planned]:
+    return [Planned(EngineRequest(request_id=i, prompt=i), 0.0, 1.0) for i in ids]
 
 
-def halves(batch: list[EngineRequest], parts: int) -> list[list[EngineRequest]]:
+def halves(batch: list[Planned], parts: int) -> list[list[Planned]]:
     """A splitter that deals requests out in turn."""
     return [batch[k::parts] for k in range(parts)]
-
-
-def unit_work(request: EngineRequest) -> float:
-    return 1.0
 
 
 def ids(batch: list[EngineRequest]) -> list[str]:
@@ -26,7 +23,7 @@ def ids(batch: list[EngineRequest]) -> list[str]:
 
 
 def test_the_heaviest_list_goes_to_the_replica_with_the_least_work_and_take_keeps_order():
-    backlog = Backlog(unit_work)
+    backlog = Backlog()
     backlog.regroup(2, halves)
     backlog.add([requests("a"), requests("b", "c", "d")], loads=[0.0, 2.0])
     assert backlog.replicas == 2 and len(backlog) == 4
@@ -36,7 +33,7 @@ def test_the_heaviest_list_goes_to_the_replica_with_the_least_work_and_take_keep
 
 
 def test_waiting_requests_are_split_again_when_the_replica_count_changes():
-    backlog = Backlog(unit_work)
+    backlog = Backlog()
     backlog.regroup(1, halves)
     backlog.add([requests("a", "b", "c", "d")], loads=[0.0])
     backlog.take(0, 1)  # "a" went to the engine and stays there
@@ -46,14 +43,14 @@ def test_waiting_requests_are_split_again_when_the_replica_count_changes():
 
 
 def test_add_needs_one_list_and_one_load_per_replica():
-    backlog = Backlog(unit_work)
+    backlog = Backlog()
     backlog.regroup(2, halves)
     with pytest.raises(ValueError, match="1 lists and 1 loads for 2 replicas"):
         backlog.add([requests("a")], loads=[0.0])
 
 
 def test_what_still_waits_counts_towards_a_replicas_load_and_what_was_taken_does_not():
-    backlog = Backlog(unit_work)
+    backlog = Backlog()
     backlog.regroup(2, halves)
     backlog.add([requests("a", "b", "c"), []], loads=[0.0, 0.0])  # replica 0 now has 3 waiting
     backlog.add([requests("d", "e"), []], loads=[0.0, 1.0])  # 0 + 3 waiting vs 1 + 0: to replica 1

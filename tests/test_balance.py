@@ -13,7 +13,7 @@ from batchllm.core.sampling import SamplingSpec
 from batchllm.costmodel.estimator import ExecutionPlan, Workload, estimate
 from batchllm.costmodel.profile import ReplicaShape
 from batchllm.ordering.balance import balance
-from batchllm.runtime.prepare import split, work_of
+from batchllm.runtime.prepare import planned, split
 from tests.test_costmodel import tiny_profile
 
 
@@ -68,10 +68,10 @@ def test_the_estimate_models_the_runtimes_split(monkeypatch):
     prompts, outputs = rng.integers(10, 100, 60), rng.integers(1, 150, 60)  # within the profile's 256 positions
     requests = [EngineRequest(i, "x", sampling=SamplingSpec(max_tokens=int(o)), prompt_token_ids=tuple(range(int(p))))
                 for i, (p, o) in enumerate(zip(prompts, outputs))]
-    runtime = [sorted(r.request_id for r in part) for part in split(requests, 3, 16, prefix_order=False).replicas]
+    runtime = [sorted(p.request.request_id for p in part) for part in split(planned(requests), 3, 16, prefix_order=False).replicas]
     seen: list[list[list[int]]] = []
     monkeypatch.setattr(estimator, "balance", lambda work, parts: seen.append([p.tolist() for p in balance(work, parts)]) or
                         [np.asarray(p) for p in seen[-1]])
     estimate(tiny_profile(), ExecutionPlan(3, ReplicaShape(1)), Workload.of(prompts, max_tokens=outputs, known_output_tokens=outputs))
     assert seen == [runtime]
-    assert runtime == [p.tolist() for p in balance([work_of(r) for r in requests], 3)]
+    assert runtime == [p.tolist() for p in balance([p.work for p in planned(requests)], 3)]

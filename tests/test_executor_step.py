@@ -12,7 +12,7 @@ from batchllm.io.dag_checks import check_dag
 from batchllm.dag.loader import load_dag
 from batchllm.runtime.executor import Executor
 from batchllm.runtime.ledger import UnitStatus
-from batchllm.runtime.prepare import RequestPreparer
+from batchllm.runtime.prepare import RequestPreparer, most_output_tokens
 from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.sequential_stages import SequentialStages
@@ -25,9 +25,9 @@ from tests.test_executor import CPU2
 class InlinePreparer(RequestPreparer):
     """Prepares a window at once, in the calling thread, so every turn is deterministic."""
 
-    def submit(self, requests, model_dir, block_size, replicas) -> Future:
+    def submit(self, requests, model_dir, block_size, replicas, forecast=most_output_tokens) -> Future:
         done: Future = Future()
-        done.set_result(self._prepare(None, requests, block_size, replicas))
+        done.set_result(self._prepare(None, requests, block_size, replicas, forecast))
         return done
 
 

@@ -133,11 +133,39 @@ def test_the_runtime_prepares_requests_tokenized_and_in_prefix_order():
     texts = ["zz question 1", "shared document, question a", "zz question 2", "shared document, question b"]
     requests = [EngineRequest(request_id=str(i), prompt=t, chat=False, sampling=SamplingSpec(max_tokens=4)) for i, t in enumerate(texts)]
     window = preparer.submit(requests, "model-dir", 4, 1).result(timeout=30)
-    assert [r.request_id for r in window.replicas[0]] == ["1", "3", "0", "2"]
-    assert window.replicas[0][0].prompt_token_ids == tuple(ord(c) for c in texts[1])  # the engine need not tokenize
+    assert [p.request.request_id for p in window.replicas[0]] == ["1", "3", "0", "2"]
+    assert window.replicas[0][0].request.prompt_token_ids == tuple(ord(c) for c in texts[1])  # the engine need not tokenize
     # "shared document, question " is 26 characters: 6 whole blocks of 4; "zz question " 12: 3 blocks
     assert window.ideal_cached_tokens == 24 + 12 and window.prompt_tokens == sum(map(len, texts))
     two = preparer.submit(requests, "model-dir", 4, 2).result(timeout=30)
     # the shared-document group is the heaviest: cut at its branch, the "zz" group beside one half
-    assert [[r.request_id for r in part] for part in two.replicas] == [["1", "0", "2"], ["3"]]
+    assert [[p.request.request_id for p in part] for part in two.replicas] == [["1", "0", "2"], ["3"]]
     preparer.close()
+
+
+def test_inside_a_length_bucket_the_longest_predicted_answer_goes_first():
+    """Prompts alike in length and sharing nothing: with nothing predicted they keep their
+    tree's order; with predicted answers, the longest first (and the split balances predicted work)."""
+    prompts = [[k * 100 + i for i in range(8)] for k in range(4)]  # 8 tokens each, no shared block
+    unordered = order_requests(prompts, block_size=4).replicas
+    assert sorted(unordered[0]) == [0, 1, 2, 3] and order_requests(prompts, block_size=4, extra_work=[7] * 4).replicas == unordered
+    assert order_requests(prompts, block_size=4, extra_work=[5, 40, 1, 90]).replicas == [[3, 1, 0, 2]]
+    # two replicas: 90 alone against 40 + 5 + 1 (+ prompts): the long answers lead each replica
+    assert order_requests(prompts, block_size=4, replicas=2, extra_work=[5, 40, 1, 90]).replicas == [[3], [1, 0, 2]]
+
+
+def test_the_runtime_splits_by_the_forecast_not_by_max_tokens():
+    """Four requests with max_tokens 100: by max_tokens alike; a forecast that knows two
+    answers are long puts one long answer on each replica, first."""
+    import numpy as np
+
+    from batchllm.core.requests import EngineRequest
+    from batchllm.core.sampling import SamplingSpec
+    from batchllm.runtime.prepare import planned, split
+
+    requests = [EngineRequest(str(i), "p", sampling=SamplingSpec(max_tokens=100), prompt_token_ids=(i, 1, 2, 3)) for i in range(4)]
+    forecast = lambda batch: np.array([90.0 if r.request_id in ("0", "1") else 5.0 for r in batch])  # noqa: E731
+    window = split(planned(requests, forecast), 2, 16, prefix_order=True)
+    ids = [[p.request.request_id for p in part] for part in window.replicas]
+    assert sorted(map(sorted, ids)) == [["0", "2"], ["1", "3"]] and all(part[0] in ("0", "1") for part in ids)
+    assert [p.work for p in window.replicas[0]] == [94.0, 9.0]

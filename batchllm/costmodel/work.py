@@ -1,9 +1,10 @@
 """A request's work: the one measure the planner, the prefix order and the runtime's
 replica balancing all use.
 
-work = prompt tokens the prefix cache does not serve + the most tokens it may generate
-(max_tokens x n). Before a prompt is tokenized (the planner, before a run), its tokens
-are estimated from its characters.
+work = prompt tokens the prefix cache does not serve + the output tokens predicted for it
+(its expected answer length cut at max_tokens, times n; with nothing predicted, the most
+it may generate: max_tokens x n). Before a prompt is tokenized (the planner, before a
+run), its tokens are estimated from its characters.
 """
 
 from __future__ import annotations
@@ -16,6 +17,6 @@ def estimated_tokens(chars):
     return chars / CHARS_PER_TOKEN
 
 
-def request_work(prompt_tokens, max_tokens, n=1, cached_tokens=0):
-    """Scalars or numpy arrays alike."""
-    return prompt_tokens - cached_tokens + max_tokens * n
+def request_work(prompt_tokens, output_tokens, cached_tokens=0):
+    """Scalars or numpy arrays alike; `output_tokens` for all of a request's n samples."""
+    return prompt_tokens - cached_tokens + output_tokens

@@ -9,10 +9,11 @@
    heaviest first to the least-loaded).
 3. Length buckets: within a replica, groups run in buckets of similar prompt length
    (powers of two of their mean), longest bucket first, so a batch does not mix very
-   long and very short prompts and long work does not make the tail.
+   long and very short prompts; inside a bucket, the group with the longest predicted
+   answer (`extra_work`) first, so long answers do not make the replica's tail.
 
-Work of a request = prompt tokens the ideal cache does not hold + `extra_work` (e.g. its
-expected output tokens, weighted).
+Work of a request = prompt tokens the ideal cache does not hold + `extra_work` (its
+predicted output tokens).
 """
 
 from __future__ import annotations
@@ -66,9 +67,11 @@ def order_requests(prompts: Sequence[Sequence[int]], *, block_size: int, replica
     picked = balance([work[a:b].sum() for a, b in groups], replicas)
     assigned = [[groups[k] for k in indices.tolist()] for indices in picked]
     running_total = np.concatenate([[0], np.cumsum(lengths)]).tolist()  # prompt tokens before each DFS position
+    longest = np.maximum.reduceat(extra, [a for a, _ in groups]).tolist() if groups else []  # per group
+    longest_of = {g: value for g, value in zip(groups, longest)}
     ordered = []
     for runs in assigned:
-        runs.sort(key=lambda g: (-_bucket((running_total[g[1]] - running_total[g[0]]) / (g[1] - g[0])), g[0]))
+        runs.sort(key=lambda g: (-_bucket((running_total[g[1]] - running_total[g[0]]) / (g[1] - g[0])), -longest_of[g], g[0]))
         ordered.append([int(i) for a, b in runs for i in tree.order[a:b]])
     return RequestOrder(ordered, ideal, ideal - lost)
 

@@ -1,5 +1,5 @@
 """A node's requests that are ready but not yet handed to an engine: one queue per
-data-parallel replica, each in prefix order.
+data-parallel replica, each in prefix order, each request with its predicted work.
 
 An engine is given no more requests than it runs at once (its max_num_seqs); the rest
 wait here. Requests inside an engine stay there until they finish, so when a stage
@@ -18,14 +18,14 @@ from collections.abc import Callable
 
 from batchllm.core.requests import EngineRequest
 from batchllm.ordering.balance import balance
+from batchllm.runtime.prepare import Planned
 
-Splitter = Callable[[list[EngineRequest], int], list[list[EngineRequest]]]  # requests, parts -> one list per part
+Splitter = Callable[[list[Planned], int], list[list[Planned]]]  # requests, parts -> one list per part
 
 
 class Backlog:
-    def __init__(self, work: Callable[[EngineRequest], float]) -> None:
-        self._work = work  # a request's estimated work
-        self._queues: list[deque[EngineRequest]] = []
+    def __init__(self) -> None:
+        self._queues: list[deque[Planned]] = []
         self._waiting_work: list[float] = []  # per queue: the work of what waits in it
 
     def __len__(self) -> int:
@@ -35,12 +35,12 @@ class Backlog:
     def replicas(self) -> int:
         return len(self._queues)
 
-    def add(self, lists: list[list[EngineRequest]], loads: list[float]) -> None:
+    def add(self, lists: list[list[Planned]], loads: list[float]) -> None:
         """One list per replica (from a splitter); the heaviest goes to the replica with
         the least work (`loads`: its engine's, plus what waits here for it)."""
         if len(lists) != len(self._queues) or len(loads) != len(lists):
             raise ValueError(f"{len(lists)} lists and {len(loads)} loads for {len(self._queues)} replicas")
-        works = [sum(map(self._work, batch)) for batch in lists]
+        works = [sum(p.work for p in batch) for batch in lists]
         totals = [load + waiting for load, waiting in zip(loads, self._waiting_work)]
         for replica, picked in enumerate(balance(works, len(self._queues), totals)):
             for index in sorted(picked.tolist(), key=lambda i: -works[i]):  # the heaviest first, as it was given out
@@ -51,13 +51,13 @@ class Backlog:
         """Spread what waits over `replicas` queues (a no-op when the count is unchanged)."""
         if replicas == len(self._queues):
             return
-        waiting = [r for queue in self._queues for r in queue]
+        waiting = [p for queue in self._queues for p in queue]
         lists = split(waiting, replicas) if waiting else [[] for _ in range(replicas)]
         self._queues = [deque(batch) for batch in lists]
-        self._waiting_work = [sum(map(self._work, batch)) for batch in lists]
+        self._waiting_work = [sum(p.work for p in batch) for batch in lists]
 
     def take(self, replica: int, count: int) -> list[EngineRequest]:
         queue = self._queues[replica]
         taken = [queue.popleft() for _ in range(min(count, len(queue)))]
-        self._waiting_work[replica] = self._waiting_work[replica] - sum(map(self._work, taken)) if queue else 0.0
-        return taken
+        self._waiting_work[replica] = self._waiting_work[replica] - sum(p.work for p in taken) if queue else 0.0
+        return [p.request for p in taken]

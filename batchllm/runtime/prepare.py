@@ -8,6 +8,10 @@ tokenizes them. Tokenizing and ordering run in one background thread, off the dr
 fast tokenizer releases the GIL); the main loop only submits a window and later takes
 the finished result. One tokenizer per model directory, loaded in that thread too (its
 first load, transformers import included, takes seconds).
+
+Each request's work is its prompt tokens plus the output tokens predicted for it (a
+node's `OutputForecast`: the expected length of its answer, cut at max_tokens, times n);
+without a forecast, the most it may generate (max_tokens x n).
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
 
 from batchllm.costmodel.work import estimated_tokens, request_work
 from batchllm.core.requests import EngineRequest
@@ -23,41 +30,55 @@ from batchllm.ordering.balance import balance
 from batchllm.ordering.request_order import order_requests
 
 
+OutputForecast = Callable[[Sequence[EngineRequest]], np.ndarray]  # requests -> predicted output tokens each (x n)
+
+
+class Planned(NamedTuple):
+    """A request on its way to an engine, with its predicted work."""
+
+    request: EngineRequest
+    output_tokens: float  # predicted (x n)
+    work: float  # prompt tokens + output_tokens
+
+
 @dataclass(frozen=True)
 class PreparedWindow:
-    replicas: list[list[EngineRequest]]  # per replica, in submission order, token ids filled in
+    replicas: list[list[Planned]]  # per replica, in submission order, token ids filled in
     prompt_tokens: int
     ideal_cached_tokens: int  # what an unbounded prefix cache serves for this window in the best order
-    mean_work: float  # of its requests (`work_of`), worked out here, off the driver's main loop
+    mean_work: float  # of its requests, worked out here, off the driver's main loop
 
 
-def work_of(request: EngineRequest) -> float:
-    """A request's work (see costmodel.work): its prompt tokens once tokenized, else estimated."""
+def prompt_tokens_of(request: EngineRequest) -> float:
+    """Its prompt tokens once tokenized, else estimated from its characters."""
     if request.prompt_token_ids is not None:
-        tokens = len(request.prompt_token_ids)
-    else:
-        tokens = estimated_tokens(len(request.prompt) + len(request.system or ""))
-    return request_work(tokens, request.max_tokens, request.n)
+        return len(request.prompt_token_ids)
+    return estimated_tokens(len(request.prompt) + len(request.system or ""))
 
 
-def split(requests: Sequence[EngineRequest], replicas: int, block_size: int, prefix_order: bool) -> PreparedWindow:
+def most_output_tokens(requests: Sequence[EngineRequest]) -> np.ndarray:
+    """The forecast that knows nothing: every request generates all it may."""
+    return np.array([r.max_tokens * r.n for r in requests], float)
+
+
+def planned(requests: Sequence[EngineRequest], forecast: OutputForecast = most_output_tokens) -> list[Planned]:
+    outputs = np.asarray(forecast(requests), float).tolist()
+    return [Planned(r, o, float(request_work(prompt_tokens_of(r), o))) for r, o in zip(requests, outputs)]
+
+
+def split(items: Sequence[Planned], replicas: int, block_size: int, prefix_order: bool) -> PreparedWindow:
     """Tokenized requests over `replicas` lists: in prefix order, or by work in the given order."""
-    prompts = [r.prompt_token_ids or () for r in requests]
-    tokens = sum(map(len, prompts))
-    if not requests:
+    if not items:
         return PreparedWindow([[] for _ in range(replicas)], 0, 0, 0.0)
-    mean_work = sum(map(work_of, requests)) / len(requests)
+    prompts = [p.request.prompt_token_ids or () for p in items]
+    tokens = sum(map(len, prompts))
+    mean_work = sum(p.work for p in items) / len(items)
     if prefix_order:
-        order = order_requests(prompts, block_size=block_size, replicas=replicas,
-                               extra_work=[r.max_tokens * r.n for r in requests])
-        return PreparedWindow([[requests[i] for i in indices] for indices in order.replicas], tokens,
+        order = order_requests(prompts, block_size=block_size, replicas=replicas, extra_work=[p.output_tokens for p in items])
+        return PreparedWindow([[items[i] for i in indices] for indices in order.replicas], tokens,
                               order.ideal_cached_tokens, mean_work)
-    return PreparedWindow(_split_by_work(requests, replicas), tokens, 0, mean_work)
-
-
-def _split_by_work(requests: Sequence[EngineRequest], parts: int) -> list[list[EngineRequest]]:
-    """Each part keeps the given order (see `ordering.balance`)."""
-    return [[requests[i] for i in indices.tolist()] for indices in balance([work_of(r) for r in requests], parts)]
+    return PreparedWindow([[items[i] for i in indices.tolist()] for indices in balance([p.work for p in items], replicas)],
+                          tokens, 0, mean_work)
 
 
 class RequestPreparer:
@@ -72,20 +93,22 @@ class RequestPreparer:
         if self.prefix_order and model_dir not in self._tokenizers:
             self._tokenizers[model_dir] = self._thread.submit(self._tokenizer_for, model_dir)
 
-    def submit(self, requests: list[EngineRequest], model_dir: str, block_size: int, replicas: int) -> Future:
+    def submit(self, requests: list[EngineRequest], model_dir: str, block_size: int, replicas: int,
+               forecast: OutputForecast = most_output_tokens) -> Future:
         """Future of a PreparedWindow."""
         tokenizer = None
         if self.prefix_order:
             self.preload(model_dir)
             tokenizer = self._tokenizers[model_dir]
-        return self._thread.submit(self._prepare, tokenizer, requests, block_size, replicas)
+        return self._thread.submit(self._prepare, tokenizer, requests, block_size, replicas, forecast)
 
-    def _prepare(self, tokenizer: Future | None, requests: list[EngineRequest], block_size: int, replicas: int) -> PreparedWindow:
+    def _prepare(self, tokenizer: Future | None, requests: list[EngineRequest], block_size: int, replicas: int,
+                 forecast: OutputForecast) -> PreparedWindow:
         if tokenizer is None:  # no prefix order: the engine tokenizes
-            return split(requests, replicas, block_size, prefix_order=False)
+            return split(planned(requests, forecast), replicas, block_size, prefix_order=False)
         ids = tokenizer.result().token_ids_many(requests)
         tokenized = [r.with_token_ids(i) for r, i in zip(requests, ids)]
-        return split(tokenized, replicas, block_size, self.prefix_order)
+        return split(planned(tokenized, forecast), replicas, block_size, self.prefix_order)
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)

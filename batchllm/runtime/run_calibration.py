@@ -39,6 +39,7 @@ from batchllm.core.requests import EngineResult, FinishReason
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 from batchllm.planner.problem import NodeWorkload, PlanProblem, build_problem
 from batchllm.runtime.observer import RunObserver
+from batchllm.runtime.output_forecast import OutputForecast
 from batchllm.runtime.stage_chooser import NodeProgress
 from batchllm.runtime.step_result import StepResult
 
@@ -152,6 +153,11 @@ class RunCalibration(RunObserver):
         own = lengths.outputs > 0 or any(s.node == node for s in self._live_snapshots())
         profile = model.profile(lengths.posterior(self._running_ages(node)) if own else None, self.machine_factors())
         return replace(item, profile=profile, workload=self._scaled_prompts(node))
+
+    def output_forecast(self, node: str) -> OutputForecast:
+        """The node's answer lengths as calibrated now, for the runtime's split and order."""
+        lengths = self.node_lengths[node]
+        return OutputForecast(node, lengths.posterior(self._running_ages(node)), source="prior" if lengths.outputs == 0 else "pilot")
 
     def machine_factors(self) -> SpeedFactors | None:
         """Speed factors over every model measured: for a model no engine ran yet."""
