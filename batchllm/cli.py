@@ -69,6 +69,9 @@ def run(
     schedule: str = typer.Option("plan", help="plan: batchllm's stages of models side by side, re-planned at every stage end "
                                  "(needs a profile per model, else sequential); max: each node alone on all devices; min: "
                                  "every ready node on its smallest plan; sequential: node by node, one engine on all devices."),
+    pilot: str = typer.Option("0.5%", help="A node whose prompt set is new starts with this random sample of its rows "
+                              "(a share, kept within 64-2,000 rows, or a number of rows); the rest is planned on its answer lengths."),
+    no_pilot: bool = typer.Option(False, "--no-pilot", help="Start every node on the profile's answer lengths, without a pilot."),
 ) -> None:
     """Run every node of DAG and write Parquet results.
 
@@ -81,6 +84,7 @@ def run(
     from batchllm.cluster.session import open_cluster
     from batchllm.runtime.launch import run_dag_file
     from batchllm.runtime.memory import limit_malloc_arenas
+    from batchllm.runtime.pilot import PilotSize
 
     limit_malloc_arenas()  # this process is the driver, from here on (runtime/memory.py says why)
     console = run_console()
@@ -92,8 +96,9 @@ def run(
             device_set = session.devices() if session else parse_devices(devices)
             if session:
                 console.print(f"Ray cluster {session.address}: {device_set}", highlight=False)
+            pilot_size = None if no_pilot else PilotSize.parse(pilot)
             result, progress = run_dag_file(dag, out, device_set, fresh=fresh, console=console, prefix_order=prefix_order,
-                                            schedule=schedule, cluster=session)
+                                            schedule=schedule, pilot=pilot_size, cluster=session)
     finally:
         if session:
             session.close()
@@ -170,6 +175,9 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON instead of tables."),
     chart: Path = typer.Option(None, help="Gantt chart PNG path (an HTML file is written beside it). Default: plans/<DAG>-<devices>.png."),
     profiles: Path = typer.Option(None, help="Profiles folder. Default: the profiles/ shipped with batchllm."),
+    pilot: bool = typer.Option(False, "--pilot", help="Run each new prompt set's pilot on this machine's real engines first "
+                               "(into --out, where `run` finds it done) and estimate the rest from the answers it measured."),
+    out: Path = typer.Option(None, "--out", "-o", help="With --pilot: the run folder. Default: runs/<DAG file name>, as `run`."),
 ) -> None:
     """Find a fast schedule for DAG: stages of (node, dp x tp plan) on the devices.
 
@@ -180,9 +188,17 @@ def plan(
     re-plans the devices then; rollouts try nearby stages. Nothing is run. Planned for
     this machine, the models and engine settings are checked as `validate` checks them.
 
+    With --pilot, the answer lengths come from the data itself: a random sample of each
+    new prompt set's rows runs first (as `run` would start it; its results are kept), and
+    the estimate is made from what it measured, pilot time included.
+
     Example: batchllm plan dags/ensemble_judge.yaml --devices 8xA100-80G --compare
     """
     import json
+
+    if pilot:
+        _plan_with_pilots(dag, devices, out or Path("runs") / dag.stem, profiles, as_json)
+        return
 
     from batchllm.planner.gantt import chart_paths, write_html, write_png
     from batchllm.planner.plan_file import PROFILES_ROOT, plan_dag_file
@@ -214,6 +230,32 @@ def plan(
     console = Console(highlight=False, width=max(Console().width, 120))
     print_report(report, console)
     console.print(f"gantt chart: {chart} and {html_path}")
+
+
+def _plan_with_pilots(dag: Path, devices: str, out: Path, profiles: Path | None, as_json: bool) -> None:
+    import json
+
+    from batchllm.planner.plan_file import PROFILES_ROOT
+    from batchllm.runtime.launch import run_dag_file
+    from batchllm.runtime.memory import limit_malloc_arenas
+
+    limit_malloc_arenas()
+    console = run_console()
+    with _run_exits():
+        if devices not in ("auto", _this_machine_devices()):
+            raise UserError(f"--pilot runs on this machine's engines, not on {devices!r}", where="--devices",
+                            hint=f"leave --devices out (this machine: {_this_machine_devices()}), or plan without --pilot")
+        result, _ = run_dag_file(dag, out, parse_devices("auto"), console=Console(quiet=True) if as_json else console,
+                                 pilots_only=True, profiles_root=profiles or PROFILES_ROOT)
+    pilot_s = result.report.wall_s
+    rest_s = result.rest_estimate_s or 0.0
+    if as_json:
+        typer.echo(json.dumps({"estimated_s": round(pilot_s + rest_s, 3), "pilot_s": round(pilot_s, 3),
+                               "rest_estimated_s": round(rest_s, 3), "out": str(out)}, indent=2))
+        return
+    console.print(f"pilots run in {pilot_s:.1f} s (engine starts included), kept in {out}; the rest estimated at {rest_s:.1f} s "
+                  f"on their answer lengths: {pilot_s + rest_s:.1f} s in all. `batchllm run {dag} --out {out}` goes on from them.",
+                  highlight=False, soft_wrap=True)
 
 
 def _this_machine_devices() -> str:

@@ -327,3 +327,93 @@ def test_an_engine_is_handed_no_more_requests_than_it_runs_at_once(workspace, pr
     assert max(e.most_queued for e in factory.started) == 8  # the rest waited in the driver's backlog
     for node in ORDER:
         assert node_keys(workspace.out, node) == [(f"r{i:02d}", 0) for i in range(rows)]
+
+
+# -- pilots -------------------------------------------------------------------------------------
+def many_questions(workspace, rows: int) -> list[str]:
+    ids = [f"r{i:03d}" for i in range(rows)]
+    pq.write_table(pa.table({"id": ids, "question": [f"Question {i}?" for i in range(rows)]}), workspace.root / "questions.parquet")
+    return ids
+
+
+def fingerprints(workspace) -> dict[str, str]:
+    from batchllm.dag.loader import load_dag
+    from batchllm.io.dag_checks import check_dag
+    from batchllm.runtime.fingerprint import node_fingerprints
+
+    dag = load_dag(workspace.dag(ENSEMBLE_DAG))
+    return node_fingerprints(dag, check_dag(dag, workspace.root))
+
+
+def sent_rows(factory: FakeEngineFactory, node: str, engines: slice = slice(None)) -> list[int]:
+    """The node's rows the engines were sent (engine by engine, in the order each was sent them)."""
+    return [r.request_id & UNIT_MASK for e in factory.started[engines] for r in e.seen if ORDER[r.request_id >> UNIT_BITS] == node]
+
+
+def test_a_new_prompt_set_starts_with_its_pilot_then_the_rest_is_planned(workspace, profiles):
+    from batchllm.runtime.pilot import PilotSize, pilot_rows, seed_of
+
+    ids = many_questions(workspace, 300)
+    factory = FakeEngineFactory()
+    run(workspace, factory, schedule="plan", profiles=profiles)
+    prints = fingerprints(workspace)
+    for node in ("a", "b"):  # the first 64 requests of each generator's first engine are its pilot's rows (0.5 % of 300
+        sampled = pilot_rows(300, PilotSize(), seed_of(prints[node])).tolist()  # is below the 64-row floor)
+        first_engine = next(k for k, e in enumerate(factory.started) if ORDER[e.seen[0].request_id >> UNIT_BITS] == node)
+        assert len(sampled) == 64 and sorted(sent_rows(factory, node, slice(first_engine, first_engine + 1))[:64]) == sampled
+        assert sampled != list(range(64)) and sorted(sent_rows(factory, node)) == list(range(300))  # every row sent once
+    assert sorted(sent_rows(factory, "judge")) == list(range(300))  # it reads upstream nodes: no pilot of its own
+    stages = json.loads((workspace.out / "run.json").read_text())["stages"]
+    assert stages[0]["nodes"]["a"]["units_after"] == 64 or stages[0]["nodes"]["b"]["units_after"] == 64  # a pilot ended it
+    assert len(stages) >= 3
+    for node in ORDER:
+        assert node_keys(workspace.out, node) == [(i, 0) for i in ids]
+
+
+def test_no_pilot_for_a_small_node_or_when_switched_off(workspace, profiles):
+    many_questions(workspace, 100)  # a pilot of 64 of 100 rows would be most of the node
+    run(workspace, FakeEngineFactory(), schedule="plan", profiles=profiles)
+    assert [list(s["nodes"]) for s in json.loads((workspace.out / "run.json").read_text())["stages"]] == [["a", "b"], ["judge"]]
+
+    many_questions(workspace, 300)
+    off = FakeEngineFactory()
+    run_dag_file(workspace.dag(ENSEMBLE_DAG), workspace.out, CPU2, console=Console(quiet=True), fresh=True, engine_factory=off,
+                 prefix_order=False, schedule="plan", profiles_root=profiles, pilot=None)
+    assert sent_rows(off, "a")[:5] == [0, 1, 2, 3, 4]  # in row order from the start
+
+
+def test_a_pilot_interrupted_then_resumed_runs_no_committed_row_again(workspace, profiles):
+    from batchllm.io.node_journal import ResultJournal
+    from batchllm.runtime.run_dir import RunDir
+
+    ids = many_questions(workspace, 300)
+    with pytest.raises(DriverCrash):
+        run(workspace, FakeEngineFactory(crash_after_results=20), schedule="plan", profiles=profiles)
+    prints = fingerprints(workspace)
+    committed = {}
+    for node in ("a", "b"):
+        journal = ResultJournal(RunDir(workspace.out).journal_folder(node), prints[node], node)
+        committed[node] = {int(r) for rows, _ in journal.committed_key_batches() for r in rows.tolist()}
+        journal.close()
+    assert sum(map(len, committed.values())) >= 20
+    resumed = FakeEngineFactory()
+    run(workspace, resumed, schedule="plan", profiles=profiles)
+    for node in ("a", "b"):
+        assert not committed[node] & set(sent_rows(resumed, node))
+    for node in ORDER:
+        assert node_keys(workspace.out, node) == [(i, 0) for i in ids]
+
+
+def test_pilots_only_runs_the_pilots_estimates_the_rest_and_a_run_goes_on_from_them(workspace, profiles):
+    ids = many_questions(workspace, 300)
+    pilots = FakeEngineFactory()
+    result, _ = run_dag_file(workspace.dag(ENSEMBLE_DAG), workspace.out, CPU2, console=Console(quiet=True), engine_factory=pilots,
+                             prefix_order=False, schedule="plan", profiles_root=profiles, pilots_only=True)
+    assert result.outputs == {} and result.rest_estimate_s is not None and result.rest_estimate_s > 0
+    assert {n: len(sent_rows(pilots, n)) for n in ORDER} == {"a": 64, "b": 64, "judge": 0}
+    rest = FakeEngineFactory()
+    run(workspace, rest, schedule="plan", profiles=profiles)
+    for node in ("a", "b"):
+        assert sorted(sent_rows(pilots, node) + sent_rows(rest, node)) == list(range(300))
+    for node in ORDER:
+        assert node_keys(workspace.out, node) == [(i, 0) for i in ids]

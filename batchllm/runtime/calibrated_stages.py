@@ -34,6 +34,12 @@ class CalibratedStages:
         return StagePlanner(self.calibration.calibrated_problem(), self.method).choose(progress, running)
 
 
+def rest_estimate_s(calibration: RunCalibration, method: str, nodes: dict[str, NodeProgress]) -> float:
+    """The rest of a run from where `nodes` stand, planned on the calibrated cost model
+    (no engine running: the planned stages start their own)."""
+    return StagePlanner(calibration.calibrated_problem(), known_method(method)).plan(nodes, {}).total_s if nodes else 0.0
+
+
 class RunEstimates(RunObserver):
     def __init__(self, calibration: RunCalibration, method: str, clock: Callable[[], float] = time.monotonic):
         self.calibration, self.method, self.clock = calibration, method, clock

@@ -46,10 +46,11 @@ from batchllm.runtime.backlog import Backlog
 from batchllm.runtime.engine_configs import engine_config
 from batchllm.runtime.engine_set import EngineLoss, EngineSet, Polled
 from batchllm.runtime.fingerprint import node_fingerprints
-from batchllm.runtime.ledger import Ledger, NodeLedger, node_units
+from batchllm.runtime.ledger import Ledger, NodeLedger, UnitStatus, node_units
 from batchllm.runtime.memory import PeriodicTrim, release_free_memory
 from batchllm.runtime.node_feed import MergedUpstream, NodeFeed, Upstream
-from batchllm.runtime.prepare import PreparedWindow, RequestPreparer, split, work_of
+from batchllm.runtime.pilot import NodePilot, PilotSize, pilot_rows, seed_of, wants_pilot
+from batchllm.runtime.prepare import PreparedWindow, RequestPreparer, most_output_tokens, split
 from batchllm.runtime.progress import NodeStats, RunProgress
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_gantt import write_run_html
@@ -70,6 +71,7 @@ class RunResult:
     nodes_failed: dict[str, str]  # node -> cause
     outputs: dict[str, Path]
     report: RunReport
+    rest_estimate_s: float | None = None  # after pilots only: the rest of the run, planned on what they measured
 
     @property
     def first_request_s(self) -> float | None:
@@ -80,13 +82,21 @@ class RunResult:
 class Executor:
     def __init__(self, dag: DagSpec, sources: dict[str, InputSource], run_dir: RunDir, devices: DeviceSet,
                  engine_factory: EngineFactory, progress: RunProgress, home: Path, planning: RunPlanning,
-                 preparer: RequestPreparer, replanner: DeviceLossReplanner | None = None):
+                 preparer: RequestPreparer, replanner: DeviceLossReplanner | None = None, pilot: PilotSize | None = PilotSize(),
+                 known_prompt_sets: frozenset[str] = frozenset(), pilots_only: bool = False):
+        """`pilot`: the size of a new prompt set's pilot (None: no pilots); `known_prompt_sets`:
+        the node fingerprints whose outputs the local store has seen (their prompt sets are not new);
+        `pilots_only`: run the pilots, then stop (no outputs are written)."""
         self.dag, self.sources, self.run_dir, self.devices = dag, sources, run_dir, devices
         self.device_ids = devices.ids  # every device the run started with (run.html draws a row for each)
         self.replanner = replanner  # on a cluster: a new planning on the devices left when nodes are gone
         self._replan = False  # devices were lost: the stage ends and the rest is planned on those left
+        self._pilot_ended = False  # a pilot ended: the stage ends and the rest is planned on its lengths
         self.engines = EngineSet(engine_factory)
         self.progress, self.home, self.planning, self.preparer = progress, home, planning, preparer
+        self.pilot_size, self.known_prompt_sets, self.pilots_only = pilot, known_prompt_sets, pilots_only
+        self.pilots: dict[str, NodePilot] = {}  # nodes whose pilot has not ended
+        self.left_at_end: dict[str, NodeProgress] = {}
         self.order = dag.topological_order()
         self.finished: set[str] = set()
         self.failed: dict[str, str] = {}
@@ -95,7 +105,7 @@ class Executor:
         self.stage_nodes: tuple[str, ...] = ()  # the current stage's nodes
         self.running_plans: dict[str, RunningPlan] = {}
         self.plan_since_s: dict[str, float] = {}  # node -> clock when its current plan's engines were ready
-        self.backlogs = {n: Backlog(work_of) for n in dag.nodes}
+        self.backlogs = {n: Backlog() for n in dag.nodes}
         self.preparing: dict[str, tuple[Future, bool]] = {}  # node -> window being prepared, fresh units?
         self.windows_taken: set[str] = set()  # nodes that took a window in this run
         self.block_size_tokens = 16
@@ -110,13 +120,14 @@ class Executor:
         started = self._started
         try:
             self._settle()
-            while self._unfinished():
+            while self._unfinished() and not (self.pilots_only and not self.pilots):
                 self._run_stage()
+            self.left_at_end = self._progress(self._clock_s())  # what the rest of the run is planned from
         finally:
             self._end_stage_loop(time.monotonic() - started)
         release_free_memory()
         try:
-            outputs = self._write_outputs()
+            outputs = {} if self.pilots_only else self._write_outputs()
             if self.report.outputs:
                 self.report.write(self.run_dir.root / "run.json")
         finally:
@@ -143,7 +154,40 @@ class Executor:
             node = self.dag.nodes[name]
             self.feeds[name] = NodeFeed(node, index, self.ledger[name], self.sources[node.input_name], self.journals[name],
                                         self._upstream_of(name))
+        self.pilots = {n: p for n in self.order if (p := self._pilot_of(n, prints[n])) is not None}
         self._started = time.monotonic()
+
+    def _pilot_of(self, name: str, fingerprint: str) -> NodePilot | None:
+        """The node's pilot, when it gets one (see runtime.pilot): its sampled rows, none of
+        them run yet or some committed by an interrupted pilot (those are not run again)."""
+        node, ledger = self.dag.nodes[name], self.ledger[name]
+        if (self.pilot_size is None or self.planning.calibration is None or node.reads or node.iterate
+                or fingerprint in self.known_prompt_sets or not wants_pilot(ledger.rows, self.pilot_size)):
+            return None
+        rows = pilot_rows(ledger.rows, self.pilot_size, seed_of(fingerprint))
+        committed = int((ledger.status[ledger.unit_of(rows, np.zeros(len(rows), np.int64))] == UnitStatus.COMMITTED).sum())
+        if committed == len(rows) or ledger.committed_units > committed:  # done, or the run went past it
+            return None
+        self.progress.note(f"pilot: {len(rows):,} random rows of {name} first ({len(rows) / ledger.rows:.1%} of "
+                           f"{ledger.rows:,}), to learn its answer lengths; then the rest is planned on them")
+        return NodePilot(name, rows)
+
+    def _end_pilots(self) -> None:
+        """A pilot of this stage has every result: the stage ends, and the rest is planned on it."""
+        ended = [p for n, p in self.pilots.items() if n in self.stage_nodes and p.taken and self._settled_rows(n, p.rows)]
+        self._pilot_ended = self._pilot_ended or bool(ended)
+        for pilot in ended:
+            del self.pilots[pilot.node]
+            calibration = self.planning.calibration
+            if calibration is not None:
+                lengths = calibration.node_lengths[pilot.node]
+                self.progress.note(f"pilot of {pilot.node} done: mean answer {lengths.posterior().mean():.0f} tokens "
+                                   f"(the prior's {lengths.prior.mean():.0f}); planning the rest on it")
+
+    def _settled_rows(self, name: str, rows: np.ndarray) -> bool:
+        ledger = self.ledger[name]
+        status = ledger.status[ledger.unit_of(rows, np.zeros(len(rows), np.int64))]
+        return bool(np.isin(status, (UnitStatus.COMMITTED, UnitStatus.SKIPPED)).all())
 
     def _end_stage_loop(self, wall_s: float) -> None:
         """Stop the engines, sync the journals, write the report, and free what only the
@@ -227,7 +271,7 @@ class Executor:
         if choice.schedule is not None:
             self.report.plan_made(choice.schedule, self.devices.ids)
         log = StageLog(len(self.report.stages), now_s, stage.duration_s, choice.rest_s, choice.search_s)
-        self.assigned, self._replan, self.stage_nodes = {}, False, tuple(stage.plans)
+        self.assigned, self._replan, self._pilot_ended, self.stage_nodes = {}, False, False, tuple(stage.plans)
         for name, plan in stage.plans.items():
             size, placed = plan.shape.devices, stage.placement[name]
             ids = [self.devices.ids[i] for i in placed]
@@ -248,8 +292,8 @@ class Executor:
         return log
 
     def stage_over(self) -> bool:
-        """One of the stage's nodes finished or failed, or devices were lost."""
-        return self._replan or any(n in self.finished or n in self.failed for n in self.stage_nodes)
+        """One of the stage's nodes finished or failed, a pilot ended, or devices were lost."""
+        return self._replan or any(n in self.finished or n in self.failed for n in self.stage_nodes) or self._pilot_ended
 
     def end_stage(self, log: StageLog) -> None:
         log.end(self._clock_s(), {n: self.ledger[n].committed_units for n in self.stage_nodes})
@@ -365,6 +409,7 @@ class Executor:
         self._release(polled.losses)
         unfinished = set(self._unfinished())
         self._settle()
+        self._end_pilots()
         ended = tuple(n for n in self.order if n in unfinished and n not in self._unfinished())
         return StepResult(submitted, tuple(commits), engine_steps, tuple(polled.losses), ended)
 
@@ -379,7 +424,7 @@ class Executor:
             del self.preparing[name]
             window: PreparedWindow = future.result()
             if len(window.replicas) != len(configs):  # the replicas changed while it was prepared
-                window = split([r for part in window.replicas for r in part], len(configs), self.block_size_tokens,
+                window = split([p for part in window.replicas for p in part], len(configs), self.block_size_tokens,
                                self.preparer.prefix_order)
             backlog.add(window.replicas, [self._engine_load(c) * window.mean_work for c in configs])
             if fresh:
@@ -390,11 +435,23 @@ class Executor:
             return
         fresh = not feed.retry
         size = WINDOW_UNITS if name in self.windows_taken else FIRST_WINDOW_UNITS  # the first of this run: small
-        self.windows_taken.add(name)
-        units = feed.take_ready(max(size, 2 * at_once))
+        pilot = self.pilots.get(name)
+        if pilot is None and self.pilots_only:
+            return
+        if pilot is None:
+            self.windows_taken.add(name)
+            units = feed.take_ready(max(size, 2 * at_once))
+        elif not pilot.taken:
+            pilot.taken = True
+            units = feed.take_rows(pilot.rows)
+        else:  # while the pilot runs, only its own units lost with an engine
+            units = feed.take_ready(len(pilot.rows)) if feed.retry else np.zeros(0, np.int64)
         if len(units):
             requests = feed.render(units)
-            self.preparing[name] = (self.preparer.submit(requests, configs[0].model, self.block_size_tokens, len(configs)), fresh)
+            calibration = self.planning.calibration
+            forecast = calibration.output_forecast(name) if calibration is not None else most_output_tokens
+            self.preparing[name] = (self.preparer.submit(requests, configs[0].model, self.block_size_tokens, len(configs), forecast),
+                                    fresh)
 
     def _engine_load(self, config: EngineConfig) -> int:
         """Units running in the engine (their work is estimated by the caller)."""

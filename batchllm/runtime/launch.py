@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -26,8 +27,9 @@ from batchllm.planner.cluster import local_cluster, run_settings
 from batchllm.planner.from_dag import dag_workloads
 from batchllm.planner.plan_file import PROFILES_ROOT
 from batchllm.planner.problem import build_problem
-from batchllm.runtime.calibrated_stages import CalibratedStages, RunEstimates
+from batchllm.runtime.calibrated_stages import CalibratedStages, RunEstimates, rest_estimate_s
 from batchllm.runtime.executor import Executor, RunResult
+from batchllm.runtime.pilot import PilotSize
 from batchllm.runtime.prepare import RequestPreparer
 from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.run_calibration import RunCalibration
@@ -60,7 +62,7 @@ def run_dag_file(dag_path: Path, out: Path, devices: DeviceSet, **options) -> tu
 
 def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False, console: Console,
             engine_factory: EngineFactory | None = None, home: Path | None = None,
-            prefix_order: bool = True, schedule: str = "plan",
+            prefix_order: bool = True, schedule: str = "plan", pilot: PilotSize | None = PilotSize(), pilots_only: bool = False,
             profiles_root: Path = PROFILES_ROOT, cluster=None) -> tuple[RunResult, RunProgress]:
     """Validate everything first (nothing is written on bad input), then run.
 
@@ -70,7 +72,11 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
 
     `cluster`: a connected `batchllm.cluster.session.RaySession`; `devices` are then its
     nodes' devices, engines run as Ray actors, and a lost node's work is re-planned on
-    the devices that survive."""
+    the devices that survive.
+
+    `pilot`: how large a new prompt set's pilot is (see runtime.pilot); None: no pilots.
+    `pilots_only`: run only the pilots (into `out`, where a later run finds them committed)
+    and estimate the rest on them (`RunResult.rest_estimate_s`)."""
     if schedule not in SCHEDULES:
         raise UserError(f"unknown schedule {schedule!r}", where="--schedule", hint=f"use one of {', '.join(SCHEDULES)}")
     home = home or batchllm_home()
@@ -102,9 +108,12 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
     try:
         with _run_gc(), RunProgress(console, status_path=run_dir.status_path) as progress:
             executor = Executor(dag, sources, run_dir, devices, engine_factory or start_vllm_engine, progress, home, planning,
-                                RequestPreparer(prefix_order), replanner)
+                                RequestPreparer(prefix_order), replanner, pilot, pilots_only=pilots_only)
             try:
                 result = executor.run()
+                if pilots_only and executor.planning.calibration is not None:
+                    result = replace(result, rest_estimate_s=rest_estimate_s(executor.planning.calibration, schedule,
+                                                                             executor.left_at_end))
             except KeyboardInterrupt:
                 progress.close("interrupted")
                 raise
@@ -113,7 +122,7 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
                 raise
             finally:
                 _save_learnt(executor.planning.calibration, console)
-            progress.close("finished")
+            progress.close("incomplete" if pilots_only else "finished")
         return result, progress
     finally:
         run_dir.close()

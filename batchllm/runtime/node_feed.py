@@ -129,6 +129,23 @@ class NodeFeed:
         self.ledger.queue(units)
         return units
 
+    def take_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The READY first units of these rows (a pilot's sample), marked QUEUED; rows not
+        decided yet are decided here (a row its `where:` drops is skipped). Rows past the
+        cursor stay decided when the scan reaches them, and only READY units are taken, so
+        no unit is taken twice."""
+        rows = np.asarray(rows, np.int64)
+        pending = rows[self.ledger.row_state[rows] == RowState.PENDING]
+        if self.upstream:
+            raise ValueError(f"node {self.node.name!r} reads upstream nodes: its rows are decided as they commit")
+        kept = self._where(pending, self._where_filter) if self._where_filter is not None and len(pending) else pending
+        self.ledger.skip(np.setdiff1d(pending, kept, assume_unique=True))
+        self.ledger.admit(kept)
+        first = self.ledger.unit_of(rows, np.zeros(len(rows), np.int64))
+        units = first[self.ledger.status[first] == UnitStatus.READY]
+        self.ledger.queue(units)
+        return units
+
     def admit(self, start: int, stop: int) -> bool:
         """Decide the window's undecided rows whose upstream outputs are all there. False
         when every row of the window was decided already."""
