@@ -1,0 +1,62 @@
+"""Is the length model better than the per-model CDF? Scored on outputs it was not fit on.
+
+Both predict a distribution per request: the model base x exp(shift_i), the CDF one shared
+distribution (shift 0, base = Kaplan-Meier of the training lengths). The score is censoring-
+aware: the mean absolute error of log length of each request's predicted median, where an
+output cut at its cap (known only to be at least that long) costs only what the prediction
+falls short of the cap (predicting longer is no error). Lower is better. The model is used
+only when it beats the CDF by `margin` (relative) on at least `min_outputs` held-out outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from batchllm.costmodel.length_model.model import LengthModel
+from batchllm.costmodel.lengths import LengthDistribution
+from batchllm.costmodel.request_lengths import LengthPrompt
+
+MARGIN = 0.03
+MIN_OUTPUTS = 30
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    use: bool
+    model_score: float  # censoring-aware mean |log error| on held-out outputs (nan: not scored)
+    cdf_score: float
+    reason: str
+
+
+def median(distribution: LengthDistribution) -> float:
+    index = min(int(np.searchsorted(distribution.cdf, 0.5, side="left")), distribution.lengths.size - 1)
+    return float(distribution.lengths[index])
+
+
+def log_error(base: LengthDistribution, log_shift: np.ndarray, lengths, finished) -> float:
+    """Mean over outputs of |log length - log predicted median|; for a cut output, only how
+    far the prediction falls short of its length."""
+    actual = np.log(np.maximum(np.asarray(lengths, float), 1.0))
+    predicted = np.log(median(base)) + np.asarray(log_shift, float)
+    error = np.where(np.asarray(finished, bool), np.abs(actual - predicted), np.maximum(actual - predicted, 0.0))
+    return float(np.mean(error))
+
+
+def gate(model: LengthModel, cdf: LengthDistribution, prompts: Sequence[LengthPrompt], lengths, finished, *,
+         margin: float = MARGIN, min_outputs: int = MIN_OUTPUTS) -> GateVerdict:
+    """`prompts`, `lengths`, `finished`: held-out outputs (neither was fit on them)."""
+    if len(prompts) < min_outputs:
+        return GateVerdict(False, float("nan"), float("nan"),
+                           f"{len(prompts)} held-out outputs, fewer than {min_outputs}: the per-model CDF is kept")
+    model_score = log_error(model.base, model.log_shift(prompts), lengths, finished)
+    cdf_score = log_error(cdf, np.zeros(len(prompts)), lengths, finished)
+    if model_score < cdf_score * (1.0 - margin):
+        return GateVerdict(True, model_score, cdf_score,
+                           f"on {len(prompts)} held-out outputs the length model's log error {model_score:.3f} beats "
+                           f"the per-model CDF's {cdf_score:.3f}")
+    return GateVerdict(False, model_score, cdf_score,
+                       f"on {len(prompts)} held-out outputs the length model's log error {model_score:.3f} does not beat "
+                       f"the per-model CDF's {cdf_score:.3f} by {margin:.0%}: the CDF is kept")

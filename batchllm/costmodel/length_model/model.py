@@ -1,0 +1,122 @@
+"""A per-model output-length predictor: each request's length as the shared base distribution
+times exp(its shift), the shift read off its prompt (RequestLengths' accelerated-failure-time
+form).
+
+    model = LengthModel.fit(prompts, lengths, finished)     # finished False: cut at max_tokens
+    model.request_lengths(prompts)                          # RequestLengths(base, shifts, "length model")
+    model.scaled_to(pilot_prompts, pilot_lengths)           # the same, its level set by a pilot's outputs
+
+The shift is linear in the prompt's features (features.py), fit to log length with the
+censored outputs as lower bounds (censored_fit.py), and centred so it averages 0 over the
+training outputs. The base is the Kaplan-Meier distribution of the outputs' residual lengths
+length / exp(shift), each shift predicted without its own output (out of fold), so the
+base's spread is what a new prompt's length has around its prediction. Saved as numbers
+(.npz, .json), no pickle.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from batchllm.core.files import replacing
+from batchllm.costmodel.length_model.censored_fit import fit_censored
+from batchllm.costmodel.length_model.features import FEATURES_VERSION, features, width
+from batchllm.costmodel.lengths import LengthDistribution
+from batchllm.costmodel.request_lengths import LengthPrompt, RequestLengths
+
+MODEL_FILE, NUMBERS_FILE = "length_model.json", "length_model.npz"
+
+
+def residual_base(lengths: np.ndarray, finished: np.ndarray, shifts: np.ndarray) -> LengthDistribution:
+    """Kaplan-Meier of length / exp(shift), whole tokens (a cut output's residual is cut too)."""
+    residual = np.maximum(np.rint(np.asarray(lengths, float) / np.exp(shifts)), 1).astype(np.int64)
+    return LengthDistribution.fit(residual, finished)
+
+
+@dataclass(frozen=True)
+class LengthModel:
+    coef: np.ndarray  # one per feature column (features.width())
+    intercept: float  # centred: the training outputs' shifts average 0
+    sigma: float  # residual spread of log length, out of fold (a new prompt's)
+    base: LengthDistribution
+    trained_on: int  # outputs fit on
+    alpha: float  # ridge penalty
+
+    @classmethod
+    def fit(cls, prompts: Sequence[LengthPrompt], lengths, finished, *, seed: int = 0) -> "LengthModel":
+        """`lengths` output tokens; `finished[i]` False when output i was cut (max_tokens, or
+        still running): then its length is only a lower bound."""
+        lengths = np.maximum(np.asarray(lengths, float), 1.0)
+        finished = np.asarray(finished, bool)
+        if len(prompts) != lengths.size or lengths.size != finished.size:
+            raise ValueError(f"{len(prompts)} prompts, {lengths.size} lengths, {finished.size} finished flags")
+        if lengths.size < 8:
+            raise ValueError(f"a length model needs at least 8 outputs, got {lengths.size}")
+        matrix = features(prompts)
+        fit = fit_censored(matrix, np.log(lengths), ~finished, seed=seed)
+        centre = float(np.mean(fit.predict(matrix)))
+        base = residual_base(lengths, finished, fit.out_of_fold - centre)
+        return cls(fit.coef.astype(np.float32), fit.intercept - centre, fit.sigma, base, int(lengths.size), fit.alpha)
+
+    def log_shift(self, prompts: Sequence[LengthPrompt]) -> np.ndarray:
+        if not prompts:
+            return np.zeros(0)
+        return np.asarray(features(prompts) @ self.coef, float).ravel() + self.intercept
+
+    def request_lengths(self, prompts: Sequence[LengthPrompt], source: str = "length model") -> RequestLengths:
+        return RequestLengths(self.base, self.log_shift(prompts), source)
+
+    def shifted(self, offset: float) -> "LengthModel":
+        """Every request's length times exp(offset)."""
+        return replace(self, intercept=self.intercept + float(offset))
+
+    def scaled_to(self, prompts: Sequence[LengthPrompt], lengths, caps=None) -> "LengthModel":
+        """This model moved by the one offset that makes its expected capped length over these
+        outputs (a pilot's) their mean. `lengths` as the engine reported them (a cut output
+        counts its cap, exactly what min(length, cap) is); `caps` each one's max_tokens (by
+        default the prompts')."""
+        observed = float(np.mean(np.asarray(lengths, float)))
+        caps = np.asarray([p.max_tokens for p in prompts] if caps is None else caps, float)
+        shifts = self.request_lengths(prompts)
+
+        def mean_at(offset: float) -> float:
+            return float(np.mean(RequestLengths(self.base, shifts.log_shift + offset, "pilot").expected(caps)))
+
+        low, high = -6.0, 6.0  # the capped mean only grows with the offset
+        for _ in range(50):
+            middle = (low + high) / 2
+            low, high = (middle, high) if mean_at(middle) < observed else (low, middle)
+        return self.shifted((low + high) / 2)
+
+    def save(self, folder: Path) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        nonzero = np.flatnonzero(self.coef)
+        with replacing(folder / NUMBERS_FILE) as new:
+            with open(new.path, "wb") as handle:
+                np.savez_compressed(handle, coef_index=nonzero.astype(np.int64), coef_value=self.coef[nonzero],
+                                    base_lengths=self.base.lengths, base_cdf=self.base.cdf)
+        record = {"features_version": FEATURES_VERSION, "width": int(self.coef.size), "intercept": self.intercept,
+                  "sigma": self.sigma, "censored_at": self.base.censored_at, "trained_on": self.trained_on, "alpha": self.alpha}
+        with replacing(folder / MODEL_FILE) as new:
+            new.path.write_text(json.dumps(record, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, folder: Path) -> "LengthModel":
+        folder = Path(folder)
+        record = json.loads((folder / MODEL_FILE).read_text())
+        if record.get("features_version") != FEATURES_VERSION or record.get("width") != width():
+            raise ValueError(f"the length model in {folder} was saved with other features "
+                             f"(version {record.get('features_version')}, this is {FEATURES_VERSION}): fit it again")
+        with np.load(folder / NUMBERS_FILE, allow_pickle=False) as numbers:
+            coef = np.zeros(record["width"], np.float32)
+            coef[numbers["coef_index"]] = numbers["coef_value"]
+            base = LengthDistribution(numbers["base_lengths"].astype(np.int64), numbers["base_cdf"].astype(float),
+                                      int(record["censored_at"]))
+        return cls(coef, float(record["intercept"]), float(record["sigma"]), base, int(record["trained_on"]),
+                   float(record["alpha"]))

@@ -1,0 +1,119 @@
+"""The outputs a model has written on this machine, kept to fit its length model:
+
+    $BATCHLLM_HOME/lengths/<model folder>/observations.parquet
+
+one row per output: the request's LengthPrompt fields (texts cut to TEXT_CHARS), the key of
+the prompt set it came from, its output tokens and whether it finished (False: cut at
+max_tokens). The newest MAX_ROWS rows are kept; every write replaces the file whole (written
+beside it, then renamed), so a reader sees the old rows or the new ones.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from batchllm.core.files import replacing
+from batchllm.costmodel.length_model.gate import GateVerdict, gate
+from batchllm.costmodel.length_model.model import LengthModel
+from batchllm.costmodel.lengths import LengthDistribution
+from batchllm.costmodel.request_lengths import LengthPrompt
+
+FOLDER, FILE = "lengths", "observations.parquet"
+TEXT_CHARS = 2000
+MAX_ROWS = 50_000
+HELD_OUT = 0.25  # share of the outputs (or of the prompt sets) the gate scores on
+MIN_OUTPUTS = 200
+SCHEMA = pa.schema([("last_user", pa.string()), ("system", pa.string()), ("template", pa.string()),
+                    ("prompt_tokens", pa.int64()), ("max_tokens", pa.int64()), ("temperature", pa.float64()),
+                    ("prompt_set", pa.string()), ("output_tokens", pa.int64()), ("finished", pa.bool_())])
+
+
+@dataclass(frozen=True)
+class Observations:
+    prompts: list[LengthPrompt]
+    lengths: np.ndarray
+    finished: np.ndarray
+    prompt_sets: list[str]
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= TEXT_CHARS else text[:TEXT_CHARS // 2] + text[-(TEXT_CHARS // 2):]  # both ends: features.py reads them
+
+
+@dataclass(frozen=True)
+class ObservationStore:
+    path: Path
+
+    @classmethod
+    def at_home(cls, home: Path, model: str) -> "ObservationStore":
+        return cls(Path(home) / FOLDER / model.replace("/", "_") / FILE)
+
+    def _table(self) -> pa.Table:
+        return pq.read_table(self.path, schema=SCHEMA) if self.path.is_file() else SCHEMA.empty_table()
+
+    def add(self, prompts: Sequence[LengthPrompt], lengths, finished, prompt_set: str) -> None:
+        lengths, finished = np.asarray(lengths, np.int64), np.asarray(finished, bool)
+        if not len(prompts) == lengths.size == finished.size:
+            raise ValueError(f"{len(prompts)} prompts, {lengths.size} lengths, {finished.size} finished flags")
+        new = pa.table({"last_user": [_cut(p.last_user) for p in prompts], "system": [_cut(p.system) for p in prompts],
+                        "template": [p.template for p in prompts], "prompt_tokens": [int(p.prompt_tokens) for p in prompts],
+                        "max_tokens": [int(p.max_tokens) for p in prompts],
+                        "temperature": [float(p.temperature) for p in prompts], "prompt_set": [prompt_set] * len(prompts),
+                        "output_tokens": lengths, "finished": finished}, schema=SCHEMA)
+        table = pa.concat_tables([self._table(), new])
+        if table.num_rows > MAX_ROWS:
+            table = table.slice(table.num_rows - MAX_ROWS)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with replacing(self.path) as target:
+            pq.write_table(table, target.path)
+
+    def load(self) -> Observations:
+        table = self._table()
+        columns = {name: table.column(name).to_pylist() for name in table.column_names}
+        names = [f.name for f in fields(LengthPrompt)]
+        prompts = [LengthPrompt(*values) for values in zip(*(columns[n] for n in names))] if table.num_rows else []
+        return Observations(prompts, np.asarray(columns["output_tokens"], np.int64), np.asarray(columns["finished"], bool),
+                            columns["prompt_set"])
+
+    def prompt_sets(self) -> set[str]:
+        table = self._table()
+        return set(table.column("prompt_set").unique().to_pylist()) if table.num_rows else set()
+
+    def fitted_model(self, min_outputs: int = MIN_OUTPUTS, seed: int = 0) -> tuple[LengthModel | None, GateVerdict]:
+        """The length model fit on the stored outputs, when it beats the per-model CDF on
+        held-out ones (whole prompt sets when there are three or more: a model is used on
+        sets it has not seen), refit on all of them; else None, and the verdict says why."""
+        seen = self.load()
+        if len(seen) < min_outputs:
+            return None, GateVerdict(False, float("nan"), float("nan"),
+                                     f"{len(seen)} outputs stored, fewer than {min_outputs}: the per-model CDF is kept")
+        held = _held_out(seen.prompt_sets, seed)
+        if held.all() or not held.any():
+            held = np.random.default_rng(seed).random(len(seen)) < HELD_OUT
+        train, test = np.flatnonzero(~held), np.flatnonzero(held)
+        model = LengthModel.fit([seen.prompts[i] for i in train], seen.lengths[train], seen.finished[train], seed=seed)
+        cdf = LengthDistribution.fit(np.maximum(seen.lengths[train], 1), seen.finished[train])
+        verdict = gate(model, cdf, [seen.prompts[i] for i in test], seen.lengths[test], seen.finished[test])
+        if not verdict.use:
+            return None, verdict
+        return LengthModel.fit(seen.prompts, seen.lengths, seen.finished, seed=seed), verdict
+
+
+def _held_out(prompt_sets: list[str], seed: int) -> np.ndarray:
+    """Rows of about HELD_OUT of the prompt sets (picked by a stable hash), when there are >= 3."""
+    keys = sorted(set(prompt_sets))
+    if len(keys) < 3:
+        return np.zeros(len(prompt_sets), bool)
+    ranked = sorted(keys, key=lambda key: zlib.crc32(f"{seed}:{key}".encode()))
+    chosen = set(ranked[:max(1, round(HELD_OUT * len(keys)))])
+    return np.array([key in chosen for key in prompt_sets], bool)

@@ -1,0 +1,147 @@
+"""The per-request length model (batchllm.costmodel.length_model): features, the censored
+fit, the model's shifts and base, the gate against the per-model CDF, the observation store.
+Synthetic data only; no engine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.linear_model import Ridge
+
+from batchllm.costmodel.length_model import observations
+from batchllm.costmodel.length_model.censored_fit import fit_censored
+from batchllm.costmodel.length_model.features import DENSE, dense_row, features, width
+from batchllm.costmodel.length_model.gate import gate
+from batchllm.costmodel.length_model.model import LengthModel
+from batchllm.costmodel.length_model.observations import ObservationStore
+from batchllm.costmodel.lengths import LengthDistribution
+from batchllm.costmodel.request_lengths import LengthPrompt, RequestLengths
+
+CAP = 256
+KINDS = {  # prompt -> median length
+    "What is the capital of {x}? Answer in one word.": 6,
+    "In one sentence, what is {x}?": 30,
+    "Write a short poem about {x}.": 90,
+    "Write a 500-word essay about {x}, in detail.": 400,
+}
+TOPICS = ["cats", "rivers", "Rome", "tea", "chess", "clouds", "bread", "trains", "salt", "owls", "glass", "maps"]
+
+
+def workload(count: int, seed: int, scale: float = 1.0) -> tuple[list[LengthPrompt], np.ndarray, np.ndarray]:
+    """Prompts of four kinds, log-normal lengths about each kind's median, cut at CAP."""
+    rng = np.random.default_rng(seed)
+    kinds = list(KINDS.items())
+    prompts, lengths = [], []
+    for _ in range(count):
+        text, centre = kinds[rng.integers(len(kinds))]
+        prompts.append(LengthPrompt(text.format(x=rng.choice(TOPICS)), template="t", prompt_tokens=int(rng.integers(10, 30)),
+                                    max_tokens=CAP))
+        lengths.append(max(1.0, centre * scale * np.exp(rng.normal(0, 0.3))))
+    lengths = np.rint(lengths)
+    return prompts, np.minimum(lengths, CAP).astype(np.int64), lengths < CAP
+
+
+def test_features_are_stateless_and_read_the_cues():
+    one = LengthPrompt("Write a 300-word essay. List ten facts, step by step.", system="Be brief.", template="node")
+    alone, together = features([one]), features([LengthPrompt("other"), one])
+    assert alone.shape == (1, width()) and (alone != together[1]).nnz == 0
+    cues = dict(zip(DENSE, dense_row(one)))
+    assert cues["words_n"] == pytest.approx(np.log1p(300)) and cues["items_n"] == pytest.approx(np.log1p(10))
+    assert cues["essay"] == cues["explain"] == cues["list"] == 1.0 and cues["code"] == 0.0
+    assert dict(zip(DENSE, dense_row(LengthPrompt("Answer in one word"))))["one_word"] == 1.0
+
+
+def test_censored_fit_recovers_the_coefficients_and_beats_exact_and_dropped():
+    rng = np.random.default_rng(3)
+    count = 3000
+    x = np.column_stack([rng.integers(0, 2, count), rng.normal(0, 1, count)]).astype(float)
+    truth = np.array([1.0, -0.5])
+    log_length = 4.0 + x @ truth + rng.normal(0, 0.5, count)
+    cap = np.quantile(log_length, 0.7)  # ~30 % cut
+    censored = log_length >= cap
+    observed = np.minimum(log_length, cap)
+    fit = fit_censored(x, observed, censored, alpha=0.1)
+    assert 0.25 <= censored.mean() <= 0.35
+    assert np.abs(fit.coef - truth).max() < 0.08 and abs(fit.intercept - 4.0) < 0.08 and abs(fit.sigma - 0.5) < 0.05
+    exact = Ridge(alpha=0.1).fit(x, observed)
+    dropped = Ridge(alpha=0.1).fit(x[~censored], observed[~censored])
+    error = np.abs(fit.coef - truth).sum()
+    assert error < np.abs(exact.coef_ - truth).sum() / 2 and error < np.abs(dropped.coef_ - truth).sum() / 2
+    means = np.array([4.0 + truth[0] * k for k in (0, 1)])  # mean log length of each binary group at x2 = 0
+    fitted = np.array([fit.intercept + fit.coef[0] * k for k in (0, 1)])
+    assert np.abs(fitted - means).max() < 0.08
+
+
+def test_model_shifts_centre_on_zero_and_rank_the_kinds(tmp_path):
+    prompts, lengths, finished = workload(600, seed=1)
+    assert 0.05 < (~finished).mean() < 0.4  # the essays are cut
+    model = LengthModel.fit(prompts, lengths, finished)
+    assert abs(model.log_shift(prompts).mean()) < 1e-6
+    test, actual, _ = workload(400, seed=2)
+    shifts = model.log_shift(test)
+    by_kind = {text: shifts[[i for i, p in enumerate(test) if p.last_user.startswith(text[:12])]].mean() for text in KINDS}
+    assert list(by_kind.values()) == sorted(by_kind.values())  # shortest kind lowest, longest highest
+    predicted = model.request_lengths(test).expected(cap=CAP)
+    assert isinstance(model.request_lengths(test), RequestLengths)
+    assert abs(predicted.mean() - actual.mean()) / actual.mean() < 0.1
+    for text in KINDS:  # each kind's capped mean, not only the whole set's
+        rows = [i for i, p in enumerate(test) if p.last_user.startswith(text[:12])]
+        assert abs(predicted[rows].mean() - actual[rows].mean()) / actual[rows].mean() < 0.2
+    model.save(tmp_path / "m")
+    again = LengthModel.load(tmp_path / "m")
+    assert np.allclose(again.log_shift(test), shifts, atol=1e-5) and again.base.censored_at == model.base.censored_at
+    assert np.array_equal(again.base.lengths, model.base.lengths) and np.array_equal(again.base.cdf, model.base.cdf)
+
+
+def test_a_pilot_sets_the_level_of_a_new_set():
+    prompts, lengths, finished = workload(600, seed=1)
+    model = LengthModel.fit(prompts, lengths, finished)
+    new, actual, _ = workload(400, seed=4, scale=0.5)  # the same kinds, half as long
+    pilot = model.scaled_to(new[:64], actual[:64])
+    assert pilot.intercept - model.intercept == pytest.approx(np.log(0.5), abs=0.15)
+    mean = pilot.request_lengths(new).expected(cap=CAP).mean()
+    assert abs(mean - actual.mean()) / actual.mean() < 0.1
+
+
+def test_gate_refuses_a_model_of_noise_and_takes_a_real_one():
+    rng = np.random.default_rng(5)
+    words = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
+
+    def noise(count):
+        prompts = [LengthPrompt(" ".join(rng.choice(words, 6))) for _ in range(count)]
+        lengths = np.minimum(np.rint(np.exp(rng.normal(4, 0.8, count))), CAP).astype(np.int64)
+        return prompts, lengths, lengths < CAP
+
+    prompts, lengths, finished = noise(500)
+    model = LengthModel.fit(prompts, lengths, finished)
+    cdf = LengthDistribution.fit(lengths, finished)
+    verdict = gate(model, cdf, *noise(300))
+    assert not verdict.use and "does not beat" in verdict.reason
+    prompts, lengths, finished = workload(500, seed=1)
+    verdict = gate(LengthModel.fit(prompts, lengths, finished), LengthDistribution.fit(lengths, finished), *workload(300, seed=6))
+    assert verdict.use and verdict.model_score < 0.5 * verdict.cdf_score
+    assert not gate(model, cdf, *noise(10)).use  # too few outputs to tell
+
+
+def test_observation_store_keeps_the_newest_rows_and_gates_its_model(tmp_path, monkeypatch):
+    store = ObservationStore.at_home(tmp_path, "org/model")
+    assert store.path == tmp_path / "lengths" / "org_model" / "observations.parquet"
+    assert len(store.load()) == 0 and store.prompt_sets() == set()
+    model, verdict = store.fitted_model()
+    assert model is None and "fewer than" in verdict.reason
+    for k in range(4):
+        prompts, lengths, finished = workload(150, seed=10 + k)
+        store.add(prompts, lengths, finished, prompt_set=f"set-{k}")
+    assert store.prompt_sets() == {f"set-{k}" for k in range(4)}
+    seen = store.load()
+    assert len(seen) == 600 and seen.prompts[0] == workload(150, seed=10)[0][0]
+    assert [p.name for p in store.path.parent.iterdir()] == ["observations.parquet"]  # no temporary left
+    model, verdict = store.fitted_model(min_outputs=200)
+    assert verdict.use and model is not None and model.trained_on == 600
+    long = LengthPrompt("x" * 5000)
+    store.add([long], [3], [True], prompt_set="long")
+    assert len(store.load().prompts[-1].last_user) == observations.TEXT_CHARS
+    monkeypatch.setattr(observations, "MAX_ROWS", 100)
+    store.add(*workload(30, seed=20), prompt_set="newest")
+    seen = store.load()
+    assert len(seen) == 100 and seen.prompt_sets[-30:] == ["newest"] * 30
