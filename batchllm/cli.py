@@ -180,6 +180,11 @@ def plan(
     re-plans the devices then; rollouts try nearby stages. Nothing is run. Planned for
     this machine, the models and engine settings are checked as `validate` checks them.
 
+    First comes a pre-flight table, per node: rows, prompt tokens (p50/p90/max of a sample),
+    rows whose prompt does not fit the context (they would get `error:` results), predicted
+    output tokens and where the prediction comes from, the time the node holds devices,
+    device-hours, and the cost when the DAG has `prices:`.
+
     Example: batchllm plan dags/ensemble_judge.yaml --devices 8xA100-80G --compare
     """
     import json
