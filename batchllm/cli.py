@@ -192,6 +192,11 @@ def plan(
     new prompt set's rows runs first (as `run` would start it; its results are kept), and
     the estimate is made from what it measured, pilot time included.
 
+    First comes a pre-flight table, per node: rows, prompt tokens (p50/p90/max of a sample),
+    rows whose prompt does not fit the context (they would get `error:` results), predicted
+    output tokens and where the prediction comes from, the time the node holds devices,
+    device-hours, and the cost when the DAG has `prices:`.
+
     Example: batchllm plan dags/ensemble_judge.yaml --devices 8xA100-80G --compare
     """
     import json

@@ -1,9 +1,12 @@
 """How long a model takes to serve a set of requests under an execution plan.
 
-Sampling then simulation: output lengths are sampled from the profile's CDF (or taken
-as known), requests are split over the data-parallel replicas by their work with the
-runtime's own rule (`ordering.balance`), each replica's continuous batching is simulated
-with the profile's step latency, and a newly started model pays its load time.
+Sampling then simulation: output lengths are sampled from the profile's CDF (or from the
+workload's own per-request `output_lengths` when it has them, or taken as known), each
+capped by max_tokens and the room the prompt leaves in the context; requests are split
+over the data-parallel replicas by their work with the runtime's own rule
+(`ordering.balance`): prompt + output, the expected output when per-request lengths are
+given (what a split knows before the outputs are); each replica's continuous batching is
+simulated with the profile's step latency, and a newly started model pays its load time.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import numpy as np
 
 from batchllm.costmodel.lengths import output_lengths
 from batchllm.costmodel.profile import Profile, ReplicaShape
+from batchllm.costmodel.request_lengths import RequestLengths
 from batchllm.costmodel.simulator import SchedulerLimits, SimulationResult, simulate_replica
 from batchllm.ordering.balance import balance
 
@@ -43,6 +47,11 @@ class Workload:
     known_output_tokens: np.ndarray | None = None  # when known (e.g. measured), used instead of sampling
     cached_tokens: np.ndarray | None = None  # prefix-cache hits expected per request
     ready_s: np.ndarray | None = None  # when each request becomes available (pipelining)
+    output_lengths: RequestLengths | None = None  # per request, predicted; None: the profile's CDF for every request
+
+    def __post_init__(self) -> None:
+        if self.output_lengths is not None and len(self.output_lengths) != np.size(self.prompt_tokens):
+            raise ValueError(f"{len(self.output_lengths)} output lengths for {np.size(self.prompt_tokens)} requests")
 
     @classmethod
     def of(cls, prompt_tokens, max_tokens, **extra) -> "Workload":
@@ -75,13 +84,15 @@ def scheduler_limits(profile: Profile, shape: ReplicaShape) -> SchedulerLimits:
 
 def estimate(profile: Profile, plan: ExecutionPlan, workload: Workload, *, seed: int = 0, include_load: bool = True) -> Estimate:
     shape_profile = profile.shape(plan.shape)
+    predicted = workload.output_lengths if workload.known_output_tokens is None else None
     outputs = output_lengths(profile.lengths, workload.prompt_tokens, workload.max_tokens, profile.facts.max_model_len,
-                             seed, known=workload.known_output_tokens)
+                             seed, known=predicted.sample(seed) if predicted is not None else workload.known_output_tokens)
+    split = workload.prompt_tokens + (predicted.expected(workload.max_tokens) if predicted is not None else outputs)
     load_s = shape_profile.start_cost_s if include_load else 0.0
     limits = scheduler_limits(profile, plan.shape)
     finish = np.zeros(len(workload))
     results = []
-    for indices in balance(workload.prompt_tokens + outputs, plan.dp):
+    for indices in balance(split, plan.dp):
         pick = lambda values: None if values is None else np.asarray(values)[indices]  # noqa: E731
         result = simulate_replica(workload.prompt_tokens[indices], outputs[indices], limits, shape_profile.latency,
                                   cached_tokens=pick(workload.cached_tokens), ready_s=pick(workload.ready_s))

@@ -9,12 +9,9 @@ run), its tokens are estimated from its characters.
 
 from __future__ import annotations
 
-CHARS_PER_TOKEN = 4  # estimate for text not tokenized yet
+from batchllm.core.text_tokens import CHARS_PER_TOKEN, estimated_tokens
 
-
-def estimated_tokens(chars):
-    """Tokens of a text from its length in characters (a number or a numpy array)."""
-    return chars / CHARS_PER_TOKEN
+__all__ = ["CHARS_PER_TOKEN", "estimated_tokens", "request_work"]
 
 
 def request_work(prompt_tokens, output_tokens, cached_tokens=0):

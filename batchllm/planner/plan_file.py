@@ -10,7 +10,7 @@ lower bound, all on the same costs.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchllm.costmodel.calibration.store import ProfileStore
@@ -20,6 +20,8 @@ from batchllm.planner.cluster import Cluster, parse_cluster
 from batchllm.planner.exact import exact_schedule
 from batchllm.planner.from_dag import dag_workloads
 from batchllm.planner.greedy import greedy_schedule
+from batchllm.planner.length_sources import LengthsFor
+from batchllm.planner.preflight import NodePreflight, node_preflight
 from batchllm.planner.problem import PlanProblem, build_problem
 from batchllm.planner.best import EXACT_MAX_NODES, best_schedule
 from batchllm.planner.rollout import rollout_schedule
@@ -50,22 +52,27 @@ class PlanReport:
     lower_bound_s: float
     compared: tuple[Schedule, ...] = ()
     not_run: tuple[NotRun, ...] = ()
+    preflight: dict[str, NodePreflight] = field(default_factory=dict)  # per node, in topological order
+    priced: bool = False  # the DAG has `prices:`
 
     @property
     def search_s(self) -> float:
         return self.fit_s + self.chosen.search_s
 
 
-def plan_dag_file(path: Path, devices: str, *, profiles_root: Path = PROFILES_ROOT, compare: bool = False) -> PlanReport:
-    return plan_dag(load_dag(path), devices, profiles_root=profiles_root, compare=compare)
+def plan_dag_file(path: Path, devices: str, *, profiles_root: Path = PROFILES_ROOT, compare: bool = False,
+                  lengths_for: LengthsFor | None = None) -> PlanReport:
+    return plan_dag(load_dag(path), devices, profiles_root=profiles_root, compare=compare, lengths_for=lengths_for)
 
 
-def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT, compare: bool = False) -> PlanReport:
+def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT, compare: bool = False,
+             lengths_for: LengthsFor | None = None) -> PlanReport:
+    """`lengths_for`: each node's predicted output lengths (see `length_sources`); default the profile's CDF."""
     tables = check_dag(dag, batchllm_home(), resolve_models=False)
     cluster = parse_cluster(devices, profiles_root)
     started = time.perf_counter()
     workloads = dag_workloads(dag, tables, cluster, profiles_root, ProfileStore.at_home(batchllm_home()),
-                              batchllm_home())
+                              batchllm_home(), lengths_for=lengths_for)
     problem = build_problem(cluster, workloads.nodes, workloads.notes)
     fit_s = time.perf_counter() - started
     start = Timeline.start(problem)
@@ -78,4 +85,5 @@ def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT,
             compared += (exact_schedule(start, max_stages_tried=20_000),)
         else:
             not_run = (NotRun("exact", f"{len(problem.nodes)} nodes, more than {EXACT_MAX_NODES}"),)
-    return PlanReport(dag.name, cluster, problem, chosen, fit_s, lower_bound_s(start), compared, not_run)
+    preflight = {item.name: node_preflight(item, dag) for item in workloads.nodes}
+    return PlanReport(dag.name, cluster, problem, chosen, fit_s, lower_bound_s(start), compared, not_run, preflight, bool(dag.prices))

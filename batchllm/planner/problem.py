@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 
 from batchllm.costmodel.estimator import ExecutionPlan, Workload
 from batchllm.costmodel.profile import Profile, ReplicaShape
+from batchllm.costmodel.request_lengths import RequestLengths
 from batchllm.core.errors import UserError
+from batchllm.io.node_data import NodeSummary
 from batchllm.planner.cluster import Cluster, candidate_plans, cluster_notes
 from batchllm.planner.speed import PlanSpeed, fit_shape_speed, output_curve
 
@@ -33,6 +35,8 @@ class NodeWorkload:
     rounds: tuple[int, ...]  # requests per round: (N,) for a plain node, per step for an iterating one
     producers: tuple[str, ...] = ()
     requests_per_unit: int = 1  # sequences per runtime unit (row, step): the node's sampling.n
+    output_lengths: RequestLengths | None = None  # predicted, one per sample row of `summary` (before `n`)
+    summary: NodeSummary | None = None  # its data, when planned from a DAG
 
     def __post_init__(self):
         if not self.rounds or min(self.rounds) < 0:

@@ -6,6 +6,7 @@ from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 from batchllm.planner.plan_file import PlanReport
+from batchllm.planner.preflight import node_times
 from batchllm.planner.schedule import Schedule
 
 
@@ -37,7 +38,55 @@ def stage_rows(schedule: Schedule, report: PlanReport) -> list[dict]:
     return rows
 
 
+def preflight_rows(report: PlanReport) -> dict[str, dict]:
+    """Per node, the pre-flight figures (`plan --json`'s `nodes`, beside the planner's)."""
+    times = node_times(report.chosen)
+    rows = {}
+    for name, p in report.preflight.items():
+        held_s, device_s = times.get(name, (0.0, 0.0))
+        cost = p.cost()
+        rows[name] = {
+            "rows": p.rows, "rows_over_context": p.rows_over_context, "rows_over_context_estimated": p.over_context_estimated,
+            "max_model_len": p.max_model_len, "sample_rows": p.sample_rows, "prompt_tokens": dict(p.prompt_tokens),
+            "predicted_output_tokens": {"p50": round(p.output_p50, 1), "p90": round(p.output_p90, 1), "source": p.output_source},
+            "estimated_s": round(held_s, 3), "device_hours": round(device_s / 3600, 6),
+            "cost": None if cost is None else round(cost, 6),
+        }
+    return rows
+
+
+def print_preflight(report: PlanReport, console: Console) -> None:
+    """The pre-flight table: per node, its data, predicted outputs, time, device-hours (and cost)."""
+    if not report.preflight:
+        return
+    table = Table(title=f"pre-flight: {report.dag_name} on {report.cluster}", title_justify="left")
+    columns: list[tuple[str, JustifyMethod]] = [
+        ("node", "left"), ("model", "left"), ("rows", "right"), ("prompt p50/p90/max", "right"), ("over ctx", "right"),
+        ("output p50/p90", "right"), ("source", "left"), ("est. s", "right"), ("device-h", "right")]
+    if report.priced:
+        columns.append(("cost", "right"))
+    for column, justify in columns:
+        table.add_column(column, justify=justify)
+    for name, row in preflight_rows(report).items():
+        p = report.preflight[name]
+        prompt, output = row["prompt_tokens"], row["predicted_output_tokens"]
+        over = f"~{p.rows_over_context:,}" if p.rows_over_context and p.over_context_estimated else f"{p.rows_over_context:,}"
+        cells = [name, p.model, f"{p.rows:,}", f"{prompt['p50']:,}/{prompt['p90']:,}/{prompt['max']:,}", over,
+                 f"{output['p50']:,.0f}/{output['p90']:,.0f}", output["source"], f"{row['estimated_s']:.1f}",
+                 f"{row['device_hours']:.3f}"]
+        if report.priced:
+            cells.append("-" if row["cost"] is None else f"{row['cost']:,.4f}")
+        table.add_row(*cells)
+    console.print(table)
+    console.print("tokens: prompts of a sample of the rows, outputs predicted (capped by max_tokens and the context); "
+                  "est. s: time the node holds devices" + ("; cost at the DAG's prices" if report.priced else ""))
+    for p in report.preflight.values():
+        if (note := p.over_context_note()) is not None:
+            console.print(f"note: {note}")
+
+
 def print_report(report: PlanReport, console: Console) -> None:
+    print_preflight(report, console)
     schedule = report.chosen
     table = Table(title=f"{report.dag_name} on {report.cluster}: {len(schedule.stages)} stage{'s' if len(schedule.stages) != 1 else ''}", title_justify="left")
     columns: tuple[tuple[str, JustifyMethod], ...] = (
@@ -76,11 +125,13 @@ def report_json(report: PlanReport) -> dict:
         return {"method": schedule.method, "total_s": round(schedule.total_s, 3), "search_s": round(schedule.search_s, 4),
                 **({"optimal": schedule.optimal} if schedule.optimal is not None else {})}
 
+    preflight = preflight_rows(report)
     return {
         "dag": report.dag_name, "devices": str(report.cluster), "hardware": report.cluster.hardware,
-        "device_count": report.cluster.devices, **summary(report.chosen), "fit_s": round(report.fit_s, 4),
-        "lower_bound_s": round(report.lower_bound_s, 3), "notes": list(report.problem.notes),
-        "nodes": {n: {"model": node.model, "requests": node.requests, "rounds": len(node.rounds), "producers": list(node.producers)}
+        "device_count": report.cluster.devices, **summary(report.chosen), "estimated_s": round(report.chosen.total_s, 3),
+        "fit_s": round(report.fit_s, 4), "lower_bound_s": round(report.lower_bound_s, 3), "notes": list(report.problem.notes),
+        "nodes": {n: {"model": node.model, "requests": node.requests, "rounds": len(node.rounds), "producers": list(node.producers),
+                      **preflight.get(n, {})}
                   for n, node in report.problem.nodes.items()},
         "stages": stage_rows(report.chosen, report),
         "compared": [summary(s) for s in report.compared],

@@ -101,7 +101,11 @@ def fit_shape_speed(profile: Profile, shape: ReplicaShape, workload: Workload, *
         per_request_s = full_s
     drain_s = max(full_s - per_request_s * sample.size, 0.0)
     median = int(np.argsort(workload.prompt_tokens)[count // 2])
-    typical_output = np.minimum(workload.max_tokens[[median]], max(1, round(profile.lengths.mean())))
+    if workload.output_lengths is None:
+        typical_output = np.minimum(workload.max_tokens[[median]], max(1, round(profile.lengths.mean())))
+    else:  # the median request's own expected length
+        typical = workload.output_lengths.take([median]).expected(workload.max_tokens[[median]])
+        typical_output = np.minimum(workload.max_tokens[[median]], np.maximum(1, np.rint(typical)).astype(np.int64))
     alone = Workload(workload.prompt_tokens[[median]], workload.max_tokens[[median]], known_output_tokens=typical_output)
     latency_s = estimate(profile, plan, alone, include_load=False).run_s
     return ShapeSpeed(per_request_s, drain_s, latency_s, profile.shape(shape).start_cost_s, int(profile.engine["max_num_seqs"]))
@@ -124,4 +128,5 @@ def output_curve(profile: Profile, shape: ReplicaShape, workload: Workload, per_
 
 def _subset(workload: Workload, indices: np.ndarray) -> Workload:
     return Workload(workload.prompt_tokens[indices], workload.max_tokens[indices],
-                    cached_tokens=None if workload.cached_tokens is None else workload.cached_tokens[indices])
+                    cached_tokens=None if workload.cached_tokens is None else workload.cached_tokens[indices],
+                    output_lengths=None if workload.output_lengths is None else workload.output_lengths.take(indices))
