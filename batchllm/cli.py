@@ -207,6 +207,7 @@ def plan(
 
     from batchllm.planner.gantt import chart_paths, write_html, write_png
     from batchllm.planner.plan_file import PROFILES_ROOT, plan_dag_file
+    from batchllm.planner.length_sources import LengthModels
     from batchllm.planner.report import print_report, report_json
 
     from batchllm.engines.settings_check import check_engine_settings
@@ -221,7 +222,10 @@ def plan(
             check_dag(spec, batchllm_home())
             check_engine_settings(spec, batchllm_home(), parse_devices("auto").kind)
         chart, html_path = chart_paths(chart or Path("plans") / f"{dag.stem}-{devices.replace(':', '').replace('/', '_')}.png")
-        report = plan_dag_file(dag, devices, profiles_root=profiles or PROFILES_ROOT, compare=compare)
+        models = [node.model for node in load_dag(dag).nodes.values()]
+        lengths = LengthModels.at_home(batchllm_home(), models)
+        report = plan_dag_file(dag, devices, profiles_root=profiles or PROFILES_ROOT, compare=compare,
+                               lengths_for=lengths.lengths_for if lengths.models else None)
         try:
             write_png(report, chart)
             write_html(report, html_path)

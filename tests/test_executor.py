@@ -417,3 +417,22 @@ def test_pilots_only_runs_the_pilots_estimates_the_rest_and_a_run_goes_on_from_t
         assert sorted(sent_rows(pilots, node) + sent_rows(rest, node)) == list(range(300))
     for node in ORDER:
         assert node_keys(workspace.out, node) == [(i, 0) for i in ids]
+
+
+def test_a_run_files_answer_lengths_and_a_prompt_set_the_store_has_seen_gets_no_pilot(workspace, profiles, isolated_home,
+                                                                                       tmp_path):
+    from batchllm.costmodel.length_model.observations import ObservationStore
+    from batchllm.runtime.length_learning import SAMPLE_PER_NODE
+
+    many_questions(workspace, 300)
+    run(workspace, FakeEngineFactory(), schedule="plan", profiles=profiles)
+    store = ObservationStore.at_home(isolated_home, "./tiny-model")
+    prints = fingerprints(workspace)
+    assert store.prompt_sets() == set(prints.values())  # a, b and judge: each node's fingerprint keys its prompt set
+    seen = store.load()
+    assert len(seen) == 3 * min(300, SAMPLE_PER_NODE) and (seen.lengths >= 1).all()
+    assert {p.template for p in seen.prompts} == set(ORDER) and "A Question 7?" in {p.last_user for p in seen.prompts}
+
+    again = FakeEngineFactory()  # the same data in a new folder: its lengths are known, so it starts in row order
+    run(workspace, again, schedule="plan", profiles=profiles, out=tmp_path / "again")
+    assert sent_rows(again, "a")[:5] == [0, 1, 2, 3, 4]

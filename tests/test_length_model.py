@@ -15,7 +15,8 @@ from batchllm.costmodel.length_model.gate import gate
 from batchllm.costmodel.length_model.model import LengthModel
 from batchllm.costmodel.length_model.observations import ObservationStore
 from batchllm.costmodel.lengths import LengthDistribution
-from batchllm.costmodel.request_lengths import LengthPrompt, RequestLengths
+from batchllm.core.length_prompt import LengthPrompt
+from batchllm.costmodel.request_lengths import RequestLengths
 
 CAP = 256
 KINDS = {  # prompt -> median length

@@ -23,36 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from batchllm.core.requests import EngineRequest
 from batchllm.costmodel.lengths import LengthDistribution
-from batchllm.costmodel.work import estimated_tokens
 
 SOURCES = ("store", "pilot", "length model", "prior")
-
-
-@dataclass(frozen=True)
-class LengthPrompt:
-    """What the length model reads of a request: its text as the user wrote it (not the chat
-    template's rendering) and its settings."""
-
-    last_user: str  # the last user turn (a prompt node: its rendered prompt)
-    system: str = ""
-    template: str = ""  # where the request came from (a DAG node, a batch file's model), a feature of its own
-    prompt_tokens: int = 0
-    max_tokens: int = 256
-    temperature: float = 0.0
-
-    @classmethod
-    def of(cls, request: EngineRequest, template: str) -> "LengthPrompt":
-        """The one way a request becomes what the length model reads (the planner's sample
-        rows and the runtime's requests alike)."""
-        turns = request.chat_messages() if request.chat or request.messages else [{"role": "user", "content": request.prompt}]
-        users = [t["content"] for t in turns if t["role"] == "user"]
-        system = "\n".join(t["content"] for t in turns if t["role"] in ("system", "developer"))
-        tokens = (len(request.prompt_token_ids) if request.prompt_token_ids is not None
-                  else round(estimated_tokens(sum(len(t["content"]) for t in turns))))
-        return cls(users[-1] if users else request.prompt, system, template, int(tokens), request.max_tokens,
-                   float(request.sampling.temperature))
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,10 @@ replica balancing all use.
 work = prompt tokens the prefix cache does not serve + the output tokens predicted for it
 (its expected answer length cut at max_tokens, times n; with nothing predicted, the most
 it may generate: max_tokens x n). Before a prompt is tokenized (the planner, before a
-run), its tokens are estimated from its characters.
+run), its tokens are estimated from its characters (`core.text_tokens`).
 """
 
 from __future__ import annotations
-
-from batchllm.core.text_tokens import CHARS_PER_TOKEN, estimated_tokens
-
-__all__ = ["CHARS_PER_TOKEN", "estimated_tokens", "request_work"]
 
 
 def request_work(prompt_tokens, output_tokens, cached_tokens=0):

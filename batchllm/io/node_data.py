@@ -33,11 +33,12 @@ from pathlib import Path
 import numpy as np
 
 from batchllm.core.errors import UserError
+from batchllm.core.length_prompt import LengthPrompt
 from batchllm.core.requests import EngineRequest
 from batchllm.core.text_tokens import CHARS_PER_TOKEN, estimated_tokens
 from batchllm.dag.context import template_context
 from batchllm.dag.model import DagSpec, NodeSpec
-from batchllm.dag.node_prompt import NodePrompt, RenderedPrompt
+from batchllm.dag.node_prompt import NodePrompt
 from batchllm.dag.sql_names import sql_identifiers
 from batchllm.io.input_source import ROW_ID, InputSource
 from batchllm.io.sql import rows_where
@@ -62,19 +63,6 @@ class NodeFacts:
 
 
 @dataclass(frozen=True)
-class SampleRequest:
-    """One sample row's request as a length model reads it (the fields of a
-    `costmodel.request_lengths.LengthPrompt`)."""
-
-    last_user: str  # the last user turn
-    system: str
-    template: str  # the node's name
-    prompt_tokens: int
-    max_tokens: int
-    temperature: float
-
-
-@dataclass(frozen=True)
 class NodeSummary:
     name: str
     model: str
@@ -87,7 +75,7 @@ class NodeSummary:
     cached_tokens: np.ndarray  # per sample row: prompt tokens the prefix cache serves
     tokens_counted: bool  # by the model's tokenizer (else 4 characters a token)
     tokens_estimated: bool  # the prompt tokens include estimates (characters, upstream outputs, iteration items)
-    samples: tuple[SampleRequest, ...]  # one per sample row, in the order of `prompt_tokens`
+    samples: tuple[LengthPrompt, ...]  # what a length model reads of each sample row, in the order of `prompt_tokens`
     max_model_len: int | None
     sample_over_context: int  # sample rows whose prompt leaves no room for one output token
     rows_over_context: int  # the same, scaled to `rows` when the sample is not all of them
@@ -145,7 +133,7 @@ def summarize_dag(dag: DagSpec, sources: Sources, facts: Mapping[str, NodeFacts]
             rounds = (int(round(rows * n)),)
         if sum(rounds) == 0:
             rounds = (0,)
-        samples = tuple(_sample_request(node, r, int(t)) for r, t in zip(rendered, prompts))
+        samples = tuple(LengthPrompt.of(r, node.name, int(t)) for r, t in zip(rendered, prompts))
         over = int(np.count_nonzero(prompts + 1 > own.max_model_len)) if own.max_model_len is not None else 0
         assumed = bool(node.where) and not input_only
         all_rows = not assumed and len(prompts) == round(rows)
@@ -154,16 +142,6 @@ def summarize_dag(dag: DagSpec, sources: Sources, facts: Mapping[str, NodeFacts]
                                       tokenizer is None or upstream_tokens > 0 or node.iterate is not None, samples,
                                       own.max_model_len, over, rows_over, notes)
     return summaries
-
-
-def _sample_request(node: NodeSpec, rendered: RenderedPrompt, prompt_tokens: int) -> SampleRequest:
-    if rendered.messages is not None:
-        users = [content for role, content in rendered.messages if role == "user"]
-        system = "\n".join(content for role, content in rendered.messages if role == "system")
-        last_user = users[-1] if users else ""
-    else:
-        last_user, system = rendered.prompt, rendered.system or ""
-    return SampleRequest(last_user, system, node.name, prompt_tokens, node.sampling.max_tokens, node.sampling.temperature)
 
 
 def _rows_longer(lengths: np.ndarray) -> np.ndarray:
@@ -221,7 +199,7 @@ def local_tokenizer(model: str, dag_dir: Path, home: Path) -> PromptTokenizer | 
 
 def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own_output_tokens: float,
                    block_tokens: int, tokenizer: PromptTokenizer | None = None
-                   ) -> tuple[np.ndarray, np.ndarray, list[RenderedPrompt]]:
+                   ) -> tuple[np.ndarray, np.ndarray, list[EngineRequest]]:
     """Estimated prompt tokens per row, the tokens of it the prefix cache serves when the
     requests go in prefix order (whole blocks of the rendered text shared with others;
     upstream outputs, unknown yet, count as not shared), and the rendered prompts. With the
@@ -230,7 +208,6 @@ def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own
     node_prompt = NodePrompt(node)
     estimated: list[float] = []
     texts: list[str] = []
-    rendered_all: list[RenderedPrompt] = []
     requests: list[EngineRequest] = []
     for row in rows:
         context = template_context(node, row, {r: "" for r in node.reads}, step=1, previous="")
@@ -240,10 +217,9 @@ def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own
             context[node.iterate.item_name] = ""
             extra += estimated_tokens(sum(len(i) for i in items) / len(items)) + own_output_tokens * (len(items) - 1) / len(items)
         rendered = node_prompt.render(context, where=f"nodes.{node.name}")
-        rendered_all.append(rendered)
         text = rendered.text
         texts.append(text)
-        requests.append(EngineRequest(str(len(requests)), rendered.prompt, rendered.system or None, node.chat,
+        requests.append(EngineRequest(str(len(requests)), rendered.prompt, rendered.system or None, node.chat, node.sampling,
                                       messages=rendered.messages))
         estimated.append(estimated_tokens(len(text)) + extra + (CHAT_OVERHEAD_TOKENS if node.chat else 0))
     counts = np.array(estimated, float)
@@ -254,4 +230,4 @@ def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own
     tree = PrefixTree([[ord(c) for c in t] for t in texts], block_tokens * CHARS_PER_TOKEN)
     cached = np.zeros(len(texts), dtype=np.int64)
     cached[tree.order] = tree.cached_tokens() // CHARS_PER_TOKEN
-    return tokens, np.minimum(cached, tokens - 1), rendered_all
+    return tokens, np.minimum(cached, tokens - 1), requests

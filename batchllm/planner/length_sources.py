@@ -5,20 +5,61 @@ a `LengthPrompt`: `length_prompts(summary)`) and the profile it is planned with,
 one `RequestLengths` per sample row. The default, `profile_lengths`, is the profile's CDF
 for every request alike: source "store" when the profile was learnt on this machine (the
 local profile store), else "prior". A per-request length model or a pilot plugs in here
-(`plan_dag(..., lengths_for=...)`, `dag_workloads(..., lengths_for=...)`).
+(`plan_dag(..., lengths_for=...)`, `dag_workloads(..., lengths_for=...)`); `LengthModels`
+gives the one fit on the local store's outputs (`ObservationStore.fitted_model`: used only
+where it beats the per-model CDF on held-out outputs, the verdict said either way).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from batchllm.costmodel.length_model.model import LengthModel
+from batchllm.costmodel.length_model.observations import ObservationStore
 from batchllm.costmodel.profile import Profile
-from batchllm.costmodel.request_lengths import LengthPrompt, RequestLengths
+from batchllm.core.length_prompt import LengthPrompt
+from batchllm.costmodel.request_lengths import RequestLengths
+from batchllm.dag.model import DagSpec
 from batchllm.io.node_data import NodeSummary
 
 LengthsFor = Callable[[NodeSummary, Profile], RequestLengths]  # one per sample row of the summary, in its order
+
+
+@dataclass(frozen=True)
+class LengthModels:
+    """Per model (as nodes name it): its length model when one is used, and why (or why not)."""
+
+    models: dict[str, LengthModel]
+    verdicts: dict[str, str]
+    known_prompt_sets: frozenset[str]
+
+    @classmethod
+    def at_home(cls, home: Path, model_names: Sequence[str]) -> "LengthModels":
+        models, verdicts, known = {}, {}, set()
+        for name in dict.fromkeys(model_names):
+            store = ObservationStore.at_home(home, name)
+            known |= store.prompt_sets()
+            model, verdict = store.fitted_model()
+            verdicts[name] = verdict.reason
+            if model is not None:
+                models[name] = model
+        return cls(models, verdicts, frozenset(known))
+
+    def log_shifts(self, dag: DagSpec) -> dict[str, Callable[[Sequence[LengthPrompt]], np.ndarray]]:
+        """Per node whose model has a length model: its per-request shifts (for the runtime's forecast)."""
+        return {name: self.models[node.model].log_shift for name, node in dag.nodes.items() if node.model in self.models}
+
+    def lengths_for(self, summary: NodeSummary, profile: Profile) -> RequestLengths:
+        """A `LengthsFor`: the node's model's length model where one is used (its own level:
+        the lengths of every prompt set it learnt from), else the profile's CDF."""
+        model = self.models.get(summary.model)
+        if model is None:
+            return profile_lengths(summary, profile)
+        return model.request_lengths(length_prompts(summary))
 
 
 def profile_lengths(summary: NodeSummary, profile: Profile) -> RequestLengths:
@@ -28,8 +69,7 @@ def profile_lengths(summary: NodeSummary, profile: Profile) -> RequestLengths:
 
 def length_prompts(summary: NodeSummary) -> list[LengthPrompt]:
     """What a length model reads of each sample row's request."""
-    return [LengthPrompt(s.last_user, s.system, s.template, s.prompt_tokens, s.max_tokens, s.temperature)
-            for s in summary.samples]
+    return list(summary.samples)
 
 
 def output_caps(summary: NodeSummary, max_tokens: int) -> np.ndarray:

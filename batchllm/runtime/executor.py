@@ -47,6 +47,7 @@ from batchllm.runtime.engine_configs import engine_config
 from batchllm.runtime.engine_set import EngineLoss, EngineSet, Polled
 from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.ledger import Ledger, NodeLedger, UnitStatus, node_units
+from batchllm.runtime.length_learning import LengthSampler
 from batchllm.runtime.memory import PeriodicTrim, release_free_memory
 from batchllm.runtime.node_feed import MergedUpstream, NodeFeed, Upstream
 from batchllm.runtime.pilot import NodePilot, PilotSize, pilot_rows, seed_of, wants_pilot
@@ -83,10 +84,12 @@ class Executor:
     def __init__(self, dag: DagSpec, sources: dict[str, InputSource], run_dir: RunDir, devices: DeviceSet,
                  engine_factory: EngineFactory, progress: RunProgress, home: Path, planning: RunPlanning,
                  preparer: RequestPreparer, replanner: DeviceLossReplanner | None = None, pilot: PilotSize | None = PilotSize(),
-                 known_prompt_sets: frozenset[str] = frozenset(), pilots_only: bool = False):
+                 known_prompt_sets: frozenset[str] = frozenset(), pilots_only: bool = False,
+                 length_sampler: LengthSampler | None = None):
         """`pilot`: the size of a new prompt set's pilot (None: no pilots); `known_prompt_sets`:
         the node fingerprints whose outputs the local store has seen (their prompt sets are not new);
-        `pilots_only`: run the pilots, then stop (no outputs are written)."""
+        `pilots_only`: run the pilots, then stop (no outputs are written); `length_sampler`:
+        remembers a sample of each node's requests for the length model (an observer too)."""
         self.dag, self.sources, self.run_dir, self.devices = dag, sources, run_dir, devices
         self.device_ids = devices.ids  # every device the run started with (run.html draws a row for each)
         self.replanner = replanner  # on a cluster: a new planning on the devices left when nodes are gone
@@ -95,6 +98,7 @@ class Executor:
         self.engines = EngineSet(engine_factory)
         self.progress, self.home, self.planning, self.preparer = progress, home, planning, preparer
         self.pilot_size, self.known_prompt_sets, self.pilots_only = pilot, known_prompt_sets, pilots_only
+        self.length_sampler = length_sampler
         self.pilots: dict[str, NodePilot] = {}  # nodes whose pilot has not ended
         self.left_at_end: dict[str, NodeProgress] = {}
         self.order = dag.topological_order()
@@ -310,7 +314,7 @@ class Executor:
             log.add_step(engine_label(engine_step.config), engine_step.step.wall_s)
             if engine_step.node is not None:
                 self.progress.count_steps(engine_step.node, [engine_step.step])
-        for observer in self.planning.observers:
+        for observer in (*self.planning.observers, *([self.length_sampler] if self.length_sampler else [])):
             observer.observe(result)
 
     def _recover(self, losses: tuple[EngineLoss, ...], log: StageLog) -> None:
@@ -448,6 +452,8 @@ class Executor:
             units = feed.take_ready(len(pilot.rows)) if feed.retry else np.zeros(0, np.int64)
         if len(units):
             requests = feed.render(units)
+            if self.length_sampler is not None:
+                self.length_sampler.remember(name, requests)
             calibration = self.planning.calibration
             forecast = calibration.output_forecast(name) if calibration is not None else most_output_tokens
             self.preparing[name] = (self.preparer.submit(requests, configs[0].model, self.block_size_tokens, len(configs), forecast),

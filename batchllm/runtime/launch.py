@@ -29,6 +29,9 @@ from batchllm.planner.plan_file import PROFILES_ROOT
 from batchllm.planner.problem import build_problem
 from batchllm.runtime.calibrated_stages import CalibratedStages, RunEstimates, rest_estimate_s
 from batchllm.runtime.executor import Executor, RunResult
+from batchllm.runtime.fingerprint import node_fingerprints
+from batchllm.planner.length_sources import LengthModels
+from batchllm.runtime.length_learning import LengthSampler
 from batchllm.runtime.pilot import PilotSize
 from batchllm.runtime.prepare import RequestPreparer
 from batchllm.runtime.progress import RunProgress
@@ -88,9 +91,13 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
     for name, output in dag.outputs.items():  # a bad target found at the end would cost the run's hours
         if output.copy_to is not None:
             check_copy_target(output.copy_to, where=dag.where(output.line, f"outputs.{name}.copy_to"))
+    lengths = LengthModels.at_home(home, [node.model for node in dag.nodes.values()])
+    for model, why in lengths.verdicts.items():
+        console.print(f"length model for {model}: {'used' if model in lengths.models else 'not used'} ({why})", markup=False,
+                      highlight=False, soft_wrap=True)
     planning = None
     if schedule != "sequential":
-        planning, why_not = _calibrated_planning(dag, sources, devices, schedule, profiles_root, home)
+        planning, why_not = _calibrated_planning(dag, sources, devices, schedule, profiles_root, home, lengths)
         if planning is None:
             console.print(f"[yellow]no plan:[/yellow] {why_not}; running node by node on all devices", soft_wrap=True)
         for note in planning.calibration.problem.notes if planning and planning.calibration else ():  # e.g. what the profile differs in from this machine
@@ -103,12 +110,13 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
 
         engine_factory = engine_factory or start_ray_engine
         replanner = NodeLossReplanner(cluster.alive_nodes, lambda left: _planning_for(dag, sources, left, schedule, profiles_root))
+    sampler = LengthSampler(node_fingerprints(dag, sources), {name: node.model for name, node in dag.nodes.items()})
     run_dir = RunDir(out)
     run_dir.open(fresh=fresh)
     try:
         with _run_gc(), RunProgress(console, status_path=run_dir.status_path) as progress:
             executor = Executor(dag, sources, run_dir, devices, engine_factory or start_vllm_engine, progress, home, planning,
-                                RequestPreparer(prefix_order), replanner, pilot, pilots_only=pilots_only)
+                                RequestPreparer(prefix_order), replanner, pilot, lengths.known_prompt_sets, pilots_only, sampler)
             try:
                 result = executor.run()
                 if pilots_only and executor.planning.calibration is not None:
@@ -122,6 +130,7 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
                 raise
             finally:
                 _save_learnt(executor.planning.calibration, console)
+                _save_lengths(sampler, home, console)
             progress.close("incomplete" if pilots_only else "finished")
         return result, progress
     finally:
@@ -136,18 +145,32 @@ def _planning_for(dag: DagSpec, sources: dict[str, InputSource], devices: Device
 
 
 def _calibrated_planning(dag: DagSpec, sources: dict[str, InputSource], devices: DeviceSet, method: str,
-                         profiles_root: Path, home: Path | None = None) -> tuple[RunPlanning | None, str | None]:
+                         profiles_root: Path, home: Path | None = None,
+                         lengths: LengthModels | None = None) -> tuple[RunPlanning | None, str | None]:
     """Stages planned on a cost model that calibrates itself as the run goes, starting from
     what the local profile store learnt on this machine, else the shipped profiles."""
     cluster = local_cluster(devices.kind, len(devices.ids), devices.node_sizes)
     store = ProfileStore.at_home(home or batchllm_home())
     try:
-        workloads = dag_workloads(dag, sources, cluster, profiles_root, store, home or batchllm_home())
+        workloads = dag_workloads(dag, sources, cluster, profiles_root, store, home or batchllm_home(),
+                                  lengths_for=lengths.lengths_for if lengths is not None and lengths.models else None)
     except UserError as missing:
         return None, missing.paragraph()
     calibration = RunCalibration(build_problem(cluster, workloads.nodes, workloads.notes), workloads.nodes, store=store,
-                                 settings=run_settings(dag.engine, cluster), source=f"a run of {dag.name}")
+                                 settings=run_settings(dag.engine, cluster), source=f"a run of {dag.name}",
+                                 log_shifts=lengths.log_shifts(dag) if lengths is not None else None)
     return RunPlanning(CalibratedStages(calibration, method), (calibration, RunEstimates(calibration, method)), calibration), None
+
+
+def _save_lengths(sampler: LengthSampler, home: Path, console: Console) -> None:
+    """The answer lengths a run saw go to the length model's store (never fails the run)."""
+    try:
+        saved = sampler.save(home)
+    except OSError as error:
+        console.print(f"the answer lengths seen were not saved: {error}", markup=False, highlight=False, soft_wrap=True)
+        return
+    if saved:
+        console.print(f"{saved:,} answer lengths filed for the length model in {home}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _save_learnt(calibration: RunCalibration | None, console: Console) -> None:

@@ -19,9 +19,10 @@ import numpy as np
 
 from batchllm.core.requests import EngineRequest
 from batchllm.costmodel.lengths import LengthDistribution
-from batchllm.costmodel.request_lengths import LengthPrompt, RequestLengths
+from batchllm.core.length_prompt import LengthPrompt
+from batchllm.costmodel.request_lengths import RequestLengths
 
-LogShift = Callable[[list[LengthPrompt]], np.ndarray]  # a length model's per-request shifts
+LogShift = Callable[[Sequence[LengthPrompt]], np.ndarray]  # a length model's per-request shifts
 
 
 @dataclass(frozen=True)

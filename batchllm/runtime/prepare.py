@@ -23,7 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from batchllm.costmodel.work import estimated_tokens, request_work
+from batchllm.core.text_tokens import estimated_tokens
+from batchllm.costmodel.work import request_work
 from batchllm.core.requests import EngineRequest
 from batchllm.models.tokens import PromptTokenizer
 from batchllm.ordering.balance import balance

@@ -35,11 +35,12 @@ from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.estimator import Workload
 from batchllm.costmodel.latency import step_features
 from batchllm.costmodel.profile import ReplicaShape
+from batchllm.costmodel.request_lengths import RequestLengths
 from batchllm.core.requests import EngineResult, FinishReason
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 from batchllm.planner.problem import NodeWorkload, PlanProblem, build_problem
 from batchllm.runtime.observer import RunObserver
-from batchllm.runtime.output_forecast import OutputForecast
+from batchllm.runtime.output_forecast import LogShift, OutputForecast
 from batchllm.runtime.stage_chooser import NodeProgress
 from batchllm.runtime.step_result import StepResult
 
@@ -74,11 +75,14 @@ class _Snapshot:
 
 class RunCalibration(RunObserver):
     def __init__(self, problem: PlanProblem, workloads: list[NodeWorkload], *, store: ProfileStore | None = None,
-                 settings: dict[str, object] | None = None, source: str = "a run", clock: Callable[[], float] = time.monotonic):
+                 settings: dict[str, object] | None = None, source: str = "a run", clock: Callable[[], float] = time.monotonic,
+                 log_shifts: dict[str, LogShift] | None = None):
         """`problem`: the planner's problem on the prior profiles (its cluster and notes are kept);
         `settings`: run settings known before the start (the store's key); `source`: what the
-        store says the evidence came from."""
+        store says the evidence came from; `log_shifts`: per node, its model's length model
+        (per-request shifts), where one is used."""
         self.problem, self.workloads, self.store = problem, workloads, store
+        self.log_shifts = log_shifts or {}
         self.settings, self.source, self.clock = settings or {}, source, clock
         self.by_node = {w.name: w for w in workloads}
         self.models: dict[str, ModelCalibration] = {}
@@ -151,13 +155,19 @@ class RunCalibration(RunObserver):
         model = self.models[item.profile.model]
         lengths = self.node_lengths[node]
         own = lengths.outputs > 0 or any(s.node == node for s in self._live_snapshots())
-        profile = model.profile(lengths.posterior(self._running_ages(node)) if own else None, self.machine_factors())
-        return replace(item, profile=profile, workload=self._scaled_prompts(node))
+        posterior = lengths.posterior(self._running_ages(node)) if own else None
+        profile = model.profile(posterior, self.machine_factors())
+        workload = self._scaled_prompts(node)
+        if posterior is not None and workload.output_lengths is not None:  # the run's own lengths, each request's shift kept
+            shifts = workload.output_lengths.log_shift
+            workload = replace(workload, output_lengths=RequestLengths(posterior, shifts - np.log(np.mean(np.exp(shifts))), "pilot"))
+        return replace(item, profile=profile, workload=workload)
 
     def output_forecast(self, node: str) -> OutputForecast:
         """The node's answer lengths as calibrated now, for the runtime's split and order."""
         lengths = self.node_lengths[node]
-        return OutputForecast(node, lengths.posterior(self._running_ages(node)), source="prior" if lengths.outputs == 0 else "pilot")
+        return OutputForecast(node, lengths.posterior(self._running_ages(node)), self.log_shifts.get(node),
+                              source="prior" if lengths.outputs == 0 else "pilot")
 
     def machine_factors(self) -> SpeedFactors | None:
         """Speed factors over every model measured: for a model no engine ran yet."""

@@ -19,7 +19,7 @@ import scipy.sparse as sp
 from sklearn.feature_extraction.text import HashingVectorizer
 from sklearn.preprocessing import normalize
 
-from batchllm.costmodel.request_lengths import LengthPrompt
+from batchllm.core.length_prompt import LengthPrompt
 
 FEATURES_VERSION = 1
 WORD_BITS, CHAR_BITS, SYSTEM_BITS, TEMPLATE_BITS = 18, 18, 14, 10

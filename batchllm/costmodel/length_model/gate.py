@@ -17,7 +17,7 @@ import numpy as np
 
 from batchllm.costmodel.length_model.model import LengthModel
 from batchllm.costmodel.lengths import LengthDistribution
-from batchllm.costmodel.request_lengths import LengthPrompt
+from batchllm.core.length_prompt import LengthPrompt
 
 MARGIN = 0.03
 MIN_OUTPUTS = 30

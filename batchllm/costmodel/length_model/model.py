@@ -27,7 +27,8 @@ from batchllm.core.files import replacing
 from batchllm.costmodel.length_model.censored_fit import fit_censored
 from batchllm.costmodel.length_model.features import FEATURES_VERSION, features, width
 from batchllm.costmodel.lengths import LengthDistribution
-from batchllm.costmodel.request_lengths import LengthPrompt, RequestLengths
+from batchllm.core.length_prompt import LengthPrompt
+from batchllm.costmodel.request_lengths import RequestLengths
 
 MODEL_FILE, NUMBERS_FILE = "length_model.json", "length_model.npz"
 

@@ -23,7 +23,7 @@ from batchllm.core.files import replacing
 from batchllm.costmodel.length_model.gate import GateVerdict, gate
 from batchllm.costmodel.length_model.model import LengthModel
 from batchllm.costmodel.lengths import LengthDistribution
-from batchllm.costmodel.request_lengths import LengthPrompt
+from batchllm.core.length_prompt import LengthPrompt
 
 FOLDER, FILE = "lengths", "observations.parquet"
 TEXT_CHARS = 2000
