@@ -31,7 +31,8 @@ LengthsFor = Callable[[NodeSummary, Profile], RequestLengths]  # one per sample 
 
 @dataclass(frozen=True)
 class LengthModels:
-    """Per model (as nodes name it): its length model when one is used, and why (or why not)."""
+    """Per model (as nodes name it): its length model when one is used, and why (or why not,
+    when there were outputs enough to compare)."""
 
     models: dict[str, LengthModel]
     verdicts: dict[str, str]
@@ -42,9 +43,12 @@ class LengthModels:
         models, verdicts, known = {}, {}, set()
         for name in dict.fromkeys(model_names):
             store = ObservationStore.at_home(home, name)
+            if not store.path.is_file():  # nothing seen yet: nothing to say
+                continue
             known |= store.prompt_sets()
             model, verdict = store.fitted_model()
-            verdicts[name] = verdict.reason
+            if verdict.scored:  # too few outputs to compare says nothing worth printing
+                verdicts[name] = verdict.reason
             if model is not None:
                 models[name] = model
         return cls(models, verdicts, frozenset(known))

@@ -170,7 +170,7 @@ def _save_lengths(sampler: LengthSampler, home: Path, console: Console) -> None:
         console.print(f"the answer lengths seen were not saved: {error}", markup=False, highlight=False, soft_wrap=True)
         return
     if saved:
-        console.print(f"{saved:,} answer lengths filed for the length model in {home}", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"{saved:,} answer lengths filed for the length model", markup=False, highlight=False, soft_wrap=True)
 
 
 def _save_learnt(calibration: RunCalibration | None, console: Console) -> None:

@@ -30,6 +30,11 @@ class GateVerdict:
     cdf_score: float
     reason: str
 
+    @property
+    def scored(self) -> bool:
+        """Whether the model was compared with the CDF at all (else too few outputs to say)."""
+        return not np.isnan(self.model_score)
+
 
 def median(distribution: LengthDistribution) -> float:
     index = min(int(np.searchsorted(distribution.cdf, 0.5, side="left")), distribution.lengths.size - 1)
