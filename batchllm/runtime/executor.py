@@ -46,11 +46,11 @@ from batchllm.runtime.backlog import Backlog
 from batchllm.runtime.engine_configs import engine_config
 from batchllm.runtime.engine_set import EngineLoss, EngineSet, Polled
 from batchllm.runtime.fingerprint import node_fingerprints
-from batchllm.runtime.ledger import Ledger, NodeLedger, UnitStatus, node_units
+from batchllm.runtime.ledger import Ledger, NodeLedger, node_units
 from batchllm.runtime.length_learning import LengthSampler
 from batchllm.runtime.memory import PeriodicTrim, release_free_memory
 from batchllm.runtime.node_feed import MergedUpstream, NodeFeed, Upstream
-from batchllm.runtime.pilot import NodePilot, PilotSize, pilot_rows, seed_of, wants_pilot
+from batchllm.runtime.pilot import Pilots, PilotSize
 from batchllm.runtime.prepare import PreparedWindow, RequestPreparer, most_output_tokens, split
 from batchllm.runtime.progress import NodeStats, RunProgress
 from batchllm.runtime.run_dir import RunDir
@@ -97,9 +97,8 @@ class Executor:
         self._pilot_ended = False  # a pilot ended: the stage ends and the rest is planned on its lengths
         self.engines = EngineSet(engine_factory)
         self.progress, self.home, self.planning, self.preparer = progress, home, planning, preparer
-        self.pilot_size, self.known_prompt_sets, self.pilots_only = pilot, known_prompt_sets, pilots_only
+        self.pilots, self.pilots_only = Pilots(pilot, known_prompt_sets), pilots_only
         self.length_sampler = length_sampler
-        self.pilots: dict[str, NodePilot] = {}  # nodes whose pilot has not ended
         self.left_at_end: dict[str, NodeProgress] = {}
         self.order = dag.topological_order()
         self.finished: set[str] = set()
@@ -158,40 +157,28 @@ class Executor:
             node = self.dag.nodes[name]
             self.feeds[name] = NodeFeed(node, index, self.ledger[name], self.sources[node.input_name], self.journals[name],
                                         self._upstream_of(name))
-        self.pilots = {n: p for n in self.order if (p := self._pilot_of(n, prints[n])) is not None}
+        for name in self.order:
+            self._begin_pilot(name, prints[name])
         self._started = time.monotonic()
 
-    def _pilot_of(self, name: str, fingerprint: str) -> NodePilot | None:
-        """The node's pilot, when it gets one (see runtime.pilot): its sampled rows, none of
-        them run yet or some committed by an interrupted pilot (those are not run again)."""
-        node, ledger = self.dag.nodes[name], self.ledger[name]
-        if (self.pilot_size is None or self.planning.calibration is None or node.reads or node.iterate
-                or fingerprint in self.known_prompt_sets or not wants_pilot(ledger.rows, self.pilot_size)):
-            return None
-        rows = pilot_rows(ledger.rows, self.pilot_size, seed_of(fingerprint))
-        committed = int((ledger.status[ledger.unit_of(rows, np.zeros(len(rows), np.int64))] == UnitStatus.COMMITTED).sum())
-        if committed == len(rows) or ledger.committed_units > committed:  # done, or the run went past it
-            return None
-        self.progress.note(f"pilot: {len(rows):,} random rows of {name} first ({len(rows) / ledger.rows:.1%} of "
-                           f"{ledger.rows:,}), to learn its answer lengths; then the rest is planned on them")
-        return NodePilot(name, rows)
+    def _begin_pilot(self, name: str, fingerprint: str) -> None:
+        pilot = self.pilots.begin(self.dag.nodes[name], self.ledger[name], fingerprint) if self.planning.calibration else None
+        if pilot is not None:
+            rows = self.ledger[name].rows
+            self.progress.note(f"pilot: {len(pilot.rows):,} random rows of {name} first ({len(pilot.rows) / rows:.1%} of "
+                               f"{rows:,}), to learn its answer lengths; then the rest is planned on them")
 
     def _end_pilots(self) -> None:
         """A pilot of this stage has every result: the stage ends, and the rest is planned on it."""
-        ended = [p for n, p in self.pilots.items() if n in self.stage_nodes and p.taken and self._settled_rows(n, p.rows)]
+        ended = self.pilots.end(self.stage_nodes, {n: self.ledger[n] for n in self.stage_nodes})
         self._pilot_ended = self._pilot_ended or bool(ended)
+        calibration = self.planning.calibration
         for pilot in ended:
-            del self.pilots[pilot.node]
-            calibration = self.planning.calibration
-            if calibration is not None:
-                lengths = calibration.node_lengths[pilot.node]
-                self.progress.note(f"pilot of {pilot.node} done: mean answer {lengths.posterior().mean():.0f} tokens "
-                                   f"(the prior's {lengths.prior.mean():.0f}); planning the rest on it")
-
-    def _settled_rows(self, name: str, rows: np.ndarray) -> bool:
-        ledger = self.ledger[name]
-        status = ledger.status[ledger.unit_of(rows, np.zeros(len(rows), np.int64))]
-        return bool(np.isin(status, (UnitStatus.COMMITTED, UnitStatus.SKIPPED)).all())
+            if calibration is None:
+                continue
+            lengths = calibration.node_lengths[pilot.node]
+            self.progress.note(f"pilot of {pilot.node} done: mean answer {lengths.posterior().mean():.0f} tokens "
+                               f"(the prior's {lengths.prior.mean():.0f}); planning the rest on it")
 
     def _end_stage_loop(self, wall_s: float) -> None:
         """Stop the engines, sync the journals, write the report, and free what only the
@@ -439,7 +426,7 @@ class Executor:
             return
         fresh = not feed.retry
         size = WINDOW_UNITS if name in self.windows_taken else FIRST_WINDOW_UNITS  # the first of this run: small
-        pilot = self.pilots.get(name)
+        pilot = self.pilots.of(name)
         if pilot is None and self.pilots_only:
             return
         if pilot is None:

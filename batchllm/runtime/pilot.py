@@ -20,9 +20,13 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from collections.abc import Iterable, Mapping
+
 import numpy as np
 
 from batchllm.core.errors import UserError
+from batchllm.dag.model import NodeSpec
+from batchllm.runtime.ledger import FinalState, NodeLedger
 
 
 @dataclass(frozen=True)
@@ -70,3 +74,39 @@ class NodePilot:
     node: str
     rows: np.ndarray
     taken: bool = False
+
+
+class Pilots:
+    """A run's pilots: which nodes get one (`begin`, as the run opens), and which have ended
+    (`end`, after every turn). The ledger says which of a pilot's rows are done."""
+
+    def __init__(self, size: PilotSize | None, known_prompt_sets: frozenset[str]):
+        self.size, self.known_prompt_sets = size, known_prompt_sets
+        self._running: dict[str, NodePilot] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._running)
+
+    def of(self, node: str) -> NodePilot | None:
+        return self._running.get(node)
+
+    def begin(self, node: NodeSpec, ledger: NodeLedger, fingerprint: str) -> NodePilot | None:
+        """The node's pilot when it gets one: its sampled rows, none of them run yet, or some
+        committed by an interrupted pilot (those are not run again)."""
+        if (self.size is None or node.reads or node.iterate or fingerprint in self.known_prompt_sets
+                or not wants_pilot(ledger.rows, self.size)):
+            return None
+        rows = pilot_rows(ledger.rows, self.size, seed_of(fingerprint))
+        committed = int((ledger.final_state_of(rows) == FinalState.COMMITTED).sum())
+        if committed == len(rows) or ledger.committed_units > committed:  # done, or the run went past it
+            return None
+        self._running[node.name] = NodePilot(node.name, rows)
+        return self._running[node.name]
+
+    def end(self, nodes: Iterable[str], ledgers: Mapping[str, NodeLedger]) -> list[NodePilot]:
+        """The pilots of these nodes that have every result now (no longer running)."""
+        ended = [p for n in nodes if (p := self._running.get(n)) is not None and p.taken
+                 and not (ledgers[n].final_state_of(p.rows) == FinalState.PENDING).any()]
+        for pilot in ended:
+            del self._running[pilot.node]
+        return ended
