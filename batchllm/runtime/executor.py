@@ -176,6 +176,7 @@ class Executor:
         for pilot in ended:
             if calibration is None:
                 continue
+            calibration.pilot_ended(pilot.node)
             lengths = calibration.node_lengths[pilot.node]
             self.progress.note(f"pilot of {pilot.node} done: mean answer {lengths.posterior().mean():.0f} tokens "
                                f"(the prior's {lengths.prior.mean():.0f}); planning the rest on it")

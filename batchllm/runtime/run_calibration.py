@@ -44,6 +44,7 @@ from batchllm.runtime.output_forecast import LogShift, OutputForecast
 from batchllm.runtime.stage_chooser import NodeProgress
 from batchllm.runtime.step_result import StepResult
 
+PILOT_PRIOR_OUTPUTS = 2.0  # the prior's weight in outputs once a node's pilot has ended
 PROMPT_PRIOR_UNITS = 8.0  # the planner's prompt estimate counts as this many measured prompts
 MIN_STEPS_TO_SAVE = 30  # fewer measured steps than this teach the store nothing
 SNAPSHOT_MAX_AGE_S = 10.0  # an engine's last step older than this says nothing about what runs now
@@ -162,6 +163,14 @@ class RunCalibration(RunObserver):
             shifts = workload.output_lengths.log_shift
             workload = replace(workload, output_lengths=RequestLengths(posterior, shifts - np.log(np.mean(np.exp(shifts))), "pilot"))
         return replace(item, profile=profile, workload=workload)
+
+    def pilot_ended(self, node: str) -> None:
+        """The node's pilot has every answer: a random sample of its own prompt set, all of it
+        ended (no short-first bias), so from now on the prior (another prompt set's lengths)
+        weighs as PILOT_PRIOR_OUTPUTS outputs, not as many as a run's first ones need."""
+        lengths = self.node_lengths[node]
+        self.node_lengths[node] = replace(lengths, prior_outputs=min(lengths.prior_outputs, PILOT_PRIOR_OUTPUTS), _last=None)
+        self._version += 1
 
     def output_forecast(self, node: str) -> OutputForecast:
         """The node's answer lengths as calibrated now, for the runtime's split and order."""
