@@ -48,9 +48,11 @@ class LengthModel:
     alpha: float  # ridge penalty
 
     @classmethod
-    def fit(cls, prompts: Sequence[LengthPrompt], lengths, finished, *, seed: int = 0) -> "LengthModel":
+    def fit(cls, prompts: Sequence[LengthPrompt], lengths, finished, *, alpha: float | None = None,
+            seed: int = 0) -> "LengthModel":
         """`lengths` output tokens; `finished[i]` False when output i was cut (max_tokens, or
-        still running): then its length is only a lower bound."""
+        still running): then its length is only a lower bound. `alpha` the ridge penalty (None:
+        chosen out of fold; a refit with a few more outputs can keep the last one's)."""
         lengths = np.maximum(np.asarray(lengths, float), 1.0)
         finished = np.asarray(finished, bool)
         if len(prompts) != lengths.size or lengths.size != finished.size:
@@ -58,7 +60,7 @@ class LengthModel:
         if lengths.size < 8:
             raise ValueError(f"a length model needs at least 8 outputs, got {lengths.size}")
         matrix = features(prompts)
-        fit = fit_censored(matrix, np.log(lengths), ~finished, seed=seed)
+        fit = fit_censored(matrix, np.log(lengths), ~finished, alpha=alpha, seed=seed)
         centre = float(np.mean(fit.predict(matrix)))
         base = residual_base(lengths, finished, fit.out_of_fold - centre)
         return cls(fit.coef.astype(np.float32), fit.intercept - centre, fit.sigma, base, int(lengths.size), fit.alpha)
