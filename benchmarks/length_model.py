@@ -13,7 +13,9 @@ Per set:
   new set      the set as never seen: fit on the other four sets only, then the error of the
                predicted mean (capped) length of the set's rows outside the pilot:
                  cdf      the per-model CDF (Kaplan-Meier of the other sets' lengths), shift 0
-                 model    the length model alone
+                 model    the length model alone, as for a new set (LengthModel.for_new_set:
+                          the share k of each shift that carried over to held-out training
+                          sets, on their residual base; k is printed)
                  +pilot   with a pilot of the set (0.5 % of its rows, at least 64, at most
                           2,000): the length model refit with the pilot's outputs added, then
                           its level set so its expected capped mean over the pilot is the
@@ -95,8 +97,8 @@ def main() -> int:
     sets = load()
     print(f"{sum(len(s[0]) for s in sets.values()):,} outputs of smollm2-135m (greedy, max_tokens 256) in {len(sets)} sets")
     print(f"{'set':13} {'rows':>5} {'mean':>5} {'cut':>4} {'tau':>6} | new set, mean length error: {'cdf':>7} {'model':>7} "
-          f"{'+pilot':>7} {'worst':>7} {'pilot':>7} | gate (model vs cdf log error)")
-    taus, with_pilot, ratios = {}, {}, {}
+          f"{'+pilot':>7} {'worst':>7} {'pilot':>7} | gate (model vs cdf log error), k")
+    taus, with_pilot, ratios, transfers = {}, {}, {}, {}
     for name, data in sets.items():
         prompts, lengths, finished = data
         count = len(prompts)
@@ -109,7 +111,9 @@ def main() -> int:
         pooled = tuple(zip(*[sets[s] for s in others]))
         train_prompts = [p for ps in pooled[0] for p in ps]
         train_lengths, train_finished = np.concatenate(pooled[1]), np.concatenate(pooled[2])
-        model = LengthModel.fit(train_prompts, train_lengths, train_finished)
+        groups = [s for s in others for _ in sets[s][0]]
+        model = LengthModel.fit(train_prompts, train_lengths, train_finished, groups=groups)
+        new_set = model.for_new_set()
         cdf = LengthDistribution.fit(train_lengths, train_finished)
         size = pilot_size(count)
         errors = {"cdf": [], "model": [], "+pilot": [], "pilot": []}
@@ -121,7 +125,7 @@ def main() -> int:
             pilot_prompts, pilot_lengths, pilot_finished = take(data, pilot)
             predicted = {
                 "cdf": capped_mean(RequestLengths.shared(cdf, len(rest), "prior"), rest_prompts),
-                "model": capped_mean(model.request_lengths(rest_prompts), rest_prompts),
+                "model": capped_mean(new_set.request_lengths(rest_prompts), rest_prompts),
                 "+pilot": capped_mean(with_pilot_of(model, train_prompts, train_lengths, train_finished, pilot_prompts,
                                                     pilot_lengths, pilot_finished).request_lengths(rest_prompts, "pilot"),
                                       rest_prompts),
@@ -130,13 +134,14 @@ def main() -> int:
             }
             for key, value in predicted.items():
                 errors[key].append(abs(value - actual) / actual)
-        verdict = gate(model, cdf, prompts, lengths, finished)
+        verdict = gate(new_set, cdf, prompts, lengths, finished)
+        transfers[name] = model.new_set.transfer if model.new_set else 1.0
         mean = {key: float(np.mean(values)) for key, values in errors.items()}
         with_pilot[name], ratios[name] = mean["+pilot"], mean["model"] / mean["cdf"]
         print(f"{name:13} {count:5} {lengths.mean():5.0f} {(~finished).mean():4.0%} {taus[name]:6.3f} | "
               f"{'':27} {mean['cdf']:7.1%} {mean['model']:7.1%} {mean['+pilot']:7.1%} {max(errors['+pilot']):7.1%} "
               f"{mean['pilot']:7.1%} | {'use' if verdict.use else 'keep cdf'} ({verdict.model_score:.3f} vs "
-              f"{verdict.cdf_score:.3f})", flush=True)
+              f"{verdict.cdf_score:.3f}), k {transfers[name]:.1f}", flush=True)
     print(f"pilot: {pilot_size(350)} rows per set (0.5 % of the rows, at least 64, at most 2,000); "
           f"errors are the mean |error| over {PILOT_DRAWS} random pilots ('worst': the largest of them)")
 
