@@ -146,3 +146,38 @@ def test_observation_store_keeps_the_newest_rows_and_gates_its_model(tmp_path, m
     store.add(*workload(30, seed=20), prompt_set="newest")
     seen = store.load()
     assert len(seen) == 100 and seen.prompt_sets[-30:] == ["newest"] * 30
+
+
+def test_for_a_new_set_the_model_keeps_only_what_carried_over_to_held_out_sets(tmp_path):
+    # The same kinds of prompts mean the same lengths in every set: the shifts carry over.
+    parts = [workload(150, seed=30 + k) for k in range(4)]
+    prompts = [p for part in parts for p in part[0]]
+    lengths, finished = np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
+    groups = [f"set-{k}" for k in range(4) for _ in range(150)]
+    model = LengthModel.fit(prompts, lengths, finished, groups=groups)
+    assert model.new_set is not None and model.new_set.transfer >= 0.8 and model.new_set.sets == 4
+    new, actual, _ = workload(300, seed=40)
+    assert np.corrcoef(model.for_new_set().log_shift(new), np.log(actual))[0, 1] > 0.8
+    model.save(tmp_path / "m")
+    again = LengthModel.load(tmp_path / "m")
+    assert again.new_set.transfer == model.new_set.transfer
+    assert np.array_equal(again.for_new_set().base.cdf, model.for_new_set().base.cdf)
+    # What a word means differs from set to set (the topics long in two sets are short in the
+    # other two): nothing carries over, a new set gets the CDF.
+    rng = np.random.default_rng(7)
+    prompts, lengths, groups = [], [], []
+    for k in range(4):
+        ranks = range(len(TOPICS)) if k % 2 else reversed(range(len(TOPICS)))
+        medians = {topic: float(np.exp(2 + 3 * rank / len(TOPICS))) for topic, rank in zip(TOPICS, ranks)}
+        for _ in range(150):
+            topic = str(rng.choice(TOPICS))
+            prompts.append(LengthPrompt(f"Tell me about {topic}.", template="t"))
+            lengths.append(min(CAP, max(1, round(medians[topic] * np.exp(rng.normal(0, 0.2))))))
+            groups.append(f"set-{k}")
+    lengths = np.array(lengths)
+    model = LengthModel.fit(prompts, lengths, lengths < CAP, groups=groups)
+    assert model.new_set.transfer <= 0.2
+    cdf = LengthDistribution.fit(lengths, lengths < CAP)
+    assert np.allclose(model.for_new_set().log_shift(prompts), 0.0, atol=0.2 * 1.5)
+    assert abs(np.log(model.for_new_set().base.mean() / cdf.mean())) < 0.2
+    assert LengthModel.fit(prompts[:300], lengths[:300], lengths[:300] < CAP, groups=groups[:300]).new_set is None  # 2 sets

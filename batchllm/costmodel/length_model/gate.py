@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from batchllm.costmodel.length_model.model import LengthModel
+from batchllm.costmodel.length_model.scores import log_error
 from batchllm.costmodel.lengths import LengthDistribution
 from batchllm.core.length_prompt import LengthPrompt
 
@@ -34,20 +35,6 @@ class GateVerdict:
     def scored(self) -> bool:
         """Whether the model was compared with the CDF at all (else too few outputs to say)."""
         return not np.isnan(self.model_score)
-
-
-def median(distribution: LengthDistribution) -> float:
-    index = min(int(np.searchsorted(distribution.cdf, 0.5, side="left")), distribution.lengths.size - 1)
-    return float(distribution.lengths[index])
-
-
-def log_error(base: LengthDistribution, log_shift: np.ndarray, lengths, finished) -> float:
-    """Mean over outputs of |log length - log predicted median|; for a cut output, only how
-    far the prediction falls short of its length."""
-    actual = np.log(np.maximum(np.asarray(lengths, float), 1.0))
-    predicted = np.log(median(base)) + np.asarray(log_shift, float)
-    error = np.where(np.asarray(finished, bool), np.abs(actual - predicted), np.maximum(actual - predicted, 0.0))
-    return float(np.mean(error))
 
 
 def gate(model: LengthModel, cdf: LengthDistribution, prompts: Sequence[LengthPrompt], lengths, finished, *,

@@ -5,6 +5,7 @@ form).
     model = LengthModel.fit(prompts, lengths, finished)     # finished False: cut at max_tokens
     model.request_lengths(prompts)                          # RequestLengths(base, shifts, "length model")
     model.scaled_to(pilot_prompts, pilot_lengths)           # the same, its level set by a pilot's outputs
+    LengthModel.fit(..., groups=prompt_sets).for_new_set()  # for a prompt set it has not seen
 
 The shift is linear in the prompt's features (features.py), fit to log length with the
 censored outputs as lower bounds (censored_fit.py), and centred so it averages 0 over the
@@ -26,17 +27,12 @@ import numpy as np
 from batchllm.core.files import replacing
 from batchllm.costmodel.length_model.censored_fit import fit_censored
 from batchllm.costmodel.length_model.features import FEATURES_VERSION, features, width
+from batchllm.costmodel.length_model.new_sets import NewSetCalibration, calibrate_new_sets, residual_base
 from batchllm.costmodel.lengths import LengthDistribution
 from batchllm.core.length_prompt import LengthPrompt
 from batchllm.costmodel.request_lengths import RequestLengths
 
 MODEL_FILE, NUMBERS_FILE = "length_model.json", "length_model.npz"
-
-
-def residual_base(lengths: np.ndarray, finished: np.ndarray, shifts: np.ndarray) -> LengthDistribution:
-    """Kaplan-Meier of length / exp(shift), whole tokens (a cut output's residual is cut too)."""
-    residual = np.maximum(np.rint(np.asarray(lengths, float) / np.exp(shifts)), 1).astype(np.int64)
-    return LengthDistribution.fit(residual, finished)
 
 
 @dataclass(frozen=True)
@@ -47,11 +43,16 @@ class LengthModel:
     base: LengthDistribution
     trained_on: int  # outputs fit on
     alpha: float  # ridge penalty
+    new_set: NewSetCalibration | None = None  # how it carries over to an unseen prompt set (new_sets.py)
 
     @classmethod
-    def fit(cls, prompts: Sequence[LengthPrompt], lengths, finished, *, seed: int = 0) -> "LengthModel":
+    def fit(cls, prompts: Sequence[LengthPrompt], lengths, finished, *, groups: Sequence[str] | None = None,
+            alpha: float | None = None, seed: int = 0) -> "LengthModel":
         """`lengths` output tokens; `finished[i]` False when output i was cut (max_tokens, or
-        still running): then its length is only a lower bound."""
+        still running): then its length is only a lower bound. `groups` each output's prompt
+        set: with three or more, the model also learns how it carries over to a new set
+        (for_new_set). `alpha` the ridge penalty (None: chosen out of fold; a refit with a few
+        more outputs can keep the last one's)."""
         lengths = np.maximum(np.asarray(lengths, float), 1.0)
         finished = np.asarray(finished, bool)
         if len(prompts) != lengths.size or lengths.size != finished.size:
@@ -59,10 +60,21 @@ class LengthModel:
         if lengths.size < 8:
             raise ValueError(f"a length model needs at least 8 outputs, got {lengths.size}")
         matrix = features(prompts)
-        fit = fit_censored(matrix, np.log(lengths), ~finished, seed=seed)
+        fit = fit_censored(matrix, np.log(lengths), ~finished, alpha=alpha, seed=seed)
         centre = float(np.mean(fit.predict(matrix)))
         base = residual_base(lengths, finished, fit.out_of_fold - centre)
-        return cls(fit.coef.astype(np.float32), fit.intercept - centre, fit.sigma, base, int(lengths.size), fit.alpha)
+        new_set = calibrate_new_sets(matrix, lengths, finished, groups, fit.alpha, seed) if groups is not None else None
+        return cls(fit.coef.astype(np.float32), fit.intercept - centre, fit.sigma, base, int(lengths.size), fit.alpha, new_set)
+
+    def for_new_set(self) -> "LengthModel":
+        """The model for a prompt set none of its outputs came from: each shift times the share
+        that carried over to held-out sets, on their residual base (itself when it was not fit
+        on three or more prompt sets)."""
+        if self.new_set is None:
+            return self
+        k = self.new_set.transfer
+        return replace(self, coef=self.coef * np.float32(k), intercept=self.intercept * k, base=self.new_set.base,
+                       new_set=None)
 
     def log_shift(self, prompts: Sequence[LengthPrompt]) -> np.ndarray:
         if not prompts:
@@ -100,10 +112,14 @@ class LengthModel:
         nonzero = np.flatnonzero(self.coef)
         with replacing(folder / NUMBERS_FILE) as new:
             with open(new.path, "wb") as handle:
+                new_base = self.new_set.base if self.new_set else LengthDistribution(np.zeros(0, np.int64), np.zeros(0), 0)
                 np.savez_compressed(handle, coef_index=nonzero.astype(np.int64), coef_value=self.coef[nonzero],
-                                    base_lengths=self.base.lengths, base_cdf=self.base.cdf)
+                                    base_lengths=self.base.lengths, base_cdf=self.base.cdf, new_base_lengths=new_base.lengths,
+                                    new_base_cdf=new_base.cdf)
         record = {"features_version": FEATURES_VERSION, "width": int(self.coef.size), "intercept": self.intercept,
-                  "sigma": self.sigma, "censored_at": self.base.censored_at, "trained_on": self.trained_on, "alpha": self.alpha}
+                  "sigma": self.sigma, "censored_at": self.base.censored_at, "trained_on": self.trained_on, "alpha": self.alpha,
+                  "new_set": None if self.new_set is None else {"transfer": self.new_set.transfer, "sets": self.new_set.sets,
+                                                                "censored_at": self.new_set.base.censored_at}}
         with replacing(folder / MODEL_FILE) as new:
             new.path.write_text(json.dumps(record, indent=1) + "\n")
 
@@ -119,5 +135,10 @@ class LengthModel:
             coef[numbers["coef_index"]] = numbers["coef_value"]
             base = LengthDistribution(numbers["base_lengths"].astype(np.int64), numbers["base_cdf"].astype(float),
                                       int(record["censored_at"]))
+            new = record.get("new_set")
+            new_set = None if new is None else NewSetCalibration(
+                float(new["transfer"]), LengthDistribution(numbers["new_base_lengths"].astype(np.int64),
+                                                           numbers["new_base_cdf"].astype(float), int(new["censored_at"])),
+                int(new["sets"]))
         return cls(coef, float(record["intercept"]), float(record["sigma"]), base, int(record["trained_on"]),
-                   float(record["alpha"]))
+                   float(record["alpha"]), new_set)

@@ -91,22 +91,26 @@ class ObservationStore:
 
     def fitted_model(self, min_outputs: int = MIN_OUTPUTS, seed: int = 0) -> tuple[LengthModel | None, GateVerdict]:
         """The length model fit on the stored outputs, when it beats the per-model CDF on
-        held-out ones (whole prompt sets when there are three or more: a model is used on
-        sets it has not seen), refit on all of them; else None, and the verdict says why."""
+        held-out ones (whole prompt sets when there are three or more, scored as for a new
+        set: a model is used on sets it has not seen), refit on all of them; else None, and the
+        verdict says why. Use `.for_new_set()` of it for a prompt set not in prompt_sets()."""
         seen = self.load()
         if len(seen) < min_outputs:
             return None, GateVerdict(False, float("nan"), float("nan"),
                                      f"{len(seen)} outputs stored, fewer than {min_outputs}: the per-model CDF is kept")
         held = _held_out(seen.prompt_sets, seed)
-        if held.all() or not held.any():
+        by_sets = bool(held.any())
+        if held.all() or not by_sets:
             held = np.random.default_rng(seed).random(len(seen)) < HELD_OUT
         train, test = np.flatnonzero(~held), np.flatnonzero(held)
-        model = LengthModel.fit([seen.prompts[i] for i in train], seen.lengths[train], seen.finished[train], seed=seed)
+        model = LengthModel.fit([seen.prompts[i] for i in train], seen.lengths[train], seen.finished[train],
+                                groups=[seen.prompt_sets[i] for i in train], seed=seed)
         cdf = LengthDistribution.fit(np.maximum(seen.lengths[train], 1), seen.finished[train])
-        verdict = gate(model, cdf, [seen.prompts[i] for i in test], seen.lengths[test], seen.finished[test])
+        scored = model.for_new_set() if by_sets else model  # held-out sets are new to it
+        verdict = gate(scored, cdf, [seen.prompts[i] for i in test], seen.lengths[test], seen.finished[test])
         if not verdict.use:
             return None, verdict
-        return LengthModel.fit(seen.prompts, seen.lengths, seen.finished, seed=seed), verdict
+        return LengthModel.fit(seen.prompts, seen.lengths, seen.finished, groups=seen.prompt_sets, seed=seed), verdict
 
 
 def _held_out(prompt_sets: list[str], seed: int) -> np.ndarray:

@@ -1,0 +1,58 @@
+"""How much of the length model carries over to a prompt set it has not seen.
+
+Within a prompt set the model learns what makes one answer longer than another; across sets
+part of that does not carry over (a short last turn means a short answer in a set of quiz
+questions, not in a conversation that asks to "continue"). Measured by leaving each training
+prompt set out in turn: the model fit on the other sets predicts the held-out set's shifts s.
+A new set's lengths are then base' x exp(k s), k in [0, 1] the share of the shift that
+carries over and base' the Kaplan-Meier distribution of the held-out outputs' residuals
+length / exp(k s): k and base' minimise the censoring-aware log error (scores.py) over the
+held-out sets. k = 0 is the per-model CDF itself (base' = the lengths' own distribution), so
+on the training sets the calibrated model is never scored worse than the CDF.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from batchllm.costmodel.length_model.censored_fit import fit_censored
+from batchllm.costmodel.length_model.scores import log_error
+from batchllm.costmodel.lengths import LengthDistribution
+
+MIN_SETS = 3  # prompt sets needed to measure the carry-over
+TRANSFERS = np.linspace(0.0, 1.0, 11)
+
+
+@dataclass(frozen=True)
+class NewSetCalibration:
+    transfer: float  # k: the share of each shift that carries over to a new set
+    base: LengthDistribution  # base' of a new set's requests
+    sets: int  # prompt sets it was measured on
+
+
+def residual_base(lengths: np.ndarray, finished: np.ndarray, shifts: np.ndarray) -> LengthDistribution:
+    """Kaplan-Meier of length / exp(shift), whole tokens (a cut output's residual is cut too)."""
+    residual = np.maximum(np.rint(np.asarray(lengths, float) / np.exp(shifts)), 1).astype(np.int64)
+    return LengthDistribution.fit(residual, finished)
+
+
+def calibrate_new_sets(matrix, lengths: np.ndarray, finished: np.ndarray, groups: Sequence[str], alpha: float,
+                       seed: int = 0) -> NewSetCalibration | None:
+    """None when the outputs come from fewer than MIN_SETS prompt sets."""
+    keys = sorted(set(groups))
+    if len(keys) < MIN_SETS:
+        return None
+    labels = np.asarray(groups, dtype=object)
+    targets = np.log(np.maximum(lengths, 1.0))
+    shifts = np.zeros(lengths.size)
+    for key in keys:
+        held, kept = np.flatnonzero(labels == key), np.flatnonzero(labels != key)
+        fit = fit_censored(matrix[kept], targets[kept], ~finished[kept], alpha=alpha, iterations=3, seed=seed)
+        shifts[held] = fit.predict(matrix[held]) - float(np.mean(fit.predict(matrix[kept])))
+    scored = [(log_error(residual_base(lengths, finished, k * shifts), k * shifts, lengths, finished), float(k))
+              for k in TRANSFERS]
+    _, best = min(scored)
+    return NewSetCalibration(best, residual_base(lengths, finished, best * shifts), len(keys))
