@@ -52,7 +52,8 @@ sys.path.insert(0, str(REPO))
 from batchllm.costmodel.length_model.gate import gate  # noqa: E402
 from batchllm.costmodel.length_model.model import LengthModel  # noqa: E402
 from batchllm.costmodel.lengths import LengthDistribution  # noqa: E402
-from batchllm.costmodel.request_lengths import LengthPrompt, RequestLengths  # noqa: E402
+from batchllm.core.length_prompt import LengthPrompt  # noqa: E402
+from batchllm.costmodel.request_lengths import RequestLengths  # noqa: E402
 
 DATA = REPO / "benchmarks" / "data" / "length_sets.parquet"
 PILOT_DRAWS = 10

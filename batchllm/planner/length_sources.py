@@ -12,7 +12,7 @@ where it beats the per-model CDF on held-out outputs, the verdict said either wa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,9 +53,11 @@ class LengthModels:
                 models[name] = model
         return cls(models, verdicts, frozenset(known))
 
-    def log_shifts(self, dag: DagSpec) -> dict[str, Callable[[Sequence[LengthPrompt]], np.ndarray]]:
-        """Per node whose model has a length model: its per-request shifts (for the runtime's forecast)."""
-        return {name: self.models[node.model].log_shift for name, node in dag.nodes.items() if node.model in self.models}
+    def log_shifts(self, dag: DagSpec, fingerprints: Mapping[str, str]) -> dict[str, Callable[[Sequence[LengthPrompt]], np.ndarray]]:
+        """Per node whose model has a length model: its per-request shifts (for the runtime's
+        forecast); for a prompt set none of its outputs came from, the share that carries over."""
+        return {name: (model if fingerprints.get(name) in self.known_prompt_sets else model.for_new_set()).log_shift
+                for name, node in dag.nodes.items() if (model := self.models.get(node.model)) is not None}
 
     def lengths_for(self, summary: NodeSummary, profile: Profile) -> RequestLengths:
         """A `LengthsFor`: the node's model's length model where one is used (its own level:
@@ -63,7 +65,7 @@ class LengthModels:
         model = self.models.get(summary.model)
         if model is None:
             return profile_lengths(summary, profile)
-        return model.request_lengths(length_prompts(summary))
+        return model.for_new_set().request_lengths(length_prompts(summary))  # the planner does not know if the set is new
 
 
 def profile_lengths(summary: NodeSummary, profile: Profile) -> RequestLengths:
