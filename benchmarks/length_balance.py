@@ -163,10 +163,11 @@ def main() -> None:
             dag, rows = write_inputs(folder, test, copies)
             models = LengthModels.at_home(home, [MODEL])
             if trained:
-                print(f"length model: {'used' if models.models else 'NOT used'} ({models.verdicts[MODEL]})")
+                print(f"length model: {models.verdicts[MODEL]}")
                 prompts = [LengthPrompt(f"{r['last_user']} #{r['copy']}", r["system"] or "", "answer", int(r["prompt_tokens"]),
                                         MAX_TOKENS, 0.0) for r in rows]
-                request_lengths = models.models[MODEL].request_lengths(prompts)
+                ranker = models.rankers[MODEL]  # what the runtime orders and splits by
+                request_lengths = ranker.request_lengths(prompts)
             else:
                 observed = np.array([r["output_tokens"] for r in train])
                 cdf = LengthDistribution.fit(observed, np.array([r["finished"] for r in train]))

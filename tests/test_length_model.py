@@ -181,3 +181,19 @@ def test_for_a_new_set_the_model_keeps_only_what_carried_over_to_held_out_sets(t
     assert np.allclose(model.for_new_set().log_shift(prompts), 0.0, atol=0.2 * 1.5)
     assert abs(np.log(model.for_new_set().base.mean() / cdf.mean())) < 0.2
     assert LengthModel.fit(prompts[:300], lengths[:300], lengths[:300] < CAP, groups=groups[:300]).new_set is None  # 2 sets
+
+
+def test_a_model_that_misses_new_sets_levels_may_still_order_requests_inside_them(tmp_path):
+    """Sets whose lengths are the same kinds at different levels (x0.3 to x3): on a held-out
+    set the model's lengths are off by the set's level, but it orders the set's requests."""
+    from batchllm.costmodel.length_model.gate import RANK_MIN, within_sets_concordance
+
+    store = ObservationStore.at_home(tmp_path, "m")
+    for k, scale in enumerate((0.3, 3.0, 1.0, 0.5, 2.0)):
+        store.add(*workload(120, seed=30 + k, scale=scale), prompt_set=f"set-{k}")
+    model, verdict = store.fitted_model(min_outputs=200)
+    assert verdict.concordance >= 0.8 and verdict.ranks and model is not None
+    assert "orders answers at C" in verdict.reason
+    noise_prompts = [LengthPrompt(f"plain question {i}") for i in range(200)]
+    lengths = np.random.default_rng(3).integers(5, 200, 200)
+    assert within_sets_concordance(model, noise_prompts, lengths, np.ones(200, bool), ["x"] * 200) < RANK_MIN

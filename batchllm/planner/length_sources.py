@@ -12,7 +12,7 @@ where it beats the per-model CDF on held-out outputs, the verdict said either wa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,16 +31,19 @@ LengthsFor = Callable[[NodeSummary, Profile], RequestLengths]  # one per sample 
 
 @dataclass(frozen=True)
 class LengthModels:
-    """Per model (as nodes name it): its length model when one is used, and why (or why not,
-    when there were outputs enough to compare)."""
+    """Per model (as nodes name it): its length model where its lengths beat the per-model CDF
+    (`models`: the planner's per-request lengths) and where it orders a prompt set's requests
+    well (`rankers`: the runtime's split and order, whose level the run learns), and why or
+    why not (when there were outputs enough to compare)."""
 
     models: dict[str, LengthModel]
+    rankers: dict[str, LengthModel]
     verdicts: dict[str, str]
     known_prompt_sets: frozenset[str]
 
     @classmethod
     def at_home(cls, home: Path, model_names: Sequence[str]) -> "LengthModels":
-        models, verdicts, known = {}, {}, set()
+        models, rankers, verdicts, known = {}, {}, {}, set()
         for name in dict.fromkeys(model_names):
             store = ObservationStore.at_home(home, name)
             if not store.path.is_file():  # nothing seen yet: nothing to say
@@ -48,16 +51,18 @@ class LengthModels:
             known |= store.prompt_sets()
             model, verdict = store.fitted_model()
             if verdict.scored:  # too few outputs to compare says nothing worth printing
-                verdicts[name] = verdict.reason
-            if model is not None:
+                use = "lengths and order" if verdict.use else "order only" if verdict.ranks else "not used"
+                verdicts[name] = f"{use}: {verdict.reason}"
+            if model is not None and verdict.use:
                 models[name] = model
-        return cls(models, verdicts, frozenset(known))
+            if model is not None and (verdict.use or verdict.ranks):
+                rankers[name] = model
+        return cls(models, rankers, verdicts, frozenset(known))
 
-    def log_shifts(self, dag: DagSpec, fingerprints: Mapping[str, str]) -> dict[str, Callable[[Sequence[LengthPrompt]], np.ndarray]]:
-        """Per node whose model has a length model: its per-request shifts (for the runtime's
-        forecast); for a prompt set none of its outputs came from, the share that carries over."""
-        return {name: (model if fingerprints.get(name) in self.known_prompt_sets else model.for_new_set()).log_shift
-                for name, node in dag.nodes.items() if (model := self.models.get(node.model)) is not None}
+    def log_shifts(self, dag: DagSpec) -> dict[str, Callable[[Sequence[LengthPrompt]], np.ndarray]]:
+        """Per node whose model orders requests: its per-request shifts (the runtime's forecast
+        takes them relative to each window's mean)."""
+        return {name: model.log_shift for name, node in dag.nodes.items() if (model := self.rankers.get(node.model)) is not None}
 
     def lengths_for(self, summary: NodeSummary, profile: Profile) -> RequestLengths:
         """A `LengthsFor`: the node's model's length model where one is used (its own level:

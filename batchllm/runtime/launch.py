@@ -93,7 +93,7 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
             check_copy_target(output.copy_to, where=dag.where(output.line, f"outputs.{name}.copy_to"))
     lengths = LengthModels.at_home(home, [node.model for node in dag.nodes.values()])
     for model, why in lengths.verdicts.items():
-        console.print(f"length model for {model}: {'used' if model in lengths.models else 'not used'} ({why})", markup=False,
+        console.print(f"length model for {model}: {why}", markup=False,
                       highlight=False, soft_wrap=True)
     planning = None
     if schedule != "sequential":
@@ -158,7 +158,7 @@ def _calibrated_planning(dag: DagSpec, sources: dict[str, InputSource], devices:
         return None, missing.paragraph()
     calibration = RunCalibration(build_problem(cluster, workloads.nodes, workloads.notes), workloads.nodes, store=store,
                                  settings=run_settings(dag.engine, cluster), source=f"a run of {dag.name}",
-                                 log_shifts=lengths.log_shifts(dag, node_fingerprints(dag, sources)) if lengths is not None else None)
+                                 log_shifts=lengths.log_shifts(dag) if lengths is not None else None)
     return RunPlanning(CalibratedStages(calibration, method), (calibration, RunEstimates(calibration, method)), calibration), None
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from batchllm.costmodel.length_model.censored_fit import concordance
 from batchllm.costmodel.length_model.model import LengthModel
 from batchllm.costmodel.length_model.scores import log_error
 from batchllm.costmodel.lengths import LengthDistribution
@@ -22,6 +23,8 @@ from batchllm.core.length_prompt import LengthPrompt
 
 MARGIN = 0.03
 MIN_OUTPUTS = 30
+RANK_MIN = 0.55  # Harrell's C a model needs to order a prompt set's requests (0.5: chance; ordering by a weak
+# ranker costs nothing against today's order, which knows nothing of lengths)
 
 
 @dataclass(frozen=True)
@@ -30,11 +33,28 @@ class GateVerdict:
     model_score: float  # censoring-aware mean |log error| on held-out outputs (nan: not scored)
     cdf_score: float
     reason: str
+    concordance: float = float("nan")  # Harrell's C of its shifts within each held-out prompt set (nan: not scored)
+
+    @property
+    def ranks(self) -> bool:
+        """It orders a set's requests by length well enough for the runtime's split and order,
+        where the level comes from the run's own answers (a pilot, the calibration)."""
+        return bool(self.concordance >= RANK_MIN)
 
     @property
     def scored(self) -> bool:
         """Whether the model was compared with the CDF at all (else too few outputs to say)."""
         return not np.isnan(self.model_score)
+
+
+def within_sets_concordance(model: LengthModel, prompts: Sequence[LengthPrompt], lengths, finished,
+                            groups: Sequence[str]) -> float:
+    """Harrell's C of the model's shifts against the lengths, inside each prompt set (levels
+    differ between sets; the runtime learns a set's level from its own answers), averaged."""
+    shifts, lengths, finished = model.log_shift(prompts), np.asarray(lengths, float), np.asarray(finished, bool)
+    labels = np.asarray(list(groups))
+    scores = [concordance(shifts[labels == g], lengths[labels == g], ~finished[labels == g]) for g in sorted(set(groups))]
+    return float(np.mean(scores)) if scores else float("nan")
 
 
 def gate(model: LengthModel, cdf: LengthDistribution, prompts: Sequence[LengthPrompt], lengths, finished, *,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchllm.core.files import replacing
-from batchllm.costmodel.length_model.gate import GateVerdict, gate
+from batchllm.costmodel.length_model.gate import GateVerdict, gate, within_sets_concordance
 from batchllm.costmodel.length_model.model import LengthModel
 from batchllm.costmodel.lengths import LengthDistribution
 from batchllm.core.length_prompt import LengthPrompt
@@ -93,7 +93,8 @@ class ObservationStore:
         """The length model fit on the stored outputs, when it beats the per-model CDF on
         held-out ones (whole prompt sets when there are three or more, scored as for a new
         set: a model is used on sets it has not seen), refit on all of them; else None, and the
-        verdict says why. Use `.for_new_set()` of it for a prompt set not in prompt_sets()."""
+        verdict says why: `use` for its lengths, `ranks` for ordering requests inside a prompt set
+        (whose level the run learns). Use `.for_new_set()` of it for a prompt set not in prompt_sets()."""
         seen = self.load()
         if len(seen) < min_outputs:
             return None, GateVerdict(False, float("nan"), float("nan"),
@@ -107,8 +108,13 @@ class ObservationStore:
                                 groups=[seen.prompt_sets[i] for i in train], seed=seed)
         cdf = LengthDistribution.fit(np.maximum(seen.lengths[train], 1), seen.finished[train])
         scored = model.for_new_set() if by_sets else model  # held-out sets are new to it
-        verdict = gate(scored, cdf, [seen.prompts[i] for i in test], seen.lengths[test], seen.finished[test])
-        if not verdict.use:
+        held_prompts = [seen.prompts[i] for i in test]
+        verdict = gate(scored, cdf, held_prompts, seen.lengths[test], seen.finished[test])
+        ranking = within_sets_concordance(model, held_prompts, seen.lengths[test], seen.finished[test],
+                                          [seen.prompt_sets[i] for i in test])
+        verdict = replace(verdict, concordance=ranking,
+                          reason=f"{verdict.reason}; within a held-out prompt set it orders answers at C {ranking:.2f}")
+        if not (verdict.use or verdict.ranks):
             return None, verdict
         return LengthModel.fit(seen.prompts, seen.lengths, seen.finished, groups=seen.prompt_sets, seed=seed), verdict
 
