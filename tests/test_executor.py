@@ -420,13 +420,19 @@ def test_pilots_only_runs_the_pilots_estimates_the_rest_and_a_run_goes_on_from_t
 
 
 def test_a_run_files_answer_lengths_and_a_prompt_set_the_store_has_seen_gets_no_pilot(workspace, profiles, isolated_home,
-                                                                                       tmp_path):
+                                                                                       tmp_path, monkeypatch):
+    import batchllm.runtime.launch as launch
     from batchllm.costmodel.length_model.observations import ObservationStore
     from batchllm.runtime.length_learning import SAMPLE_PER_NODE
 
     many_questions(workspace, 300)
-    run(workspace, FakeEngineFactory(), schedule="plan", profiles=profiles)
     store = ObservationStore.at_home(isolated_home, "./tiny-model")
+    monkeypatch.setattr(launch, "installed_engine_version", lambda: "vllm 0.32.0")
+    run(workspace, FakeEngineFactory(), schedule="plan", profiles=profiles, out=tmp_path / "fake")
+    assert not store.path.exists()  # engines that report 'fake', not the installed engine: their lengths teach nothing
+
+    monkeypatch.setattr(launch, "installed_engine_version", lambda: "fake")  # as if the fake were the installed engine
+    run(workspace, FakeEngineFactory(), schedule="plan", profiles=profiles)
     prints = fingerprints(workspace)
     assert store.prompt_sets() == set(prints.values())  # a, b and judge: each node's fingerprint keys its prompt set
     seen = store.load()

@@ -50,6 +50,7 @@ from batchllm.runtime.ledger import Ledger, NodeLedger, node_units
 from batchllm.runtime.length_learning import LengthSampler
 from batchllm.runtime.memory import PeriodicTrim, release_free_memory
 from batchllm.runtime.node_feed import MergedUpstream, NodeFeed, Upstream
+from batchllm.runtime.observer import RunObserver
 from batchllm.runtime.pilot import Pilots, PilotSize
 from batchllm.runtime.prepare import PreparedWindow, RequestPreparer, most_output_tokens, split
 from batchllm.runtime.progress import NodeStats, RunProgress
@@ -302,8 +303,12 @@ class Executor:
             log.add_step(engine_label(engine_step.config), engine_step.step.wall_s)
             if engine_step.node is not None:
                 self.progress.count_steps(engine_step.node, [engine_step.step])
-        for observer in (*self.planning.observers, *([self.length_sampler] if self.length_sampler else [])):
+        for observer in self._observers():
             observer.observe(result)
+
+    def _observers(self) -> tuple[RunObserver, ...]:
+        """What learns from the run: the planning's, and the length sampler."""
+        return (*self.planning.observers, *((self.length_sampler,) if self.length_sampler is not None else ()))
 
     def _recover(self, losses: tuple[EngineLoss, ...], log: StageLog) -> None:
         """Engines died in a turn (their units are READY again): re-plan when their cluster
@@ -335,7 +340,7 @@ class Executor:
                 if node is not None:
                     self.progress.stats[node].engine_load_s += start.load_time_s
                     if running := self.engines.get(start.config):
-                        for observer in self.planning.observers:
+                        for observer in self._observers():
                             observer.engine_started(node, start.config, start.load_time_s, running.engine.ready)
             for config in (c for configs in self.assigned.values() for c in configs):
                 running = self.engines.get(config)

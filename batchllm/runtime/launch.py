@@ -16,7 +16,7 @@ from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet
 from batchllm.engines.engine import EngineFactory
 from batchllm.engines.settings_check import check_engine_settings
-from batchllm.engines.version import untested_vllm_note
+from batchllm.engines.version import installed_engine_version, untested_vllm_note
 from batchllm.engines.process_engine import start_vllm_engine
 from batchllm.core.errors import RunIncomplete, UserError
 from batchllm.io.input_source import InputSource
@@ -110,7 +110,8 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
 
         engine_factory = engine_factory or start_ray_engine
         replanner = NodeLossReplanner(cluster.alive_nodes, lambda left: _planning_for(dag, sources, left, schedule, profiles_root))
-    sampler = LengthSampler(node_fingerprints(dag, sources), {name: node.model for name, node in dag.nodes.items()})
+    sampler = LengthSampler(node_fingerprints(dag, sources), {name: node.model for name, node in dag.nodes.items()},
+                            installed_engine_version())
     run_dir = RunDir(out)
     run_dir.open(fresh=fresh)
     try:

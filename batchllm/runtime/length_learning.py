@@ -5,8 +5,10 @@ At the start, each model's length model is fit on the outputs the local store ha
 of are the prompt sets that are not new (no pilot). As the run goes, a sample of
 each node's requests (the first `SAMPLE_PER_NODE` rendered, its pilot's among them) is
 remembered as what the length model reads of them, and when their outputs are committed
-the pairs are kept; at the end they are filed in the store under the node's fingerprint.
-Memory is bounded by the sample, whatever the run's size.
+the pairs are kept; at the end they are filed in the store under the node's fingerprint,
+unless the node's engines reported another engine than the installed one (a stand-in
+engine's answers teach nothing about the model's). Memory is bounded by the sample,
+whatever the run's size.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from batchllm.core.requests import EngineRequest, FinishReason
+from batchllm.engines.protocol import EngineConfig, WorkerReady
 from batchllm.costmodel.length_model.observations import ObservationStore
 from batchllm.core.length_prompt import LengthPrompt
 from batchllm.runtime.observer import RunObserver
@@ -32,6 +35,8 @@ class LengthSampler(RunObserver):
 
     fingerprints: dict[str, str]  # node -> its fingerprint (the prompt set's key)
     models: dict[str, str]  # node -> model
+    engine_version: str | None = None  # the installed engine's, as engines report it (None: any)
+    _foreign: dict[str, str] = field(default_factory=dict)  # model -> the other engine version its engines reported
     _waiting: dict[str, dict[object, LengthPrompt]] = field(default_factory=dict)  # node -> request id -> what was sent
     _seen: dict[str, list[tuple[LengthPrompt, int, bool]]] = field(default_factory=dict)
     _taken: dict[str, int] = field(default_factory=dict)
@@ -46,6 +51,10 @@ class LengthSampler(RunObserver):
             waiting[request.request_id] = LengthPrompt.of(request, node)
         self._taken[node] = self._taken.get(node, 0) + len(picked)
 
+    def engine_started(self, node: str, config: EngineConfig, load_time_s: float, ready: WorkerReady) -> None:
+        if self.engine_version is not None and ready.engine_version != self.engine_version:
+            self._foreign[self.models[node]] = ready.engine_version  # engines pass between a model's nodes
+
     def observe(self, result: StepResult) -> None:
         for commit in result.commits:
             waiting = self._waiting.get(commit.node)
@@ -59,10 +68,11 @@ class LengthSampler(RunObserver):
                     seen.append((prompt, max(round(r.num_output_tokens / n), 1), r.finish_reason != FinishReason.LENGTH))
 
     def save(self, home: Path) -> int:
-        """File what was seen in the store; returns how many outputs."""
+        """File what was seen in the store (not what engines of another kind answered: a test's
+        or a benchmark's stand-ins); returns how many outputs."""
         saved = 0
         for node, seen in self._seen.items():
-            if not seen:
+            if not seen or self.models[node] in self._foreign:
                 continue
             prompts, lengths, finished = zip(*seen)
             ObservationStore.at_home(home, self.models[node]).add(list(prompts), np.array(lengths), np.array(finished),
