@@ -197,3 +197,21 @@ def test_a_model_that_misses_new_sets_levels_may_still_order_requests_inside_the
     noise_prompts = [LengthPrompt(f"plain question {i}") for i in range(200)]
     lengths = np.random.default_rng(3).integers(5, 200, 200)
     assert within_sets_concordance(model, noise_prompts, lengths, np.ones(200, bool), ["x"] * 200) < RANK_MIN
+
+
+def test_a_fit_is_kept_until_the_observations_change(tmp_path, monkeypatch):
+    store = ObservationStore.at_home(tmp_path, "m")
+    for k in range(4):
+        store.add(*workload(100, seed=40 + k), prompt_set=f"set-{k}")
+    model, verdict = store.fitted_model(min_outputs=200)
+    assert model is not None and verdict.use
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("fit again although nothing changed")
+
+    monkeypatch.setattr(LengthModel, "fit", no_fit)
+    kept, kept_verdict = store.fitted_model(min_outputs=200)
+    assert kept_verdict == verdict and np.array_equal(kept.log_shift(workload(20, seed=9)[0]), model.log_shift(workload(20, seed=9)[0]))
+    store.add(*workload(30, seed=50), prompt_set="set-new")
+    with pytest.raises(AssertionError, match="fit again"):
+        store.fitted_model(min_outputs=200)

@@ -93,8 +93,7 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
             check_copy_target(output.copy_to, where=dag.where(output.line, f"outputs.{name}.copy_to"))
     lengths = LengthModels.at_home(home, [node.model for node in dag.nodes.values()])
     for model, why in lengths.verdicts.items():
-        console.print(f"length model for {model}: {why}", markup=False,
-                      highlight=False, soft_wrap=True)
+        console.print(f"length model for {model}: {why}", markup=False, highlight=False, soft_wrap=True)
     planning = None
     if schedule != "sequential":
         planning, why_not = _calibrated_planning(dag, sources, devices, schedule, profiles_root, home, lengths)
