@@ -215,3 +215,17 @@ def test_a_fit_is_kept_until_the_observations_change(tmp_path, monkeypatch):
     store.add(*workload(30, seed=50), prompt_set="set-new")
     with pytest.raises(AssertionError, match="fit again"):
         store.fitted_model(min_outputs=200)
+
+
+def test_a_verdict_without_a_model_is_kept_too(tmp_path, monkeypatch):
+    store = ObservationStore.at_home(tmp_path, "m")
+    store.add(*workload(50, seed=60), prompt_set="few")
+    model, verdict = store.fitted_model(min_outputs=200)
+    assert model is None and "fewer than 200" in verdict.reason
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("fit again although nothing changed")
+
+    monkeypatch.setattr(ObservationStore, "_fit", no_fit)
+    kept, kept_verdict = store.fitted_model(min_outputs=200)
+    assert kept is None and (kept_verdict.use, kept_verdict.reason) == (False, verdict.reason)

@@ -135,6 +135,7 @@ class ObservationStore:
 
     def _keep(self, stamp: str, model: LengthModel | None, verdict: GateVerdict) -> None:
         folder = self.path.parent / FITTED
+        folder.mkdir(parents=True, exist_ok=True)
         if model is not None:
             model.save(folder)
         with replacing(folder / VERDICT_FILE) as new:  # last: a fit half kept is not found
