@@ -1,0 +1,1 @@
+"""Engines behind OpenAI-compatible servers that already serve online traffic (vLLM, SGLang)."""

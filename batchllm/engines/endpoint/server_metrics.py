@@ -1,0 +1,234 @@
+"""A server's Prometheus `/metrics` page read into one snapshot: load, KV use, preemptions and
+the two latency histograms (time to first token, inter-token latency).
+
+Knows vLLM's names (`vllm:*`; the inter-token histogram was `vllm:time_per_output_token_seconds`
+before vLLM 0.11, and the KV gauge `vllm:gpu_cache_usage_perc` in the V0 engine) and SGLang's
+(`sglang:*`). The text is parsed by `prometheus_client`'s parser only, and samples are looked up
+by their sample name (`X_total` of a counter, `X_bucket` of a histogram), so a page with or
+without TYPE lines reads the same. Several label sets of one metric (engines of a data-parallel
+server, served model names) are summed; KV use is the fullest engine's (a sum of fractions
+means nothing).
+
+Invariant: a `Histogram` is cumulative like Prometheus' (`cumulative[i]` observations <=
+`upper_bounds_s[i]`, the last bound +Inf), and every operation returns a histogram that is too.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
+
+from prometheus_client.parser import text_string_to_metric_families
+
+if TYPE_CHECKING:
+    import httpx
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Observations counted in buckets: `cumulative[i]` of them were <= `upper_bounds_s[i]`."""
+
+    upper_bounds_s: tuple[float, ...]  # strictly ascending, the last is +Inf
+    cumulative: tuple[float, ...]  # non-decreasing, one per bound
+
+    def __post_init__(self) -> None:
+        bounds, cumulative = self.upper_bounds_s, self.cumulative
+        if len(bounds) < 2 or bounds[-1] != math.inf or any(b >= a for a, b in zip(bounds[1:], bounds)):
+            raise ValueError(f"upper_bounds_s must be ascending with a finite bound and +Inf last, got {bounds!r}")
+        if len(cumulative) != len(bounds):
+            raise ValueError(f"cumulative has {len(cumulative)} counts for {len(bounds)} bounds: {cumulative!r}")
+        if any(c < 0 or math.isnan(c) for c in cumulative) or any(b < a for a, b in zip(cumulative, cumulative[1:])):
+            raise ValueError(f"cumulative must be non-negative and non-decreasing, got {cumulative!r}")
+
+    @classmethod
+    def from_bucket_counts(cls, upper_bounds_s: tuple[float, ...], counts: Iterable[float]) -> Histogram:
+        """From per-bucket (not cumulative) counts."""
+        cumulative, total = [], 0.0
+        for count in counts:
+            total += count
+            cumulative.append(total)
+        return cls(upper_bounds_s, tuple(cumulative))
+
+    @property
+    def count(self) -> float:
+        return self.cumulative[-1]
+
+    def bucket_counts(self) -> list[float]:
+        """Observations in each bucket (between the previous bound and this one)."""
+        return [c - (self.cumulative[i - 1] if i else 0.0) for i, c in enumerate(self.cumulative)]
+
+    def minus(self, older: Histogram) -> Histogram:
+        """The observations made since `older`, bucket by bucket (clamped at 0). When this one holds
+        fewer observations than `older`, the server restarted in between (its counters began anew):
+        this one is then the observations since the restart."""
+        if older.upper_bounds_s != self.upper_bounds_s:
+            raise ValueError(f"cannot subtract a histogram with bounds {older.upper_bounds_s!r} from one with {self.upper_bounds_s!r}")
+        if self.count < older.count:
+            return self
+        counts = [max(0.0, new - old) for new, old in zip(self.bucket_counts(), older.bucket_counts())]
+        return Histogram.from_bucket_counts(self.upper_bounds_s, counts)
+
+    def minus_samples(self, values_s: Sequence[float]) -> Histogram:
+        """Without observations of known values (e.g. the batch's own requests'), each taken from its
+        bucket. A value whose bucket is already empty is taken from the nearest non-empty bucket below,
+        and dropped when there is none: the values are measured by the client, which sees a little later
+        than the server, and a wrong guess so leaves the higher observations in (never hides a slow one)."""
+        counts = self.bucket_counts()
+        for value in values_s:
+            i = bisect.bisect_left(self.upper_bounds_s, value)  # first bound >= value: Prometheus' `le`
+            while i >= 0 and counts[i] < 1:
+                i -= 1
+            if i >= 0:
+                counts[i] -= 1
+        return Histogram.from_bucket_counts(self.upper_bounds_s, counts)
+
+    def quantile(self, q: float) -> float | None:
+        """The q-quantile as Prometheus' histogram_quantile computes it: linear inside the bucket
+        holding rank q * count (from 0 for the first bucket); the last finite bound when that bucket
+        is +Inf. None when the histogram is empty."""
+        if not 0 <= q <= 1:
+            raise ValueError(f"a quantile is in [0, 1], got {q!r}")
+        if self.count <= 0:
+            return None
+        rank = q * self.count
+        i = bisect.bisect_left(self.cumulative, rank)
+        if i >= len(self.upper_bounds_s) - 1:
+            return self.upper_bounds_s[-2]
+        lower_s = self.upper_bounds_s[i - 1] if i else 0.0
+        below = self.cumulative[i - 1] if i else 0.0
+        in_bucket = self.cumulative[i] - below
+        if in_bucket <= 0:
+            return self.upper_bounds_s[i]
+        return lower_s + (self.upper_bounds_s[i] - lower_s) * (rank - below) / in_bucket
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """What one scrape of a server's metrics showed, summed over its engines. Counters and histograms
+    are cumulative since the server started: compare two snapshots for what happened in between."""
+
+    at_s: float  # when it was scraped, on the caller's clock (the clock the guard is driven by)
+    server_kind: str  # "vllm" or "sglang"
+    running: float  # requests being computed
+    waiting: float  # requests queued for a place in the batch
+    kv_usage: float | None  # fraction of the KV cache in use, the fullest engine's
+    preemptions: float | None  # requests preempted (vLLM) or retracted (SGLang) so far
+    generation_tokens: float | None  # tokens generated so far
+    ttft: Histogram | None  # time to first token
+    itl: Histogram | None  # inter-token latency
+
+
+@dataclass(frozen=True)
+class _Names:
+    kind: str
+    running: str
+    waiting: str
+    kv_usage: tuple[str, ...]  # the first one present is used
+    preemptions: tuple[str, ...]  # counters, without `_total`
+    generation_tokens: str
+    ttft: str
+    itl: tuple[str, ...]
+
+
+_SERVERS = (
+    _Names("vllm", "vllm:num_requests_running", "vllm:num_requests_waiting",
+           ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), ("vllm:num_preemptions",), "vllm:generation_tokens",
+           "vllm:time_to_first_token_seconds", ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")),
+    _Names("sglang", "sglang:num_running_reqs", "sglang:num_queue_reqs", ("sglang:token_usage",),
+           ("sglang:num_retracted_requests",), "sglang:generation_tokens",
+           "sglang:time_to_first_token_seconds", ("sglang:inter_token_latency_seconds",)),
+)
+
+
+class _Samples:
+    """A page's samples by sample name, each a list of (labels, value); NaN values left out."""
+
+    def __init__(self, text: str):
+        self.by_name: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if not math.isnan(sample.value):
+                    self.by_name.setdefault(sample.name, []).append((sample.labels, float(sample.value)))
+
+    def total(self, name: str) -> float | None:
+        values = [value for _, value in self.by_name.get(name, [])]
+        return sum(values) if values else None
+
+    def largest(self, names: tuple[str, ...]) -> float | None:
+        for name in names:
+            values = [value for _, value in self.by_name.get(name, [])]
+            if values:
+                return max(values)
+        return None
+
+    def counter(self, names: tuple[str, ...]) -> float | None:
+        for name in names:
+            value = self.total(f"{name}_total")
+            if value is not None:
+                return value
+        return None
+
+    def histogram(self, names: tuple[str, ...]) -> Histogram | None:
+        for name in names:
+            buckets = self.by_name.get(f"{name}_bucket", [])
+            if not buckets:
+                continue
+            by_bound: dict[float, float] = {}
+            try:
+                for labels, value in buckets:
+                    bound = float(labels["le"])
+                    by_bound[bound] = by_bound.get(bound, 0.0) + value
+                bounds = tuple(sorted(by_bound))
+                return Histogram(bounds, tuple(by_bound[b] for b in bounds))
+            except (KeyError, ValueError):
+                return None  # not a histogram this module can read (a bucket without `le`, no +Inf, counts out of order)
+        return None
+
+
+def parse_metrics(text: str, at_s: float) -> MetricsSnapshot | None:
+    """The snapshot a `/metrics` page shows; None when the text is not Prometheus' text format or
+    shows neither vLLM's nor SGLang's running and waiting counts."""
+    try:
+        samples = _Samples(text)
+    except ValueError:  # what the parser raises for text that is not the exposition format
+        return None
+    for names in _SERVERS:
+        running, waiting = samples.total(names.running), samples.total(names.waiting)
+        if running is None or waiting is None:
+            continue
+        return MetricsSnapshot(
+            at_s=at_s, server_kind=names.kind, running=running, waiting=waiting,
+            kv_usage=samples.largest(names.kv_usage), preemptions=samples.counter(names.preemptions),
+            generation_tokens=samples.counter((names.generation_tokens,)),
+            ttft=samples.histogram((names.ttft,)), itl=samples.histogram(names.itl))
+    return None
+
+
+def metrics_url(base_url: str) -> str:
+    """The `/metrics` address of a server from its OpenAI base address:
+    `http://host:8000/v1` -> `http://host:8000/metrics` (a path before `/v1` is kept)."""
+    parts = urlsplit(base_url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"an endpoint's base URL is http(s)://host[:port][/v1], got {base_url!r}")
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    return urlunsplit((parts.scheme, parts.netloc, f"{path}/metrics", "", ""))
+
+
+def scrape(client: httpx.Client, url: str, at_s: float) -> MetricsSnapshot | None:
+    """One scrape: the snapshot, or None when the server cannot be reached, answers other than 200,
+    or shows no metrics this module knows (never raises for a network or HTTP error)."""
+    import httpx  # the engine layer's HTTP client; only a scrape needs it
+
+    try:
+        response = client.get(url)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    return parse_metrics(response.text, at_s)
