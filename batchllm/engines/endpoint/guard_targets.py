@@ -1,0 +1,69 @@
+"""What the latency guard aims at and what it shows: the p99 targets with the p99s under which
+the batch may grow, and a reading for progress and status.
+
+Invariant: a target is None only when it has no bound (an SLO without it, or a baseline that saw
+no observation of it); a growth bound is below its target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batchllm.core.latency_slo import BASELINE_MARGIN, LatencySlo
+
+SERVER_METRICS = "server metrics"
+OWN_REQUESTS = "own requests"
+MEASURING_BASELINE = "measuring baseline"
+GUARDING = "guarding"
+
+
+@dataclass(frozen=True)
+class GuardReading:
+    """The guard's state for progress and status. The p99s are the online traffic's (basis
+    "server metrics") or the batch's own (basis "own requests") over the last window."""
+
+    allowed: int
+    online_ttft_p99_s: float | None
+    online_itl_p99_s: float | None
+    ttft_target_s: float | None
+    itl_target_s: float | None
+    basis: str  # "server metrics" or "own requests"
+    phase: str  # "measuring baseline" or "guarding"
+
+    def describe(self) -> str:
+        """`in flight <= 12; online p99 TTFT 0.21 s (target 0.25), inter-token 31 ms (target 40)`."""
+        def target(value: float | None, scale: float, digits: int) -> str:
+            if self.phase == MEASURING_BASELINE:
+                return ""
+            return " (no target)" if value is None else f" (target {value * scale:.{digits}f})"
+
+        ttft = "unknown" if self.online_ttft_p99_s is None else f"{self.online_ttft_p99_s:.2f} s"
+        itl = "unknown" if self.online_itl_p99_s is None else f"{self.online_itl_p99_s * 1000:.0f} ms"
+        who = "online" if self.basis == SERVER_METRICS else "own"
+        text = (f"in flight <= {self.allowed}; {who} p99 TTFT {ttft}{target(self.ttft_target_s, 1, 2)}, "
+                f"inter-token {itl}{target(self.itl_target_s, 1000, 0)}")
+        return f"{MEASURING_BASELINE}; {text}" if self.phase == MEASURING_BASELINE else text
+
+
+@dataclass(frozen=True)
+class GuardTargets:
+    """The p99 targets and the p99s under which the batch may grow (None: no bound)."""
+
+    ttft_target_s: float | None
+    itl_target_s: float | None
+    ttft_grow_under_s: float | None
+    itl_grow_under_s: float | None
+
+    @classmethod
+    def from_slo(cls, slo: LatencySlo, grow_below: float) -> GuardTargets:
+        return cls(slo.ttft_p99_s, slo.itl_p99_s, None if slo.ttft_p99_s is None else grow_below * slo.ttft_p99_s,
+                   None if slo.itl_p99_s is None else grow_below * slo.itl_p99_s)
+
+    @classmethod
+    def from_baseline(cls, ttft_p99_s: float | None, itl_p99_s: float | None) -> GuardTargets:
+        """BASELINE_MARGIN x the baseline; growth in the lower half of the margin (at the baseline itself
+        the batch grows: 0.8 x target would be the baseline, where a batch of 1 already is)."""
+        def margin(p99_s: float | None, share: float) -> float | None:
+            return None if p99_s is None else p99_s * (1 + (BASELINE_MARGIN - 1) * share)
+
+        return cls(margin(ttft_p99_s, 1.0), margin(itl_p99_s, 1.0), margin(ttft_p99_s, 0.5), margin(itl_p99_s, 0.5))

@@ -1,0 +1,125 @@
+"""The latency a shared server showed over a stretch of time: all requests', the online traffic's
+alone (the batch's own requests taken out), or the batch's own as its client saw them.
+
+vLLM's and SGLang's latency histograms have no label that tells online requests from batch ones:
+both are counted together. The batch knows its own timings (`OwnTimings`), each placed at the
+moment the client saw it, so the observations of the batch made between two snapshots can be
+taken out of the histograms' difference (`online_latency`). What is left is the online traffic's,
+up to the client-server timing differences `Histogram.minus_samples` leans against (it never hides
+a slow observation).
+
+Invariant: an own timing is counted in a stretch (after_s, until_s] by the moment it was seen,
+the same clock as the snapshots' `at_s`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
+
+P99 = 0.99
+
+
+def p99_of(values_s: Sequence[float]) -> float | None:
+    """The 99th percentile of exact values (nearest rank); None when there are none."""
+    if not values_s:
+        return None
+    ordered = sorted(values_s)
+    return ordered[max(0, math.ceil(P99 * len(ordered)) - 1)]
+
+
+@dataclass(frozen=True)
+class WindowLatency:
+    """p99 time to first token and inter-token latency over a stretch, and how many observations
+    each is of (None: no observation)."""
+
+    ttft_p99_s: float | None
+    itl_p99_s: float | None
+    ttft_count: float
+    itl_count: float
+
+
+class OwnTimings:
+    """The batch's own requests' timings: times to first token and gaps between streamed tokens,
+    each at the moment the client saw it."""
+
+    def __init__(self) -> None:
+        self._ttfts: deque[tuple[float, float]] = deque()  # (seen at_s, ttft_s), in order of at_s
+        self._gaps: deque[tuple[float, float]] = deque()
+        self.reports = 0  # calls to `add` so far: tells a caller that new timings came
+
+    def add(self, now_s: float, ttft_s: float | None, token_gaps_s: Sequence[float]) -> None:
+        """Timings seen up to `now_s`: the last gap ended at `now_s`, each earlier one where the next
+        began, and the first token came before all the gaps."""
+        for value in (ttft_s, *token_gaps_s):
+            if value is not None and not value >= 0:
+                raise ValueError(f"a time to first token or a token gap is >= 0 seconds, got {value!r}")
+        at_s = now_s
+        ended: list[tuple[float, float]] = []
+        for gap_s in reversed(token_gaps_s):
+            ended.append((at_s, gap_s))
+            at_s -= gap_s
+        if ttft_s is not None:
+            _insert(self._ttfts, (at_s, ttft_s))
+        for item in reversed(ended):
+            _insert(self._gaps, item)
+        self.reports += 1
+
+    def ttfts_s(self, after_s: float, until_s: float) -> list[float]:
+        return [value for at_s, value in self._ttfts if after_s < at_s <= until_s]
+
+    def gaps_s(self, after_s: float, until_s: float) -> list[float]:
+        return [value for at_s, value in self._gaps if after_s < at_s <= until_s]
+
+    def forget_before(self, at_s: float) -> None:
+        for timings in (self._ttfts, self._gaps):
+            while timings and timings[0][0] < at_s:
+                timings.popleft()
+
+
+def _insert(timings: deque[tuple[float, float]], item: tuple[float, float]) -> None:
+    """Keep the deque in order of `at_s` (a request's first token can come before the gaps of
+    another request reported earlier)."""
+    if not timings or timings[-1][0] <= item[0]:
+        timings.append(item)
+        return
+    position = len(timings)
+    while position > 0 and timings[position - 1][0] > item[0]:
+        position -= 1
+    timings.insert(position, item)
+
+
+def _delta(new: Histogram | None, old: Histogram | None) -> Histogram | None:
+    if new is None or old is None or new.upper_bounds_s != old.upper_bounds_s:
+        return None  # a histogram missing at either end, or the server restarted with other buckets
+    return new.minus(old)
+
+
+def _latency(ttft: Histogram | None, itl: Histogram | None) -> WindowLatency:
+    return WindowLatency(ttft_p99_s=None if ttft is None else ttft.quantile(P99), itl_p99_s=None if itl is None else itl.quantile(P99),
+                         ttft_count=0.0 if ttft is None else ttft.count, itl_count=0.0 if itl is None else itl.count)
+
+
+def server_latency(start: MetricsSnapshot, end: MetricsSnapshot) -> WindowLatency:
+    """Every request's latency between two snapshots, the batch's included."""
+    return _latency(_delta(end.ttft, start.ttft), _delta(end.itl, start.itl))
+
+
+def online_latency(start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings) -> WindowLatency:
+    """The online traffic's latency between two snapshots: the server's minus the batch's own."""
+    ttft, itl = _delta(end.ttft, start.ttft), _delta(end.itl, start.itl)
+    if ttft is not None:
+        ttft = ttft.minus_samples(own.ttfts_s(start.at_s, end.at_s))
+    if itl is not None:
+        itl = itl.minus_samples(own.gaps_s(start.at_s, end.at_s))
+    return _latency(ttft, itl)
+
+
+def own_latency(own: OwnTimings, after_s: float, until_s: float) -> WindowLatency:
+    """The batch's own latency in (after_s, until_s], as its client saw it."""
+    ttfts, gaps = own.ttfts_s(after_s, until_s), own.gaps_s(after_s, until_s)
+    return WindowLatency(ttft_p99_s=p99_of(ttfts), itl_p99_s=p99_of(gaps), ttft_count=len(ttfts), itl_count=len(gaps))

@@ -1,0 +1,343 @@
+"""The latency guard on scripted timelines: a fake server whose cumulative histograms grow as
+online and batch requests are observed, snapshots every second, and a batch that fills what it
+is allowed."""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+import pytest
+
+from batchllm.core.latency_slo import LatencySlo
+from batchllm.engines.endpoint.latency_guard import GuardReading, LatencyGuard
+from batchllm.engines.endpoint.latency_window import OwnTimings, online_latency, p99_of
+from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
+
+TTFT_BOUNDS = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, math.inf)
+ITL_BOUNDS = (0.01, 0.02, 0.03, 0.04, 0.05, 0.1, 0.2, math.inf)
+SLO = LatencySlo(ttft_p99_s=0.25, itl_p99_s=0.04)
+
+
+class FakeServer:
+    """Counts observations like vLLM does: online and batch requests in the same histograms."""
+
+    def __init__(self) -> None:
+        self.ttft = [0.0] * len(TTFT_BOUNDS)
+        self.itl = [0.0] * len(ITL_BOUNDS)
+        self.preemptions = 0.0
+        self.running, self.waiting, self.kv_usage = 4.0, 0.0, 0.3
+
+    def serve(self, requests: int, ttft_s: float, itl_s: float, tokens: int = 10) -> None:
+        self.ttft[bisect.bisect_left(TTFT_BOUNDS, ttft_s)] += requests
+        self.itl[bisect.bisect_left(ITL_BOUNDS, itl_s)] += requests * (tokens - 1)
+
+    def snapshot(self, at_s: float) -> MetricsSnapshot:
+        return MetricsSnapshot(at_s=at_s, server_kind="vllm", running=self.running, waiting=self.waiting, kv_usage=self.kv_usage,
+                               preemptions=self.preemptions, generation_tokens=None,
+                               ttft=Histogram.from_bucket_counts(TTFT_BOUNDS, self.ttft),
+                               itl=Histogram.from_bucket_counts(ITL_BOUNDS, self.itl))
+
+
+class Batch:
+    """The batch: fills what the guard allows, its requests served by the fake server too."""
+
+    def __init__(self, guard: LatencyGuard, server: FakeServer | None) -> None:
+        self.guard, self.server, self.in_flight = guard, server, 0
+
+    def fill(self, now_s: float) -> int:
+        allowed = self.guard.allowed(now_s, self.in_flight)
+        self.in_flight = max(self.in_flight, allowed)
+        return self.guard.allowed(now_s, self.in_flight)
+
+    def finish(self, now_s: float, requests: int, ttft_s: float, gap_s: float, tokens: int = 10, *, report: bool = True) -> None:
+        for _ in range(requests):
+            if self.server is not None:
+                self.server.serve(1, ttft_s, gap_s, tokens)
+            if report:
+                self.guard.observe_own(now_s, ttft_s, [gap_s] * (tokens - 1))
+        self.in_flight -= requests
+
+
+def tick(guard: LatencyGuard, server: FakeServer, batch: Batch, t: float, *, online_ttft_s: float = 0.1,
+         online_itl_s: float = 0.015, online: int = 5, own_ttft_s: float | None = None, own_gap_s: float = 0.015) -> int:
+    """One second: online requests served, the batch's finished ones replaced, a snapshot."""
+    if online:
+        server.serve(online, online_ttft_s, online_itl_s)
+    if own_ttft_s is not None and batch.in_flight:
+        finished = batch.in_flight
+        batch.finish(t, finished, own_ttft_s, own_gap_s)
+    guard.observe_server(server.snapshot(t))
+    return batch.fill(t)
+
+
+def guarded(slo: LatencySlo | None = SLO, max_in_flight: int = 64, **options) -> tuple[LatencyGuard, FakeServer, Batch]:
+    guard = LatencyGuard(slo, max_in_flight, **options)
+    server = FakeServer()
+    return guard, server, Batch(guard, server)
+
+
+def test_without_an_slo_it_measures_a_baseline_with_nothing_in_flight_then_guards():
+    guard, server, batch = guarded(slo=None)
+    allowed = [tick(guard, server, batch, float(t)) for t in range(0, 8)]
+    assert allowed == [0] * 8
+    reading = guard.reading(7.5)
+    assert (reading.phase, reading.basis, reading.ttft_target_s) == ("measuring baseline", "server metrics", None)
+    assert tick(guard, server, batch, 8.0) == 1  # 8 s after the first snapshot
+    reading = guard.reading(8.0)
+    assert reading.phase == "guarding"
+    # every online TTFT in (0.05, 0.1], every gap in (0.01, 0.02]: p99 0.05 + 0.05 x 0.99, 0.01 + 0.01 x 0.99
+    assert reading.ttft_target_s == pytest.approx(1.25 * 0.0995)
+    assert reading.itl_target_s == pytest.approx(1.25 * 0.0199)
+    # the same online latency with the batch beside it: under 0.8 x target, so the batch grows one a snapshot
+    assert [tick(guard, server, batch, float(t)) for t in range(9, 13)] == [2, 3, 4, 5]
+
+
+def test_an_slo_is_used_from_the_first_snapshot_without_a_baseline():
+    guard, server, batch = guarded()
+    assert tick(guard, server, batch, 0.0) == 1
+    reading = guard.reading(0.0)
+    assert (reading.phase, reading.ttft_target_s, reading.itl_target_s) == ("guarding", 0.25, 0.04)
+    assert tick(guard, server, batch, 1.0) == 2
+
+
+def test_growth_is_one_a_snapshot_then_ten_percent_and_stops_at_max_in_flight():
+    guard, server, batch = guarded(max_in_flight=25)
+    allowed = [tick(guard, server, batch, float(t)) for t in range(0, 24)]
+    assert allowed[:20] == list(range(1, 21))
+    assert allowed[20:] == [22, 24, 25, 25]
+
+
+def test_no_growth_while_the_batch_does_not_use_what_it_is_allowed():
+    guard, server, batch = guarded()
+    for t in range(0, 4):
+        tick(guard, server, batch, float(t))
+    assert guard.allowed(3.0, batch.in_flight) == 4
+    batch.in_flight = 2  # the input ran short at 3.5: 2 of 4 in flight from now on
+    assert guard.allowed(3.5, batch.in_flight) == 4
+    allowed = []
+    for t in range(4, 8):
+        server.serve(5, 0.1, 0.015)
+        guard.observe_server(server.snapshot(float(t)))
+        allowed.append(guard.allowed(float(t), batch.in_flight))
+    assert allowed == [5, 5, 5, 5]  # 4 were in flight between 3 and 3.5: once more, then no more growth
+
+
+def test_online_p99_over_target_cuts_by_half_then_waits_for_the_cut_to_take_effect():
+    guard, server, batch = guarded()
+    for t in range(0, 8):
+        tick(guard, server, batch, float(t))
+    assert batch.in_flight == 8
+    assert tick(guard, server, batch, 8.0, online_ttft_s=0.4) == 4  # 5 of 45 online TTFTs in (0.3, 0.5]: p99 ~0.48 > 0.25
+    assert guard.reading(8.0).online_ttft_p99_s > 0.25
+    # the 8 in flight do not finish at once: no decision until they came down to 4, however slow it still is
+    for t in range(9, 12):
+        server.serve(5, 0.4, 0.015)
+        guard.observe_server(server.snapshot(float(t)))
+        assert guard.allowed(float(t), batch.in_flight) == 4
+    batch.finish(11.5, 4, 0.1, 0.015)
+    assert guard.allowed(11.5, batch.in_flight) == 4  # in effect now; the window starts here, hold_s 2 s
+    tick(guard, server, batch, 12.0)  # online fine again, but within the hold
+    assert guard.allowed(12.0, batch.in_flight) == 4
+    assert tick(guard, server, batch, 13.0) == 4  # 13 >= 11.5 + 2, but the window's first snapshot is 12: one snapshot only
+    assert tick(guard, server, batch, 14.0) == 5  # 12..14: online under target since the cut took effect
+
+
+def test_when_the_batchs_requests_do_not_come_down_it_decides_again_after_a_window():
+    guard, server, batch = guarded()
+    for t in range(0, 8):
+        tick(guard, server, batch, float(t))
+    assert tick(guard, server, batch, 8.0, online_ttft_s=0.4) == 4
+    allowed = {}
+    for t in range(9, 22):  # long requests: the 8 stay in flight; online stays slow
+        server.serve(5, 0.4, 0.015)
+        guard.observe_server(server.snapshot(float(t)))
+        allowed[t] = guard.allowed(float(t), batch.in_flight)
+    assert allowed[17] == 4  # still waiting for the cut to take effect
+    assert allowed[18] == 4  # taken as in effect at 18 (8 + window_s); then hold_s, then a window from 18 on
+    assert allowed[20] == 2
+
+
+def test_the_batchs_own_long_ttfts_are_taken_out_so_it_does_not_starve_itself():
+    # the batch's prompts are long (own TTFT 2 s), the online ones short: vLLM's histograms mix them
+    counted, blind = guarded(), guarded()
+    allowed: dict[str, list[int]] = {"counted": [], "blind": []}
+    for t in range(0, 12):
+        for name, (guard, server, batch) in (("counted", counted), ("blind", blind)):
+            server.serve(5, 0.1, 0.015)
+            if batch.in_flight:
+                batch.finish(float(t), batch.in_flight, 2.0, 0.015, report=name == "counted")
+            guard.observe_server(server.snapshot(float(t)))
+            allowed[name].append(batch.fill(float(t)))
+    assert allowed["counted"] == list(range(1, 13))  # grew every second
+    assert counted[0].reading(11.0).online_ttft_p99_s == pytest.approx(0.0995)
+    # the same server seen without the batch's own timings: its 2 s TTFTs look like online ones over target
+    assert allowed["blind"] == [1] + [0] * 10 + [1]  # cut to 0 at its first request, a probe after 10 s
+
+
+def test_a_preemption_cuts():
+    guard, server, batch = guarded()
+    for t in range(0, 6):
+        tick(guard, server, batch, float(t))
+    assert batch.in_flight == 6
+    server.preemptions += 1
+    assert tick(guard, server, batch, 6.0) == 3
+
+
+def test_kv_cache_nearly_full_cuts_and_between_the_thresholds_holds():
+    guard, server, batch = guarded()
+    for t in range(0, 6):
+        tick(guard, server, batch, float(t))
+    server.kv_usage = 0.92  # over kv_usage_grow, not over kv_usage_cut
+    assert tick(guard, server, batch, 6.0) == 6
+    server.kv_usage = 0.97
+    assert tick(guard, server, batch, 7.0) == 3
+
+
+def test_a_queue_in_two_snapshots_cuts_and_growth_then_keeps_headroom_below_that_capacity():
+    guard, server, batch = guarded()
+    server.running = 10
+    for t in range(0, 6):
+        tick(guard, server, batch, float(t))
+    server.waiting = 2  # one snapshot with a queue: hold
+    assert tick(guard, server, batch, 6.0) == 6
+    server.running = 20
+    assert tick(guard, server, batch, 7.0) == 3  # a queue in two snapshots in a row: full at 20 running
+    server.waiting, server.running = 0, 14
+    batch.finish(7.0, 3, 0.1, 0.015)
+    allowed = [tick(guard, server, batch, float(t)) for t in range(8, 15)]
+    assert allowed[:3] == [3, 3, 4]  # the hold after the cut, then growth
+    assert allowed == [3, 3, 4, 5, 6, 7, 8]
+    server.running = 18  # capacity 20 minus 10 % headroom (2): one more would run 19 > 18
+    assert tick(guard, server, batch, 15.0) == 8
+    server.running = 17
+    assert tick(guard, server, batch, 16.0) == 9
+
+
+def test_at_zero_it_probes_with_one_after_a_quiet_window():
+    guard, server, batch = guarded()
+    tick(guard, server, batch, 0.0)
+    assert tick(guard, server, batch, 1.0, online_ttft_s=0.8) == 0  # 1 -> 0
+    batch.finish(1.5, batch.in_flight, 0.1, 0.015)
+    assert guard.allowed(1.5, 0) == 0  # in effect at 1.5
+    heavy = [tick(guard, server, batch, float(t), online_ttft_s=0.8) for t in range(2, 14)]
+    assert heavy == [0] * 12  # a heavy online phase: no batch at all
+    quiet = {t: tick(guard, server, batch, float(t)) for t in range(14, 40)}
+    assert quiet[14] == 0
+    probe = min(t for t, allowed in quiet.items() if allowed == 1)
+    assert probe == 23  # the window (13, 23] holds no slow online request any more
+    assert quiet[24] == 2 and quiet[25] == 3  # then it grows like before
+
+
+def test_with_no_online_request_in_the_baseline_it_measures_the_server_at_concurrency_1():
+    guard, server, batch = guarded(slo=None)
+    for t in range(0, 9):
+        assert tick(guard, server, batch, float(t), online=0) == (0 if t < 8 else 1)
+    assert guard.reading(8.0).phase == "measuring baseline"
+    for t in range(9, 13):  # one batch request a second: 4 first tokens, not yet 5
+        assert tick(guard, server, batch, float(t), online=0, own_ttft_s=0.15, own_gap_s=0.025) == 1
+    tick(guard, server, batch, 13.0, online=0, own_ttft_s=0.15, own_gap_s=0.025)
+    reading = guard.reading(13.0)
+    assert reading.phase == "guarding"
+    assert reading.ttft_target_s == pytest.approx(1.25 * (0.1 + 0.1 * 0.99))  # all in (0.1, 0.2]
+    assert reading.itl_target_s == pytest.approx(1.25 * (0.02 + 0.01 * 0.99))  # all in (0.02, 0.03]
+
+
+def test_with_no_online_token_the_inter_token_latency_of_all_requests_stands_in():
+    guard, server, batch = guarded()
+    for t in range(0, 5):
+        tick(guard, server, batch, float(t), online=0, own_ttft_s=0.1, own_gap_s=0.015)
+    assert batch.in_flight == 5
+    # the batch's tokens now take 45 ms: an online request decoding beside them would too
+    assert tick(guard, server, batch, 5.0, online=0, own_ttft_s=0.1, own_gap_s=0.045) == 2
+    assert guard.reading(5.0).online_itl_p99_s > 0.04
+
+
+def test_without_metrics_it_works_from_its_own_requests():
+    guard = LatencyGuard(None, 64)
+    batch = Batch(guard, server=None)
+    assert batch.fill(0.0) == 1
+    assert (guard.reading(0.0).basis, guard.reading(0.0).phase) == ("own requests", "measuring baseline")
+    for t in range(1, 5):
+        batch.finish(float(t), 1, 0.2, 0.03)
+        assert batch.fill(float(t)) == 1
+    batch.finish(5.0, 1, 0.2, 0.03)  # the 5th: own p99s 0.2 s and 30 ms at concurrency 1
+    assert batch.fill(5.0) == 1
+    reading = guard.reading(5.0)
+    assert (reading.phase, reading.ttft_target_s, reading.itl_target_s) == ("guarding", pytest.approx(0.25), pytest.approx(0.0375))
+    allowed = []
+    for t in range(6, 10):  # faster than the baseline (0.15 s, 20 ms): grows once a second
+        batch.finish(float(t), batch.in_flight, 0.15, 0.02)
+        allowed.append(batch.fill(float(t)))
+    assert allowed == [2, 3, 4, 5]
+    batch.finish(10.0, batch.in_flight, 0.4, 0.02)  # the batch's own TTFT over 0.25
+    assert guard.allowed(10.0, batch.in_flight) == 2
+    assert guard.reading(10.0).describe() == "in flight <= 2; own p99 TTFT 0.40 s (target 0.25), inter-token 30 ms (target 38)"
+
+
+def test_when_the_metrics_stop_it_falls_back_to_its_own_requests():
+    guard, server, batch = guarded()
+    for t in range(0, 4):
+        tick(guard, server, batch, float(t))
+    assert guard.reading(4.0).basis == "server metrics"
+    assert guard.reading(14.5).basis == "own requests"  # the newest snapshot is more than window_s old
+    batch.finish(14.5, batch.in_flight, 0.6, 0.02)
+    assert guard.allowed(14.5, batch.in_flight) == 2
+
+
+def test_describe():
+    reading = GuardReading(allowed=12, online_ttft_p99_s=0.2104, online_itl_p99_s=0.0312, ttft_target_s=0.25, itl_target_s=0.04,
+                           basis="server metrics", phase="guarding")
+    assert reading.describe() == "in flight <= 12; online p99 TTFT 0.21 s (target 0.25), inter-token 31 ms (target 40)"
+    guard, server, batch = guarded(slo=None)
+    tick(guard, server, batch, 0.0)
+    tick(guard, server, batch, 1.0)
+    assert guard.reading(1.0).describe() == "measuring baseline; in flight <= 0; online p99 TTFT 0.10 s, inter-token 20 ms"
+    partial = LatencyGuard(LatencySlo(itl_p99_s=0.05), 4)
+    assert partial.reading(0.0).describe() == "in flight <= 1; own p99 TTFT unknown (no target), inter-token unknown (target 50)"
+
+
+def test_own_timings_are_placed_when_the_client_saw_them():
+    own = OwnTimings()
+    own.add(10.0, 0.5, [1.0, 2.0, 3.0])  # reported at the end: gaps ended at 5, 7, 10; the first token came at 4
+    assert own.ttfts_s(3.9, 4.0) == [0.5]
+    assert own.gaps_s(4.0, 7.0) == [1.0, 2.0]
+    assert own.gaps_s(7.0, 10.0) == [3.0]
+    own.add(6.0, 0.2, [])  # another request's first token, reported at once
+    assert own.ttfts_s(0.0, 10.0) == [0.5, 0.2]
+    own.forget_before(5.0)
+    assert own.ttfts_s(0.0, 10.0) == [0.2] and own.gaps_s(0.0, 10.0) == [1.0, 2.0, 3.0]
+    with pytest.raises(ValueError, match="-0.1"):
+        own.add(11.0, None, [-0.1])
+
+
+def test_online_latency_takes_out_only_the_own_timings_between_the_two_snapshots():
+    server = FakeServer()
+    start = server.snapshot(0.0)
+    server.serve(1, 0.1, 0.015, tokens=2)  # online
+    server.serve(1, 2.0, 0.015, tokens=2)  # the batch's, first token at 1.0
+    own = OwnTimings()
+    own.add(1.0, 2.0, [])
+    own.add(-1.0, 2.0, [])  # an earlier request of the batch, before the window: not taken out
+    latency = online_latency(start, server.snapshot(2.0), own)
+    assert latency.ttft_count == 1 and latency.ttft_p99_s == pytest.approx(0.0995)
+    assert p99_of([]) is None and p99_of([float(v) for v in range(1, 201)]) == 198.0
+
+
+@pytest.mark.parametrize("options, quoted", [
+    ({"max_in_flight": 0}, "0"),
+    ({"max_in_flight": 4, "window_s": -1.0}, "-1.0"),
+    ({"max_in_flight": 4, "cut_factor": 1.5}, "1.5"),
+])
+def test_bad_settings_are_refused_with_their_value(options, quoted):
+    with pytest.raises(ValueError, match=quoted):
+        LatencyGuard(SLO, **options)
+
+
+def test_snapshots_out_of_order_and_negative_in_flight_are_refused():
+    guard, server, _ = guarded()
+    guard.observe_server(server.snapshot(5.0))
+    with pytest.raises(ValueError, match="4.0"):
+        guard.observe_server(server.snapshot(4.0))
+    with pytest.raises(ValueError, match="-1"):
+        guard.allowed(5.0, -1)
