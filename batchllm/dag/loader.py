@@ -35,61 +35,14 @@ from batchllm.dag.templates import compile_expression, compile_template
 from batchllm.dag.node_prompt import message_templates
 from batchllm.dag.sql_names import sql_identifiers
 from batchllm.dag.yaml_lines import LineDict, read_yaml
+from batchllm.dag.endpoints_section import parse_endpoints
+from batchllm.dag.yaml_section import Section as _Section, place as _place, show as _show
 from batchllm.core.paths import is_uri
 
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Names every template may use besides columns and nodes; iteration adds two more.
 ROW_NAMES = frozenset({"row_id"})
 ITERATION_NAMES = frozenset({"step", "previous"})
-
-
-class _Section:
-    """Typed reads from one YAML mapping, with errors that name `where` and the line."""
-
-    def __init__(self, file: Path, mapping: object, where: str, line: int, allowed: set[str]):
-        self.file, self.where = file, where
-        if not isinstance(mapping, LineDict):
-            raise UserError(f"{where} must be a mapping, got {_show(mapping)}", where=_place(file, line, where))
-        self.mapping = mapping
-        for key in mapping:
-            if key not in allowed:
-                close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
-                hint = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(sorted(allowed))}"
-                self.fail(key, f"unknown key {key!r} in {where}", hint)
-
-    def fail(self, key: str | None, message: str, hint: str | None = None) -> None:
-        line = self.mapping.line_of(key) if key else self.mapping.line
-        top = self.where == "the DAG"
-        path = ("" if top else self.where) if key is None else (str(key) if top else f"{self.where}.{key}")
-        raise UserError(message, where=_place(self.file, line, path), hint=hint)
-
-    def line(self, key: str) -> int:
-        return self.mapping.line_of(key)
-
-    def get(self, key: str, kind: type | tuple[type, ...], default: object = ..., *, check=None, expect=""):
-        if key not in self.mapping:
-            if default is ...:
-                self.fail(None, f"{self.where} needs the key {key!r}", f"add `{key}:` to {self.where}")
-            return default
-        value = self.mapping[key]
-        ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
-        if not ok or (check is not None and not check(value)):
-            noun = expect or getattr(kind, "__name__", "value")
-            self.fail(key, f"{self.where}.{key} must be {noun}, got {_show(value)}")
-        return value
-
-
-def _place(file: Path, line: int, key_path: str) -> str:
-    """Where an error is: its line in a YAML file, else (a mapping from Python, which has no
-    lines and no file) its key path."""
-    if line:
-        return f"{file}, line {line}"
-    return key_path or "the DAG"
-
-
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def load_dag(path: Path) -> DagSpec:
@@ -104,7 +57,7 @@ def load_dag_mapping(mapping: Mapping, base_dir: Path, name: str) -> DagSpec:
     file in error messages (`base_dir/name`) and is the DAG's name unless it has `name:`."""
     path = Path(base_dir) / name
     raw = _with_lines(mapping)
-    top = _Section(path, raw, "the DAG", 1, {"name", "inputs", "nodes", "merges", "outputs", "engine", "prices"})
+    top = _Section(path, raw, "the DAG", 1, {"name", "inputs", "nodes", "merges", "outputs", "engine", "prices", "endpoints"})
     inputs = _parse_inputs(top, path)
     merges = _parse_merges(top, path)
     nodes = _parse_nodes(top, path, inputs, merges)
@@ -113,7 +66,7 @@ def load_dag_mapping(mapping: Mapping, base_dir: Path, name: str) -> DagSpec:
     outputs = _parse_outputs(top, path, inputs, nodes, merges)
     name = top.get("name", str, default=path.stem, expect="a string")
     return DagSpec(path=path, name=name, inputs=inputs, nodes=nodes, outputs=outputs, engine=_parse_engine(top, path),
-                   merges=merges, prices=_parse_prices(top, path, nodes))
+                   merges=merges, prices=_parse_prices(top, path, nodes), endpoints=parse_endpoints(top, path, nodes))
 
 
 def _with_lines(value: object) -> object:

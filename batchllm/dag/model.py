@@ -7,9 +7,10 @@ output data sets assembled from those columns.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from batchllm.core.latency_slo import LatencySlo
 from batchllm.core.output_constraint import OutputConstraint
 from batchllm.core.sampling import SamplingSpec
 
@@ -110,6 +111,20 @@ class Price:
 
 
 @dataclass(frozen=True)
+class EndpointSpec:
+    """Servers that already serve a model (OpenAI-compatible: vLLM's or SGLang's): the nodes of
+    that model send their requests there instead of to engines batchllm starts on its devices,
+    as many at once as the latency guard allows beside the servers' online traffic."""
+
+    urls: tuple[str, ...]  # OpenAI base URLs, e.g. http://gpu-box:8000/v1
+    served_model: str | None = None  # the name the servers serve it under (None: the one they list, else the DAG's name)
+    api_key_env: str | None = None  # the environment variable that holds the API key (the key is never written)
+    slo: LatencySlo | None = None  # None: online latency within 1.25x of what a server showed before the batch
+    max_in_flight: int = 64  # the most requests batchllm keeps in flight on one server
+    line: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True)
 class DagSpec:
     path: Path
     name: str
@@ -121,6 +136,20 @@ class DagSpec:
     # first listed that did): routed branches joined again, e.g. {"answer": ("tech", "general")}.
     merges: dict[str, tuple[str, ...]] = field(default_factory=dict)
     prices: dict[str, Price] = field(default_factory=dict)  # model (as nodes name it) -> its price
+    endpoints: dict[str, EndpointSpec] = field(default_factory=dict)  # model (as nodes name it) -> the servers that serve it
+
+    def on_devices(self) -> "DagSpec":
+        """The DAG of the nodes that run on devices (the planner's part): nodes on servers
+        left out, and with them the edges from them."""
+        if not self.endpoints:
+            return self
+        kept = {name: node for name, node in self.nodes.items() if node.model not in self.endpoints}
+        nodes = {name: replace(node, upstream=tuple(u for u in node.upstream if u in kept)) for name, node in kept.items()}
+        return replace(self, nodes=nodes, endpoints={})
+
+    def on_endpoints(self, node: str) -> bool:
+        """Whether the node's requests go to servers (`endpoints:`), not to engines on devices."""
+        return self.nodes[node].model in self.endpoints
 
     def where(self, line: int, key_path: str, *, in_file: bool = True) -> str:
         """Where a part of the DAG is, for an error: `<file>, line N, key.path` in a YAML file

@@ -1,0 +1,58 @@
+"""Typed reads from one mapping of a DAG file, with errors that name the key path and line."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+from batchllm.core.errors import UserError
+from batchllm.dag.yaml_lines import LineDict
+
+
+class Section:
+    """Typed reads from one YAML mapping, with errors that name `where` and the line."""
+
+    def __init__(self, file: Path, mapping: object, where: str, line: int, allowed: set[str]):
+        self.file, self.where = file, where
+        if not isinstance(mapping, LineDict):
+            raise UserError(f"{where} must be a mapping, got {show(mapping)}", where=place(file, line, where))
+        self.mapping = mapping
+        for key in mapping:
+            if key not in allowed:
+                close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(sorted(allowed))}"
+                self.fail(key, f"unknown key {key!r} in {where}", hint)
+
+    def fail(self, key: str | None, message: str, hint: str | None = None) -> None:
+        line = self.mapping.line_of(key) if key else self.mapping.line
+        top = self.where == "the DAG"
+        path = ("" if top else self.where) if key is None else (str(key) if top else f"{self.where}.{key}")
+        raise UserError(message, where=place(self.file, line, path), hint=hint)
+
+    def line(self, key: str) -> int:
+        return self.mapping.line_of(key)
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: object = ..., *, check=None, expect=""):
+        if key not in self.mapping:
+            if default is ...:
+                self.fail(None, f"{self.where} needs the key {key!r}", f"add `{key}:` to {self.where}")
+            return default
+        value = self.mapping[key]
+        ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+        if not ok or (check is not None and not check(value)):
+            noun = expect or getattr(kind, "__name__", "value")
+            self.fail(key, f"{self.where}.{key} must be {noun}, got {show(value)}")
+        return value
+
+
+def place(file: Path, line: int, key_path: str) -> str:
+    """Where an error is: its line in a YAML file, else (a mapping from Python, which has no
+    lines and no file) its key path."""
+    if line:
+        return f"{file}, line {line}"
+    return key_path or "the DAG"
+
+
+def show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
