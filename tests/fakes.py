@@ -30,6 +30,12 @@ class FakeEngine:
         self.stopped = False
         self._die_after, self._per_poll, self._answered = die_after, per_poll, 0
 
+    def in_flight_limit(self) -> int:
+        return self.ready.max_num_seqs
+
+    def note(self) -> str | None:
+        return None
+
     def submit(self, requests) -> None:
         self.queue.extend(requests)
         self.seen.extend(requests)
@@ -91,6 +97,12 @@ class _CrashingEngine:
         self._inner, self._limit, self._given = inner, limit, 0
         self.config, self.ready = inner.config, inner.ready
         self.seen = inner.seen
+
+    def in_flight_limit(self) -> int:
+        return self.ready.max_num_seqs
+
+    def note(self) -> str | None:
+        return None
 
     def submit(self, requests) -> None:
         self._inner.submit(requests)

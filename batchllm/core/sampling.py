@@ -8,6 +8,7 @@ is written (the DAG: exit 2 naming the key path; a batch line: that line's error
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
@@ -131,3 +132,8 @@ def sampling_mapping(spec: SamplingSpec) -> dict[str, Any]:
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def request_seed(seed: int, request_id: int | str) -> int:
+    """A per-request seed: reproducible, and different for every request of a node."""
+    return (seed * 1_000_003 + zlib.crc32(str(request_id).encode())) % (2**31)

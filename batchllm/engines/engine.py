@@ -2,8 +2,8 @@
 
 - `Engine`: what the runtime drives, one per replica: requests in, results and the
   engine's own step records out, stop. A vLLM engine in a worker process
-  (`ProcessEngine`), one in a Ray actor (`RayEngine`), and scripted ones in tests
-  implement it; an engine behind an HTTP endpoint would too.
+  (`ProcessEngine`), one in a Ray actor (`RayEngine`), a server that already serves
+  the model (`EndpointEngine`), and scripted ones in tests implement it.
 - `Stepper`: what runs inside a worker process and is stepped one iteration at a time
   (`VllmStepper`; stand-ins in tests and benchmarks): the worker adds requests and steps
   while it has work, and sends each step's finished results and its record to the driver.
@@ -34,6 +34,16 @@ class Engine(Protocol):
     @property
     def ready(self) -> WorkerReady:
         """What the engine reported when it came up; waits for that (EngineFailed when it cannot start)."""
+        ...
+
+    def in_flight_limit(self) -> int:
+        """How many requests it takes at once now: its max_num_seqs for an engine batchllm
+        starts; what the latency guard allows beside a server's online traffic."""
+        ...
+
+    def note(self) -> str | None:
+        """One line on how it is doing, for the progress and `status` (a server's guard:
+        what it allows and the latency it reads); None: nothing to say."""
         ...
 
     def submit(self, requests: Sequence[EngineRequest]) -> None: ...

@@ -97,6 +97,12 @@ class WorkerEngine:
             raise self._failure("failed to start", message.cause)
         raise self._failure(f"did not start within {timeout_s:.0f} s")
 
+    def in_flight_limit(self) -> int:
+        return self.ready.max_num_seqs
+
+    def note(self) -> str | None:
+        return None
+
     def submit(self, requests: Sequence[EngineRequest]) -> None:
         if requests:
             self._send(SubmitRequests(tuple(requests)))

@@ -5,9 +5,13 @@ results are `batchllm.core.requests`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from batchllm.core.requests import EngineRequest, EngineResult
 from batchllm.engines.devices import Replica
+
+if TYPE_CHECKING:
+    from batchllm.engines.endpoint.server_check import Endpoint
 
 
 @dataclass(frozen=True)
@@ -22,10 +26,12 @@ class EngineConfig:
     enforce_eager: bool = True
     dtype: str | None = None  # None: the model's own (bfloat16 for the embedded model)
     log_path: str | None = None  # where the engine's own logs go
+    endpoint: Endpoint | None = None  # a server that already serves the model (its replica names no devices then)
 
     def sharing_key(self) -> tuple:
         """Two configs with the same key can be served by one running engine."""
-        return (self.model, self.replica, self.max_model_len, self.max_num_seqs, self.kv_cache_memory_bytes, self.enforce_eager, self.dtype)
+        return (self.model, self.replica, self.max_model_len, self.max_num_seqs, self.kv_cache_memory_bytes, self.enforce_eager, self.dtype,
+                self.endpoint)
 
 
 @dataclass(frozen=True)

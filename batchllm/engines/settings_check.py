@@ -58,7 +58,8 @@ def check_engine_settings(dag: DagSpec, home: Path, device_kind: str) -> None:
     e = dag.engine
     first_node = {}
     for node in dag.nodes.values():
-        first_node.setdefault(node.model, node)
+        if node.model not in dag.endpoints:  # a server's model runs on settings of its own
+            first_node.setdefault(node.model, node)
     settings = {}
     for model, node in first_node.items():
         ref = resolve_model(model, dag_dir=dag.path.parent, home=home, where=dag.where(node.line, f"nodes.{node.name}.model"))

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import os
 import time
-import zlib
 from dataclasses import dataclass, field
 
 from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, RequestId, TokenLogprob
-from batchllm.core.sampling import SamplingSpec
+from batchllm.core.sampling import request_seed, SamplingSpec
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 from batchllm.models.tokens import PromptTokenizer
 
@@ -25,11 +24,6 @@ def configure_environment(config: EngineConfig) -> None:
     os.environ.update(config.replica.environment())
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def request_seed(seed: int, request_id: RequestId) -> int:
-    """A per-request seed: reproducible, and different for every request of a node."""
-    return (seed * 1_000_003 + zlib.crc32(str(request_id).encode())) % (2**31)
 
 
 def _structured(output):

@@ -1,0 +1,252 @@
+"""A server that already serves a model, driven as an `Engine`: requests go out as streamed
+OpenAI calls (so a stopped run aborts them on the server), results come back as they end.
+
+How many run at once is the latency guard's call (`in_flight_limit`), read from the
+server's metrics every SCRAPE_S beside its online traffic. A call that fails on the
+connection, a 5xx or a 429 is sent again with backoff (under a new attempt id: vLLM takes
+`X-Request-Id` as the request's id, and the aborted attempt may still hold the old one); a
+4xx that is the request's own fault is that row's error. A server down for longer than
+`down_after_s` fails the engine with the cause: its unfinished requests go back to the
+runtime, which sends them to the model's other servers or fails the node.
+
+Invariant: every submitted request ends exactly once here, as a result or with the
+engine's failure; none is answered twice (a retry starts only after its attempt ended).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+import httpx
+import openai
+
+from batchllm.core.requests import EngineRequest, EngineResult
+from batchllm.engines.endpoint.latency_guard import LatencyGuard
+from batchllm.engines.endpoint.request_body import StreamedAnswer, request_body
+from batchllm.engines.endpoint.server_check import Endpoint
+from batchllm.engines.endpoint.server_metrics import metrics_url, scrape
+from batchllm.engines.engine import Engine, EngineFactory, EngineFailed
+from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
+
+SCRAPE_S = 1.0
+CALL_TIMEOUT_S = 600.0  # one call, from sending it to its last token
+OWN_TIMINGS_S = 0.5  # how often a streaming request tells the guard the gaps between its tokens
+DOWN_AFTER_S = 120.0  # a server that answers nothing for this long fails its engine (a restart takes ~30 s here)
+RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx
+BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+CHAT_KEYS = frozenset({"model", "messages", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "seed", "stop",
+                       "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "response_format"})
+COMPLETION_KEYS = frozenset({"model", "prompt", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "seed",
+                             "stop", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs"})
+
+
+class EndpointEngine:
+    def __init__(self, config: EngineConfig, *, down_after_s: float = DOWN_AFTER_S):
+        if config.endpoint is None:
+            raise ValueError(f"{config.model}: an endpoint engine needs config.endpoint")
+        self.config, self.endpoint = config, config.endpoint
+        self._down_after_s = down_after_s
+        self._results: queue.Queue[EngineResult] = queue.Queue()
+        self._failure: EngineFailed | None = None
+        self._down_since: float | None = None
+        self._in_flight = 0  # submitted, not yet ended
+        self._lock = threading.Lock()
+        self._guard = LatencyGuard(self.endpoint.slo, self.endpoint.max_in_flight)
+        self._ready = WorkerReady(load_time_s=0.0, kv_capacity_tokens=0, block_size_tokens=16,
+                                  max_num_seqs=self.endpoint.max_in_flight, max_num_batched_tokens=0,
+                                  max_model_len=self.endpoint.max_model_len or 0,
+                                  engine_version=f"{self.endpoint.server_kind} server {self.endpoint.url}")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"endpoint {self.endpoint.url}", daemon=True)
+        self._thread.start()
+        self._tasks: set[concurrent.futures.Future] = set()
+        self._client = openai.AsyncOpenAI(base_url=self.endpoint.url, api_key=self.endpoint.api_key(), max_retries=0,
+                                          timeout=CALL_TIMEOUT_S)
+        self._metrics = httpx.Client(timeout=2.0, headers=self.endpoint.headers())
+        self._scraper = asyncio.run_coroutine_threadsafe(self._scrape_forever(), self._loop)
+
+    # -- the Engine protocol ----------------------------------------------------------------
+    @property
+    def ready(self) -> WorkerReady:
+        return self._ready
+
+    def in_flight_limit(self) -> int:
+        with self._lock:
+            return self._guard.allowed(time.monotonic(), self._in_flight)
+
+    def note(self) -> str | None:
+        with self._lock:
+            return f"{self.endpoint.url}: {self._guard.reading(time.monotonic()).describe()}"
+
+    def submit(self, requests: Sequence[EngineRequest]) -> None:
+        with self._lock:
+            self._in_flight += len(requests)
+        for request in requests:
+            self._tasks.add(asyncio.run_coroutine_threadsafe(self._answer(request), self._loop))
+
+    def poll(self, timeout_s: float) -> list[EngineResult]:
+        if self._failure is not None:
+            raise self._failure
+        results: list[EngineResult] = []
+        try:
+            results.append(self._results.get(timeout=timeout_s) if timeout_s > 0 else self._results.get_nowait())
+            while True:
+                results.append(self._results.get_nowait())
+        except queue.Empty:
+            pass
+        self._tasks = {t for t in self._tasks if not t.done()}
+        return results
+
+    def drain_steps(self) -> list[StepRecord]:
+        return []  # the server's iterations are its own
+
+    def stop(self) -> None:
+        """Abort what is in flight (closing a stream aborts its request on the server)."""
+        async def close() -> None:
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+            await self._client.close()
+
+        if self._thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=10.0)
+            except Exception:  # noqa: BLE001  stopping: nothing left to report to
+                pass
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10.0)
+        self._metrics.close()
+
+    # -- one request ------------------------------------------------------------------------
+    async def _answer(self, request: EngineRequest) -> None:
+        try:
+            await self._answer_once(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001  a fault here would leave the request unanswered for ever
+            self._failure = self._failure or EngineFailed(f"server {self.endpoint.url}", f"{type(error).__name__}: {error}")
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    async def _answer_once(self, request: EngineRequest) -> None:
+        try:
+            request_body(request, self.endpoint.served_model, self.endpoint.server_kind, self.endpoint.priority)
+        except ValueError as error:  # a request this server cannot take: that row's error
+            self._results.put(EngineResult.failed(request.request_id, 0, str(error)))
+            return
+        attempt = 0
+        while True:
+            try:
+                result = await self._call(request, attempt)
+            except openai.APIStatusError as error:
+                if error.status_code < 500 and error.status_code not in RETRY_STATUSES:
+                    self._results.put(EngineResult.failed(request.request_id, 0, f"the server refused it ({error.status_code}): "
+                                                                                 f"{_message(error)}"))
+                    return
+                cause = f"{error.status_code}: {_message(error)}"
+            except Exception as error:  # noqa: BLE001  the connection, in whichever HTTP library the client uses
+                cause = f"{type(error).__name__}: {error}"
+            else:
+                with self._lock:
+                    self._down_since = None
+                self._results.put(result)
+                return
+            now = time.monotonic()
+            with self._lock:
+                self._down_since = self._down_since or now
+                down_s = now - self._down_since
+            if down_s > self._down_after_s:
+                self._failure = self._failure or EngineFailed(f"server {self.endpoint.url}", f"no answer for {down_s:.0f} s: {cause}")
+                return
+            await asyncio.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
+            attempt += 1
+
+    async def _call(self, request: EngineRequest, attempt: int) -> EngineResult:
+        """One streamed call. Its time to first token and the gaps between its tokens go to the
+        guard as they happen (about once per OWN_TIMINGS_S), so that the guard can take them
+        out of the server's histograms while they are in the window it reads."""
+        e = self.endpoint
+        body = request_body(request, e.served_model, e.server_kind, e.priority)
+        known = CHAT_KEYS if request.chat else COMPLETION_KEYS
+        create = self._client.chat.completions.create if request.chat else self._client.completions.create
+        sent = time.monotonic()
+        stream = await create(**{k: v for k, v in body.items() if k in known},  # type: ignore[call-overload]
+                              extra_body={k: v for k, v in body.items() if k not in known} or None,
+                              extra_headers={"X-Request-Id": f"batchllm-{request.request_id}-{attempt}"})
+        answer, last, reported, gaps = StreamedAnswer(request.n), None, sent, list[float]()
+        try:
+            async for chunk in stream:
+                if not answer.add(chunk.model_dump()):
+                    continue
+                now = time.monotonic()
+                if last is None:
+                    self._own_timings(now, now - sent, [])
+                else:
+                    gaps.append(now - last)
+                last = now
+                if gaps and now - reported >= OWN_TIMINGS_S:
+                    self._own_timings(now, None, gaps)
+                    reported, gaps = now, []
+        finally:
+            await stream.close()
+        if gaps:
+            self._own_timings(time.monotonic(), None, gaps)
+        return answer.result(request)
+
+    def _own_timings(self, now_s: float, ttft_s: float | None, gaps_s: list[float]) -> None:
+        with self._lock:
+            self._guard.observe_own(now_s, ttft_s, gaps_s)
+
+    # -- the guard's eyes ---------------------------------------------------------------------
+    async def _scrape_forever(self) -> None:
+        url = metrics_url(self.endpoint.url)
+        loop = asyncio.get_running_loop()
+        while True:
+            snapshot = await loop.run_in_executor(None, scrape, self._metrics, url, time.monotonic())
+            if snapshot is not None:
+                with self._lock:
+                    self._guard.observe_server(snapshot)
+            await asyncio.sleep(SCRAPE_S)
+
+
+def _message(error: openai.APIStatusError) -> str:
+    body = error.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+        if body.get("message"):
+            return str(body["message"])
+    return str(error.message)
+
+
+def start_endpoint_engine(config: EngineConfig) -> EndpointEngine:
+    """The engine of one server; EngineFailed when the server does not answer now."""
+    assert config.endpoint is not None
+    try:
+        httpx.get(f"{config.endpoint.url}/models", headers=config.endpoint.headers(), timeout=5.0).raise_for_status()
+    except httpx.HTTPError as error:
+        raise EngineFailed(f"server {config.endpoint.url}", f"{type(error).__name__}: {error}") from None
+    return EndpointEngine(config)
+
+
+def with_endpoints(factory: EngineFactory) -> EngineFactory:
+    """`factory` for engines on devices, an `EndpointEngine` for a config with an endpoint."""
+    def start(config: EngineConfig) -> Engine:
+        return start_endpoint_engine(config) if config.endpoint is not None else factory(config)
+    return start
+
+
+def endpoint_config(model_dir: str, endpoint: Endpoint, index: int) -> EngineConfig:
+    """The config of a model's `index`-th server (`model_dir`: its files here, for the
+    tokenizer of the prefix order; "" when there are none)."""
+    from batchllm.engines.devices import Replica
+
+    return replace(EngineConfig(model=model_dir, replica=Replica("endpoint", (index,))), endpoint=endpoint)
