@@ -72,6 +72,10 @@ def run(
     pilot: str = typer.Option("0.5%", help="A node whose prompt set is new starts with this random sample of its rows "
                               "(a share, kept within 64-2,000 rows, or a number of rows); the rest is planned on its answer lengths."),
     no_pilot: bool = typer.Option(False, "--no-pilot", help="Start every node on the profile's answer lengths, without a pilot."),
+    endpoint: list[str] = typer.Option(None, "--endpoint", metavar="MODEL=URL", help="Send MODEL's requests to this running "
+                                       "OpenAI-compatible server (vLLM, SGLang; e.g. http://gpu-box:8000/v1) beside its online "
+                                       "traffic, instead of to engines on --devices. Repeat for several servers; replaces the "
+                                       "DAG's `endpoints:` URLs of MODEL."),
 ) -> None:
     """Run every node of DAG and write Parquet results.
 
@@ -82,7 +86,9 @@ def run(
     Example: batchllm run dags/ensemble_judge.yaml --out runs/demo --devices cpu:2
     """
     from batchllm.cluster.session import open_cluster
-    from batchllm.runtime.launch import run_dag_file
+    from batchllm.dag.endpoints_section import with_endpoint_options
+    from batchllm.dag.loader import load_dag
+    from batchllm.runtime.launch import run_dag
     from batchllm.runtime.memory import limit_malloc_arenas
     from batchllm.runtime.pilot import PilotSize
 
@@ -97,8 +103,9 @@ def run(
             if session:
                 console.print(f"Ray cluster {session.address}: {device_set}", highlight=False)
             pilot_size = None if no_pilot else PilotSize.parse(pilot)
-            result, progress = run_dag_file(dag, out, device_set, fresh=fresh, console=console, prefix_order=prefix_order,
-                                            schedule=schedule, pilot=pilot_size, cluster=session)
+            spec = with_endpoint_options(load_dag(dag), endpoint or [])
+            result, progress = run_dag(spec, out, device_set, fresh=fresh, console=console, prefix_order=prefix_order,
+                                       schedule=schedule, pilot=pilot_size, cluster=session)
     finally:
         if session:
             session.close()
@@ -302,22 +309,29 @@ def status(
 
 
 @app.command()
-def validate(dag: Path = DAG_ARGUMENT) -> None:
+def validate(
+    dag: Path = DAG_ARGUMENT,
+    endpoint: list[str] = typer.Option(None, "--endpoint", metavar="MODEL=URL", help="As for `batchllm run`: check this server too."),
+) -> None:
     """Check DAG, its input files, its models and the engine settings without running anything.
 
     Models must be on this machine (an embedded name, a complete model directory, or a hub
     id in the local Hugging Face cache); vLLM's own configuration checks judge the engine
     settings against each model (the first check of a model and settings takes a few seconds).
+    A model on servers (`endpoints:`) needs no files here: each server must answer, serve it
+    and take the API key.
     """
     from batchllm.io.dag_checks import check_dag
+    from batchllm.dag.endpoints_section import with_endpoint_options
     from batchllm.dag.loader import load_dag
     from batchllm.dag.warnings import dag_warnings
-
+    from batchllm.engines.endpoint.server_check import check_endpoints
     from batchllm.engines.settings_check import check_engine_settings
 
     try:
-        spec = load_dag(dag)
+        spec = with_endpoint_options(load_dag(dag), endpoint or [])
         check_dag(spec, batchllm_home())
+        check_endpoints(spec)
         check_engine_settings(spec, batchllm_home(), parse_devices("auto").kind)
     except UserError as error:
         _fail(error)

@@ -58,3 +58,15 @@ def test_what_still_waits_counts_towards_a_replicas_load_and_what_was_taken_does
     backlog.take(0, 3)  # replica 0's three left for its engine
     backlog.add([requests("f"), []], loads=[0.5, 2.0])  # 0.5 + 0 waiting vs 2 + 0: to replica 0
     assert ids(backlog.take(0, 10)) == ["f"] and len(backlog) == 0
+
+
+def test_a_replica_that_runs_dry_takes_the_back_half_of_the_fullest_queue():
+    backlog = Backlog()
+    backlog.regroup(3, halves)
+    backlog.add([requests("a", "b", "c", "d", "e", "f"), requests("g", "h"), requests("i")], loads=[0.0, 0.0, 0.0])
+    assert ids(backlog.take(2, 1)) == ["i"]
+    assert ids(backlog.take(2, 2)) == ["d", "e"]  # dry: d, e, f came over from the fullest queue, in their order
+    assert ids(backlog.take(0, 10)) == ["a", "b", "c"]
+    assert ids(backlog.take(0, 10)) == ["h"]  # the fullest now is g, h: its back half
+    assert ids(backlog.take(2, 10)) == ["f"] and ids(backlog.take(1, 10)) == ["g"] and len(backlog) == 0
+    assert backlog.take(1, 10) == []  # nothing left anywhere: nothing to take

@@ -212,7 +212,7 @@ def test_ctrl_c_keeps_committed_results_and_says_how_to_resume(workspace, monkey
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(launch, "run_dag_file", interrupted)
+    monkeypatch.setattr(launch, "run_dag", interrupted)
     result = CliRunner().invoke(cli.app, ["run", str(workspace.dag(ENSEMBLE_DAG)), "--out", str(workspace.out)])
     assert result.exit_code == 130
     assert result.output == "interrupted: finished results are kept; run the same command again to resume.\n"

@@ -142,7 +142,7 @@ def test_the_status_file_from_start_through_ticks_to_the_end(tmp_path):
         assert json.loads(path.read_text()) == {
             "state": "running", "elapsed_s": 10.0, "pid": os.getpid(), "started_at": "T100", "updated_at": "T110",
             "nodes": {"gen": {"model": "/models/m", "committed": 290, "total": 1000, "failed": 1, "prompt_tokens": 50,
-                              "output_tokens": 70, "output_tokens_per_s": 7.0, "eta_s": 28.4}}}
+                              "output_tokens": 70, "output_tokens_per_s": 7.0, "eta_s": 28.4, "servers": []}}}
         clock.now_s = 111.0
         commit(progress, "gen", 710)
         progress.finish_node("gen")

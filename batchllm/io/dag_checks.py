@@ -44,7 +44,7 @@ def check_dag(dag: DagSpec, home, *, resolve_models: bool = True) -> dict[str, I
     first_rows = {name: source.head_rows(1) for name, source in sources.items()}
     for node in dag.nodes.values():
         _check_node(dag, node, first_rows[node.input_name])
-        if resolve_models:
+        if resolve_models and node.model not in dag.endpoints:  # a server's model needs no files here
             resolve_model(node.model, dag_dir=dag.path.parent, home=home, where=dag.where(node.line, f"nodes.{node.name}.model"))
     for output in dag.outputs.values():
         schema = first_rows[output.input_name].schema

@@ -7,6 +7,10 @@ gives the node more (or fewer) replicas, only what waits here can move: it is sp
 again over the new replicas. Without this, a node that grows keeps all its work queued
 in its old engines and the added replicas idle.
 
+A replica whose queue runs dry takes the back half of the queue with the most work waiting
+(what that replica would run last): replicas that run slower than predicted (a server busy
+with its own traffic, a slower machine) hand work to the faster ones, so they end together.
+
 Invariant: what waits here are the payloads (rendered, tokenized requests) of units the
 ledger has QUEUED, each once; the ledger, not this queue, says where a unit is.
 """
@@ -58,6 +62,21 @@ class Backlog:
 
     def take(self, replica: int, count: int) -> list[EngineRequest]:
         queue = self._queues[replica]
+        if count > 0 and not queue:
+            self._steal_for(replica)
         taken = [queue.popleft() for _ in range(min(count, len(queue)))]
         self._waiting_work[replica] = self._waiting_work[replica] - sum(p.work for p in taken) if queue else 0.0
         return [p.request for p in taken]
+
+    def _steal_for(self, replica: int) -> None:
+        """Move the back half of the fullest other queue (by waiting work) to `replica`'s."""
+        victim = max((r for r in range(len(self._queues)) if r != replica and len(self._queues[r]) > 1),
+                     key=lambda r: self._waiting_work[r], default=None)
+        if victim is None:
+            return
+        source = self._queues[victim]
+        moved = [source.pop() for _ in range(len(source) // 2)][::-1]
+        work = sum(p.work for p in moved)
+        self._queues[replica].extend(moved)
+        self._waiting_work[replica] += work
+        self._waiting_work[victim] -= work

@@ -1,12 +1,16 @@
 """The engine settings a DAG's node gets on a replica: the DAG's `engine:` section,
 device defaults (eager mode and a bounded KV cache on CPUs, float32 on CPUs without
-AVX-512), and a log file per model and devices in the run folder."""
+AVX-512), and a log file per model and devices in the run folder; or, for a model on
+servers, one config per server."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from batchllm.core.errors import UserError
 from batchllm.engines.devices import CPU_KV_CACHE_DEFAULT_BYTES, Replica, engine_dtype
+from batchllm.engines.endpoint.http_engine import endpoint_config
+from batchllm.engines.endpoint.server_check import Endpoint
 from batchllm.engines.protocol import EngineConfig
 from batchllm.models.registry import resolve_model
 from batchllm.runtime.run_dir import RunDir
@@ -24,3 +28,13 @@ def engine_config(dag: DagSpec, model: str, replica: Replica, run_dir: RunDir, h
         enforce_eager=replica.kind == "cpu" if e.enforce_eager is None else e.enforce_eager, dtype=engine_dtype(replica.kind),
         log_path=str(run_dir.log_path(f"engine-{ref.name.replace('/', '_')}-{replica.kind}{devices}")),
     )
+
+
+def endpoint_configs(dag: DagSpec, model: str, servers: tuple[Endpoint, ...], home: Path) -> list[EngineConfig]:
+    """One config per server of a model; with the model's files here when it has them (its
+    tokenizer gives the prefix order), else none (requests go in the order given)."""
+    try:
+        model_dir = resolve_model(model, dag_dir=dag.path.parent, home=home, where=f"model {model!r}").materialise(home)
+    except UserError:
+        model_dir = ""
+    return [endpoint_config(model_dir, server, index) for index, server in enumerate(servers)]

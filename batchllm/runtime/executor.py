@@ -34,6 +34,7 @@ import numpy as np
 
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet
+from batchllm.engines.endpoint.server_check import Endpoint
 from batchllm.engines.engine import EngineFactory
 from batchllm.core.requests import EngineResult
 from batchllm.engines.protocol import EngineConfig
@@ -43,7 +44,7 @@ from batchllm.io.node_journal import ResultJournal, ResultRecord
 from batchllm.io.output_files import FinalSource, InputFile, write_node_file, write_output_set
 from batchllm.io.remote_files import copy_out
 from batchllm.runtime.backlog import Backlog
-from batchllm.runtime.engine_configs import engine_config
+from batchllm.runtime.engine_configs import endpoint_configs, engine_config
 from batchllm.runtime.engine_set import EngineLoss, EngineSet, Polled
 from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.ledger import Ledger, NodeLedger, node_units
@@ -86,17 +87,19 @@ class Executor:
                  engine_factory: EngineFactory, progress: RunProgress, home: Path, planning: RunPlanning,
                  preparer: RequestPreparer, replanner: DeviceLossReplanner | None = None, pilot: PilotSize | None = PilotSize(),
                  known_prompt_sets: frozenset[str] = frozenset(), pilots_only: bool = False,
-                 length_sampler: LengthSampler | None = None):
+                 length_sampler: LengthSampler | None = None, endpoints: dict[str, tuple[Endpoint, ...]] | None = None):
         """`pilot`: the size of a new prompt set's pilot (None: no pilots); `known_prompt_sets`:
         the node fingerprints whose outputs the local store has seen (their prompt sets are not new);
         `pilots_only`: run the pilots, then stop (no outputs are written); `length_sampler`:
-        remembers a sample of each node's requests for the length model (an observer too)."""
+        remembers a sample of each node's requests for the length model (an observer too);
+        `endpoints`: the servers of each model the DAG sends to servers (`endpoints:`), checked."""
         self.dag, self.sources, self.run_dir, self.devices = dag, sources, run_dir, devices
         self.device_ids = devices.ids  # every device the run started with (run.html draws a row for each)
         self.replanner = replanner  # on a cluster: a new planning on the devices left when nodes are gone
         self._replan = False  # devices were lost: the stage ends and the rest is planned on those left
         self._pilot_ended = False  # a pilot ended: the stage ends and the rest is planned on its lengths
         self.engines = EngineSet(engine_factory)
+        self._endpoint_configs = {model: endpoint_configs(dag, model, servers, home) for model, servers in (endpoints or {}).items()}
         self.progress, self.home, self.planning, self.preparer = progress, home, planning, preparer
         self.pilots, self.pilots_only = Pilots(pilot, known_prompt_sets), pilots_only
         self.length_sampler = length_sampler
@@ -163,7 +166,8 @@ class Executor:
         self._started = time.monotonic()
 
     def _begin_pilot(self, name: str, fingerprint: str) -> None:
-        pilot = self.pilots.begin(self.dag.nodes[name], self.ledger[name], fingerprint) if self.planning.calibration else None
+        planned = self.planning.calibration is not None and not self.dag.on_endpoints(name)
+        pilot = self.pilots.begin(self.dag.nodes[name], self.ledger[name], fingerprint) if planned else None
         if pilot is not None:
             rows = self.ledger[name].rows
             self.progress.note(f"pilot: {len(pilot.rows):,} random rows of {name} first ({len(pilot.rows) / rows:.1%} of "
@@ -250,39 +254,66 @@ class Executor:
             self._record(result, log)
             if result.losses:
                 self._recover(result.losses, log)
+            self._note_servers()
             self.progress.tick()
             self._trim.tick()
             for observer in self.planning.observers:
                 observer.tick(self._clock_s(), self.progress, lambda: (self._progress(self._clock_s()), self._running()))
         self.end_stage(log)
 
+    def _note_servers(self) -> None:
+        """What each server's latency guard allows and reads, for the progress and `status`."""
+        for name, configs in self.assigned.items():
+            if self.dag.on_endpoints(name):
+                running = [self.engines.get(c) for c in configs]
+                self.progress.stats[name].servers = tuple(note for r in running if r is not None and (note := r.engine.note()))
+
     def begin_stage(self) -> StageLog:
-        """Ask the stage chooser for the next stage and bring the engines to it."""
+        """Ask the stage chooser for the next stage of the nodes on devices, add the nodes on
+        servers (they take no devices, so they run in every stage until they finish), and
+        bring the engines to it."""
         now_s = self._clock_s()
-        choice = self.planning.chooser.choose(self._progress(now_s), self._running())
-        stage = choice.stage
-        if choice.schedule is not None:
+        on_devices = {n: p for n, p in self._progress(now_s).items() if self._plannable(n)}
+        choice = self.planning.chooser.choose(on_devices, self._running()) if on_devices else None
+        if choice is not None and choice.schedule is not None:
             self.report.plan_made(choice.schedule, self.devices.ids)
-        log = StageLog(len(self.report.stages), now_s, stage.duration_s, choice.rest_s, choice.search_s)
-        self.assigned, self._replan, self._pilot_ended, self.stage_nodes = {}, False, False, tuple(stage.plans)
-        for name, plan in stage.plans.items():
-            size, placed = plan.shape.devices, stage.placement[name]
+        log = StageLog(len(self.report.stages), now_s, *((choice.stage.duration_s, choice.rest_s, choice.search_s) if choice
+                                                         else (None, None, 0.0)))
+        plans = choice.stage.plans if choice is not None else {}
+        placement = choice.stage.placement if choice is not None else {}
+        self.assigned, self._replan, self._pilot_ended = {}, False, False
+        for name, plan in plans.items():
+            size, placed = plan.shape.devices, placement[name]
             ids = [self.devices.ids[i] for i in placed]
             replicas = [self.devices.replica(placed[k * size:(k + 1) * size], plan.shape.tp) for k in range(plan.dp)]
             self.assigned[name] = [engine_config(self.dag, self.dag.nodes[name].model, r, self.run_dir, self.home) for r in replicas]
             log.add_node(name, str(plan), ids, self.ledger[name].committed_units)
+        for name in self._unfinished():
+            if self.dag.on_endpoints(name):
+                self.assigned[name] = self._endpoint_configs[self.dag.nodes[name].model]
+                log.add_node(name, f"{len(self.assigned[name])} server(s)", [], self.ledger[name].committed_units)
+        self.stage_nodes = tuple(self.assigned)
+        for name, configs in self.assigned.items():
             self._start_progress(name)
-            self.preparer.preload(self.assigned[name][0].model)
-        kept = {n for n, p in stage.plans.items() if self.running_plans.get(n) == RunningPlan(p, stage.placement[n])}
-        self.running_plans = {n: RunningPlan(p, stage.placement[n]) for n, p in stage.plans.items()}
+            if configs[0].model:
+                self.preparer.preload(configs[0].model)
+        kept = {n for n, p in plans.items() if self.running_plans.get(n) == RunningPlan(p, placement[n])}
+        self.running_plans = {n: RunningPlan(p, placement[n]) for n, p in plans.items()}
         self._reconcile(log)
-        self.plan_since_s = {n: self.plan_since_s[n] if n in kept else self._clock_s() for n in stage.plans}
+        self.plan_since_s = {n: self.plan_since_s[n] if n in kept else self._clock_s() for n in plans}
         if self._ready_at_s is None:
             self._ready_at_s = time.monotonic()
         for name, configs in self.assigned.items():
             self.backlogs[name].regroup(len(configs), lambda batch, parts: split(batch, parts, self.block_size_tokens,
                                                                                   self.preparer.prefix_order).replicas)
         return log
+
+    def _plannable(self, name: str) -> bool:
+        """A node the stage chooser places on devices: not on servers, and not waiting for a
+        node on servers (the chooser plans the nodes on devices only, so it cannot know when
+        that one ends)."""
+        node = self.dag.nodes[name]
+        return not self.dag.on_endpoints(name) and all(u in self.finished for u in node.upstream if self.dag.on_endpoints(u))
 
     def stage_over(self) -> bool:
         """One of the stage's nodes finished or failed, a pilot ended, or devices were lost."""
@@ -448,9 +479,9 @@ class Executor:
             if self.length_sampler is not None:
                 self.length_sampler.remember(name, requests)
             calibration = self.planning.calibration
-            forecast = calibration.output_forecast(name) if calibration is not None else most_output_tokens
-            self.preparing[name] = (self.preparer.submit(requests, configs[0].model, self.block_size_tokens, len(configs), forecast),
-                                    fresh)
+            forecast = calibration.output_forecast(name) if calibration is not None and not self.dag.on_endpoints(name) else most_output_tokens
+            self.preparing[name] = (self.preparer.submit(requests, configs[0].model or None, self.block_size_tokens, len(configs),
+                                                         forecast), fresh)
 
     def _engine_load(self, config: EngineConfig) -> int:
         """Units running in the engine (their work is estimated by the caller)."""
@@ -464,7 +495,7 @@ class Executor:
             if not len(backlog):
                 break
             running = self.engines.of(config)
-            batch = backlog.take(index, running.engine.ready.max_num_seqs - self.ledger.running_on[running.slot])
+            batch = backlog.take(index, running.engine.in_flight_limit() - self.ledger.running_on[running.slot])
             if batch:
                 _, units = node_units(np.fromiter((r.request_id for r in batch), np.int64, len(batch)))
                 self.ledger.send(name, units, running.slot)

@@ -14,6 +14,8 @@ from batchllm.io.dag_checks import check_dag
 from batchllm.dag.loader import load_dag
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet
+from batchllm.engines.endpoint.http_engine import with_endpoints
+from batchllm.engines.endpoint.server_check import check_endpoints
 from batchllm.engines.engine import EngineFactory
 from batchllm.engines.settings_check import check_engine_settings
 from batchllm.engines.version import installed_engine_version, untested_vllm_note
@@ -84,6 +86,7 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
         raise UserError(f"unknown schedule {schedule!r}", where="--schedule", hint=f"use one of {', '.join(SCHEDULES)}")
     home = home or batchllm_home()
     sources = check_dag(dag, home)
+    endpoints = check_endpoints(dag)  # each server answers and serves its model, before anything runs
     if engine_factory is None:  # vLLM's engines: vLLM checks the settings first (a caller's own engines check their own)
         check_engine_settings(dag, home, devices.kind)
         if note := untested_vllm_note():
@@ -95,28 +98,30 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
     for model, why in lengths.verdicts.items():
         console.print(f"length model for {model}: {why}", markup=False, highlight=False, soft_wrap=True)
     planning = None
-    if schedule != "sequential":
-        planning, why_not = _calibrated_planning(dag, sources, devices, schedule, profiles_root, home, lengths)
+    if schedule != "sequential" and dag.on_devices().nodes:
+        planning, why_not = _calibrated_planning(dag.on_devices(), sources, devices, schedule, profiles_root, home, lengths)
         if planning is None:
             console.print(f"[yellow]no plan:[/yellow] {why_not}; running node by node on all devices", soft_wrap=True)
         for note in planning.calibration.problem.notes if planning and planning.calibration else ():  # e.g. what the profile differs in from this machine
             console.print(f"plan note: {note}", markup=False, highlight=False, soft_wrap=True)
-    planning = planning or RunPlanning(SequentialStages(devices, dag.topological_order()))
+    planning = planning or RunPlanning(SequentialStages(devices, dag.on_devices().topological_order()))
     replanner = None
     if cluster is not None:
         from batchllm.cluster.replan import NodeLossReplanner
         from batchllm.engines.ray_engine import start_ray_engine
 
         engine_factory = engine_factory or start_ray_engine
-        replanner = NodeLossReplanner(cluster.alive_nodes, lambda left: _planning_for(dag, sources, left, schedule, profiles_root))
+        replanner = NodeLossReplanner(cluster.alive_nodes, lambda left: _planning_for(dag.on_devices(), sources, left, schedule,
+                                                                                     profiles_root))
     sampler = LengthSampler(node_fingerprints(dag, sources), {name: node.model for name, node in dag.nodes.items()},
                             installed_engine_version())
     run_dir = RunDir(out)
     run_dir.open(fresh=fresh)
     try:
         with _run_gc(), RunProgress(console, status_path=run_dir.status_path) as progress:
-            executor = Executor(dag, sources, run_dir, devices, engine_factory or start_vllm_engine, progress, home, planning,
-                                RequestPreparer(prefix_order), replanner, pilot, lengths.known_prompt_sets, pilots_only, sampler)
+            executor = Executor(dag, sources, run_dir, devices, engine_factory or with_endpoints(start_vllm_engine), progress, home,
+                                planning, RequestPreparer(prefix_order), replanner, pilot, lengths.known_prompt_sets, pilots_only,
+                                sampler, endpoints)
             try:
                 result = executor.run()
                 if pilots_only and executor.planning.calibration is not None:

@@ -94,11 +94,11 @@ class RequestPreparer:
         if self.prefix_order and model_dir not in self._tokenizers:
             self._tokenizers[model_dir] = self._thread.submit(self._tokenizer_for, model_dir)
 
-    def submit(self, requests: list[EngineRequest], model_dir: str, block_size: int, replicas: int,
+    def submit(self, requests: list[EngineRequest], model_dir: str | None, block_size: int, replicas: int,
                forecast: OutputForecast = most_output_tokens) -> Future:
-        """Future of a PreparedWindow."""
+        """Future of a PreparedWindow (`model_dir` None: no tokenizer here, so no prefix order)."""
         tokenizer = None
-        if self.prefix_order:
+        if self.prefix_order and model_dir is not None:
             self.preload(model_dir)
             tokenizer = self._tokenizers[model_dir]
         return self._thread.submit(self._prepare, tokenizer, requests, block_size, replicas, forecast)

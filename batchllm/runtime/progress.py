@@ -62,6 +62,7 @@ class NodeStats:
     finished_at: float | None = None
     model_eta: tuple[float, float] | None = None  # (seconds left, at clock s) by the calibrated cost model
     recent: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))  # (clock s, units done) samples
+    servers: tuple[str, ...] = ()  # a node on servers: per server, its latency guard's line (see EndpointEngine.note)
 
     @property
     def units_total(self) -> int:
@@ -257,13 +258,15 @@ class RunProgress:
 
     def progress_lines(self, now_s: float, running_only: bool) -> list[str]:
         wall_now = self.wall_clock()
-        return [progress_line(s, now_s, wall_now) for s in self.stats.values() if not (running_only and s.finished_at is not None)]
+        return [line for s in self.stats.values() if not (running_only and s.finished_at is not None)
+                for line in (progress_line(s, now_s, wall_now), *(f"  server {n}" for n in (s.servers if s.finished_at is None else ())))]
 
     def status(self, now_s: float) -> RunStatus:
         nodes = {s.node: NodeStatus(
             model=s.model, committed=s.units_done, total=s.units_total, failed=s.earlier.failed + s.failed,
             prompt_tokens=s.earlier.prompt_tokens + s.prompt_tokens, output_tokens=s.earlier.output_tokens + s.output_tokens,
-            output_tokens_per_s=s.output_tokens_per_s(now_s), eta_s=eta_s(s, now_s), failure=self._failures.get(s.node))
+            output_tokens_per_s=s.output_tokens_per_s(now_s), eta_s=eta_s(s, now_s), failure=self._failures.get(s.node),
+            servers=s.servers if s.finished_at is None else ())
             for s in self.stats.values()}
         rest_s = None if self.rest is None or self.state != "running" else max(
             self.rest[0] - (now_s - self.rest[1]), *(n.eta_s for n in nodes.values() if n.eta_s is not None), 0.0)  # no node ends after the run

@@ -41,6 +41,7 @@ class NodeStatus:
     output_tokens_per_s: float  # this invocation's
     eta_s: float | None  # None: no rate known yet
     failure: str | None = None  # why the node stopped with work left (its engine's failure); None: it did not fail
+    servers: tuple[str, ...] = ()  # a node on servers: per server, what its latency guard allows and reads
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def read_status(out: Path) -> RunStatus:
     try:
         data = json.loads(path.read_text())
         known = {f.name for f in fields(RunStatus)}
-        nodes = {name: NodeStatus(**node) for name, node in data["nodes"].items()}
+        nodes = {name: NodeStatus(**{**node, "servers": tuple(node.get("servers", ()))}) for name, node in data["nodes"].items()}
         status = RunStatus(**{k: v for k, v in data.items() if k in known and k != "nodes"}, nodes=nodes)
         if status.state not in STATES:
             raise ValueError(f"unknown state {status.state!r}")
@@ -154,6 +155,7 @@ def status_lines(out: Path, status: RunStatus) -> list[str]:
         lines.append(f"{name}: {node.committed:,}/{node.total:,} units{share}{failed}{eta}")
         lines.append(f"  tokens: prompt {node.prompt_tokens:,}, output {node.output_tokens:,}, "
                      f"{node.output_tokens_per_s:,.0f} output tok/s")
+        lines += [f"  server {server}" for server in node.servers] if status.state == "running" else []
         if node.failure:
             lines.append(f"  failed: {node.failure}")
     return lines
@@ -166,5 +168,5 @@ def status_json(status: RunStatus) -> dict:
             "nodes": {name: {"model": n.model, "committed": n.committed, "total": n.total, "failed": n.failed,
                              "prompt_tokens": n.prompt_tokens, "output_tokens": n.output_tokens,
                              "output_tokens_per_s": n.output_tokens_per_s, "eta_s": n.eta_s,
-                             **({"failure": n.failure} if n.failure else {})}
+                             **({"failure": n.failure} if n.failure else {}), **({"servers": list(n.servers)} if n.servers else {})}
                       for name, n in status.nodes.items()}}

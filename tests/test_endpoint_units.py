@@ -1,0 +1,154 @@
+"""Endpoints without a server: the DAG's `endpoints:` and `--endpoint`, the checks that need
+no answer, request bodies and streamed answers, and the executor running a node on servers
+beside nodes on devices (scripted engines stand in for both)."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pyarrow.parquet as pq
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from batchllm.cli import app
+from batchllm.core.errors import UserError
+from batchllm.core.latency_slo import LatencySlo
+from batchllm.core.output_constraint import OutputConstraint
+from batchllm.core.requests import EngineRequest, FinishReason
+from batchllm.core.sampling import SamplingSpec
+from batchllm.dag.endpoints_section import with_endpoint_options
+from batchllm.dag.loader import load_dag
+from batchllm.engines.devices import DeviceSet
+from batchllm.engines.endpoint.request_body import StreamedAnswer, request_body
+from batchllm.engines.endpoint.server_check import Endpoint
+from batchllm.runtime import launch
+from tests.fakes import FakeEngineFactory
+
+MIXED = """
+inputs:
+  questions: {path: questions.parquet, id_column: id}
+nodes:
+  answer:
+    model: served-model
+    prompt: "{{ question }}"
+  critique:
+    model: ./tiny-model
+    prompt: "{{ question }} {{ answer }}"
+outputs:
+  critiqued:
+    columns: {question: question, answer: answer, critique: critique}
+endpoints:
+  served-model:
+    urls: [http://127.0.0.1:9/v1, "http://gpu-box:8000/v1/"]
+    api_key_env: BATCHLLM_TEST_KEY
+    slo: {ttft_p99_s: 0.5}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_endpoints_section_and_the_command_lines_endpoint(workspace):
+    dag = load_dag(workspace.dag(MIXED))
+    spec = dag.endpoints["served-model"]
+    assert spec.urls == ("http://127.0.0.1:9/v1", "http://gpu-box:8000/v1")
+    assert (spec.api_key_env, spec.slo, spec.max_in_flight, spec.served_model) == ("BATCHLLM_TEST_KEY", LatencySlo(0.5, None), 64, None)
+    assert dag.on_endpoints("answer") and not dag.on_endpoints("critique")
+    devices_part = dag.on_devices()
+    assert list(devices_part.nodes) == ["critique"] and devices_part.nodes["critique"].upstream == ()
+    given = with_endpoint_options(dag, ["served-model=http://other:8000/v1"])
+    assert given.endpoints["served-model"].urls == ("http://other:8000/v1",)
+    assert given.endpoints["served-model"].slo == LatencySlo(0.5, None)  # the DAG's other settings stay
+    with pytest.raises(UserError, match="--endpoint names model 'nope', which no node uses"):
+        with_endpoint_options(dag, ["nope=http://x:1/v1"])
+    with pytest.raises(UserError, match="is not MODEL=URL"):
+        with_endpoint_options(dag, ["served-model"])
+
+
+@pytest.mark.parametrize("body, message", [
+    ("    urls: [gpu-box:8000]\n", "endpoints.served-model.urls must be a list of server URLs"),
+    ("    urls: [http://x:1/v1]\n    api_key_env: sk-123\n", "endpoints.served-model.api_key_env must be the name of an environment variable"),
+    ("    urls: [http://x:1/v1]\n    slo: {ttft_p99: 1}\n", "unknown key 'ttft_p99' in endpoints.served-model.slo"),
+    ("    urls: [http://x:1/v1]\n    max_in_flight: 0\n", "endpoints.served-model.max_in_flight must be an integer >= 1"),
+])
+def test_a_bad_endpoint_entry_names_its_key(workspace, body, message):
+    text = MIXED[:MIXED.index("endpoints:")] + "endpoints:\n  served-model:\n" + body
+    with pytest.raises(UserError, match=message):
+        load_dag(workspace.dag(text))
+
+
+def test_a_missing_api_key_and_an_unreachable_server_are_exit_2_before_anything_runs(workspace, monkeypatch):
+    text = MIXED.replace("http://127.0.0.1:9/v1, \"http://gpu-box:8000/v1/\"", f"http://127.0.0.1:{free_port()}/v1")
+    dag = workspace.dag(text)
+    monkeypatch.delenv("BATCHLLM_TEST_KEY", raising=False)
+    result = CliRunner().invoke(app, ["run", str(dag), "--out", str(workspace.out)])
+    assert result.exit_code == 2
+    assert "the API key variable BATCHLLM_TEST_KEY (for http://127.0.0.1:" in result.output
+    assert "export BATCHLLM_TEST_KEY=<key>" in result.output
+    monkeypatch.setenv("BATCHLLM_TEST_KEY", "secret")
+    result = CliRunner().invoke(app, ["run", str(dag), "--out", str(workspace.out)])
+    assert result.exit_code == 2 and "cannot reach the server http://127.0.0.1:" in result.output
+    assert "start the server, or correct the URL" in result.output and "secret" not in result.output
+    assert not workspace.out.exists()
+
+
+def test_a_chat_request_body_carries_the_sampling_the_constraint_and_the_batch_priority():
+    sampling = SamplingSpec(max_tokens=16, seed=3, stop=(",",), top_k=5, repetition_penalty=1.2, logprobs=True, top_logprobs=2)
+    request = EngineRequest(7, "Hi", "Be brief.", sampling=sampling, output=OutputConstraint(choices=("yes", "no")))
+    body = request_body(request, "smol", "vllm", 100)
+    assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert (body["model"], body["max_tokens"], body["stop"], body["top_k"], body["repetition_penalty"]) == ("smol", 16, [","], 5, 1.2)
+    assert body["logprobs"] is True and body["top_logprobs"] == 2 and body["priority"] == 100
+    assert body["structured_outputs"] == {"choice": ["yes", "no"]} and body["stream"] is True
+    assert "presence_penalty" not in body and "min_p" not in body  # defaults are left to the server
+    plain = request_body(EngineRequest(8, "Once upon", chat=False, output=OutputConstraint(json_schema='{"type": "object"}')),
+                         "m", "openai", None)
+    assert plain["prompt"] == "Once upon" and "priority" not in plain
+    assert plain["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": {"type": "object"}}}
+    assert request_body(EngineRequest(9, "x", output=OutputConstraint(regex="a+")), "m", "sglang", -100)["regex"] == "a+"
+
+
+def test_streamed_chunks_add_up_to_the_result():
+    request = EngineRequest(5, "Hi", sampling=SamplingSpec(n=2, logprobs=False))
+    answer = StreamedAnswer(2)
+    assert answer.add({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}) is False
+    assert answer.add({"choices": [{"index": 0, "delta": {"content": "Hel"}}, {"index": 1, "delta": {"content": "Yo"}}]})
+    answer.add({"choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "length"},
+                            {"index": 1, "delta": {}, "finish_reason": "stop"}]})
+    answer.add({"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 7}})
+    result = answer.result(request)
+    assert result.texts == ("Hello", "Yo") and result.finish_reason is FinishReason.LENGTH
+    assert (result.num_prompt_tokens, result.num_output_tokens, result.logprobs) == (11, 7, None)
+    chat_logprobs = StreamedAnswer(1)
+    chat_logprobs.add({"choices": [{"index": 0, "delta": {"content": "Yes"}, "logprobs": {"content": [
+        {"token": "Yes", "logprob": -0.1, "top_logprobs": [{"token": "Yes", "logprob": -0.1}, {"token": "No", "logprob": -2.5}]}]}}]})
+    logged = chat_logprobs.result(EngineRequest(6, "q", sampling=SamplingSpec(logprobs=True, top_logprobs=2))).logprobs
+    assert logged[0].token == "Yes" and logged[0].top == (("Yes", -0.1), ("No", -2.5))
+
+
+def endpoint(url: str) -> Endpoint:
+    return Endpoint(url, "served-model", None, None, 4, "vllm", 100, 2048)
+
+
+def test_a_node_on_servers_runs_beside_the_nodes_on_devices_and_its_consumer_follows(workspace, monkeypatch):
+    servers = (endpoint("http://a:1/v1"), endpoint("http://b:1/v1"))
+    monkeypatch.setattr(launch, "check_endpoints", lambda dag: {"served-model": servers})
+    factory = FakeEngineFactory()
+    result, _ = launch.run_dag(load_dag(workspace.dag(MIXED)), workspace.out, DeviceSet("cpu", (0, 1)), console=Console(quiet=True),
+                               engine_factory=factory, schedule="sequential", pilot=None, prefix_order=False)
+    on_servers = [e for e in factory.started if e.config.endpoint is not None]
+    assert sorted(e.config.endpoint.url for e in on_servers) == ["http://a:1/v1", "http://b:1/v1"]
+    assert {r.prompt for e in on_servers for r in e.seen} == {q for q in pq.read_table(workspace.root / "questions.parquet")
+                                                              .column("question").to_pylist()}
+    on_devices = [e for e in factory.started if e.config.endpoint is None]
+    assert on_devices and all(e.config.replica.kind == "cpu" for e in on_devices)
+    assert all(r.prompt.endswith(">") for e in on_devices for r in e.seen)  # the critique read the answers: it ran after them
+    rows = pq.read_table(result.outputs["critiqued"]).to_pylist()
+    assert len(rows) == 4 and all(row["answer"] == f"<{row['question']}>" for row in rows)
+    report = json.loads((workspace.out / "run.json").read_text())
+    assert report["stages"][0]["nodes"]["answer"]["plan"] == "2 server(s)" and "critique" not in report["stages"][0]["nodes"]
