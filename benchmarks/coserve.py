@@ -177,13 +177,15 @@ def make_arrivals(phases: list[Phase], pool: list[str], seed: int) -> list[Arriv
 
 # ---------------------------------------------------------------- processes
 
-def stop_process(proc: subprocess.Popen | None, first: signal.Signals, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
-    """Signal the process group we started (first SIGINT/SIGTERM, then SIGKILL after timeout_s); its exit code."""
+def stop_process(proc: subprocess.Popen | None, first: signal.Signals | None, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+    """Signal the process group we started (`first`: SIGINT/SIGTERM, None: already sent), SIGKILL after timeout_s; its
+    exit code."""
     if proc is None:
         return None
     if proc.poll() is None:
         try:
-            os.killpg(proc.pid, first)
+            if first is not None:
+                os.killpg(proc.pid, first)
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -387,6 +389,7 @@ def run_side(name: str, base: str, phases: list[Phase], arrivals: list[Arrival],
     log = workdir / f"{name}.log"
     proc = None
     note = ""
+    interrupted: list[bool] = []
     try:
         if command:
             with open(log, "w") as handle:
@@ -398,11 +401,12 @@ def run_side(name: str, base: str, phases: list[Phase], arrivals: list[Arrival],
 
         def at_end() -> None:
             if proc is not None and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGINT)
+                os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C at the end of the last phase
+                interrupted.append(True)
 
         online, scrapes, bounds = asyncio.run(run_online(base, phases, arrivals, at_end))
     finally:
-        code = stop_process(proc, signal.SIGINT)
+        code = stop_process(proc, None if interrupted else signal.SIGINT)
         busy = reset_server(base)
     if proc is not None:
         note += f"; exit {code}"
