@@ -152,3 +152,24 @@ def test_a_node_on_servers_runs_beside_the_nodes_on_devices_and_its_consumer_fol
     assert len(rows) == 4 and all(row["answer"] == f"<{row['question']}>" for row in rows)
     report = json.loads((workspace.out / "run.json").read_text())
     assert report["stages"][0]["nodes"]["answer"]["plan"] == "2 server(s)" and "critique" not in report["stages"][0]["nodes"]
+
+
+def test_the_plan_leaves_nodes_on_servers_out_and_says_so():
+    from batchllm.dag.loader import load_dag_mapping
+    from batchllm.planner.plan_file import plan_dag
+
+    import yaml
+
+    REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
+    mapping = yaml.safe_load((REPO / "dags" / "ensemble_judge.yaml").read_text())
+    mapping["nodes"]["creative"]["model"] = "big-served-model"
+    mapping["endpoints"] = {"big-served-model": {"urls": ["http://gpu-box:8000/v1"]}}
+    report = plan_dag(load_dag_mapping(mapping, REPO / "dags", "mixed.yaml"), "2xA100-80G")
+    assert set(report.problem.nodes) == {"concise", "judge"}
+    assert ("node creative runs on 1 server(s) of big-served-model (http://gpu-box:8000/v1), beside the devices: it is not "
+            "in this plan; `run` times it by the throughput the servers give it (its ETA in the progress and `status`)"
+            in report.problem.notes)
+    mapping["nodes"] = {"creative": mapping["nodes"]["creative"]}
+    mapping["outputs"] = {"out": {"columns": {"answer": "creative"}}}
+    with pytest.raises(UserError, match="every node runs on servers"):
+        plan_dag(load_dag_mapping(mapping, REPO / "dags", "mixed.yaml"), "2xA100-80G")

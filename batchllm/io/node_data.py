@@ -102,6 +102,9 @@ class NodeSummary:
         return {"p50": int(round(p50)), "p90": int(round(p90)), "max": int(self.prompt_tokens.max())}
 
 
+UNKNOWN_ANSWER_TOKENS = 128  # an upstream node this summary has no facts of (on servers): the default max_tokens
+
+
 def summarize_dag(dag: DagSpec, sources: Sources, facts: Mapping[str, NodeFacts], *,
                   home: Path | None = None) -> dict[str, NodeSummary]:
     """Every node's summary, in topological order. `facts`: per node, from its profile;
@@ -119,7 +122,8 @@ def summarize_dag(dag: DagSpec, sources: Sources, facts: Mapping[str, NodeFacts]
             if share < 1 and not input_only else ()
         rows = min([source.num_rows] + [_rows_read(dag, r, rows_of, source.num_rows) for r in node.reads]) * share
         rows_of[name] = rows
-        upstream_tokens = sum(max(facts[m].expected_output_tokens for m in dag.merges.get(r, (r,))) for r in node.reads)
+        upstream_tokens = sum(max(facts[m].expected_output_tokens if m in facts else UNKNOWN_ANSWER_TOKENS
+                                  for m in dag.merges.get(r, (r,))) for r in node.reads)
         if home is not None and node.model not in tokenizers:
             tokenizers[node.model] = local_tokenizer(node.model, dag.path.parent, home)
         tokenizer = tokenizers.get(node.model)
@@ -152,9 +156,10 @@ def _rows_longer(lengths: np.ndarray) -> np.ndarray:
 
 def _rows_read(dag: DagSpec, name: str, rows_of: dict[str, float], rows: int) -> float:
     """Rows with an output of what a node reads: an upstream node's, or a merge's (its
-    members' rows together, at most every row)."""
+    members' rows together, at most every row); a node not in this DAG (on servers, left
+    out of the planner's part) counts as answering every row."""
     members = dag.merges.get(name, (name,))
-    return min(sum(rows_of[m] for m in members), rows)
+    return min(sum(rows_of.get(m, rows) for m in members), rows)
 
 
 def _where_share(dag: DagSpec, node: NodeSpec, source: InputSource) -> tuple[float, list[dict]]:

@@ -29,6 +29,7 @@ from batchllm.planner.schedule import Schedule
 from batchllm.planner.timeline import Timeline
 from batchllm.io.dag_checks import check_dag
 from batchllm.dag.loader import load_dag
+from batchllm.core.errors import UserError
 from batchllm.dag.model import DagSpec
 
 PROFILES_ROOT = Path(__file__).resolve().parent.parent.parent / "profiles"
@@ -70,10 +71,15 @@ def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT,
     """`lengths_for`: each node's predicted output lengths (see `length_sources`); default the profile's CDF."""
     tables = check_dag(dag, batchllm_home(), resolve_models=False)
     cluster = parse_cluster(devices, profiles_root)
+    on_servers = server_notes(dag)
+    dag = dag.on_devices()
+    if not dag.nodes:
+        raise UserError("every node runs on servers (endpoints:): there are no devices to plan", where=str(dag.path),
+                        hint="`batchllm run` sends them to the servers; its progress and `batchllm status` show their pace and ETA")
     started = time.perf_counter()
     workloads = dag_workloads(dag, tables, cluster, profiles_root, ProfileStore.at_home(batchllm_home()),
                               batchllm_home(), lengths_for=lengths_for)
-    problem = build_problem(cluster, workloads.nodes, workloads.notes)
+    problem = build_problem(cluster, workloads.nodes, (*workloads.notes, *on_servers))
     fit_s = time.perf_counter() - started
     start = Timeline.start(problem)
     chosen = best_schedule(start)
@@ -87,3 +93,11 @@ def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT,
             not_run = (NotRun("exact", f"{len(problem.nodes)} nodes, more than {EXACT_MAX_NODES}"),)
     preflight = {item.name: node_preflight(item, dag) for item in workloads.nodes}
     return PlanReport(dag.name, cluster, problem, chosen, fit_s, lower_bound_s(start), compared, not_run, preflight, bool(dag.prices))
+
+
+def server_notes(dag: DagSpec) -> tuple[str, ...]:
+    """What the plan says of nodes on servers: no devices are chosen for them."""
+    return tuple(f"node {name} runs on {len(dag.endpoints[node.model].urls)} server(s) of {node.model} "
+                 f"({', '.join(dag.endpoints[node.model].urls)}), beside the devices: it is not in this plan; `run` times it by "
+                 "the throughput the servers give it (its ETA in the progress and `status`)"
+                 for name, node in dag.nodes.items() if node.model in dag.endpoints)
