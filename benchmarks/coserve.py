@@ -53,10 +53,11 @@ in flight (the plan is printed at the start, the runtime at the end); `--out` al
 the report to a file, otherwise only stdout. `--keep` keeps the work folder (server and
 batch logs, the DAG, batchllm's --out).
 
-On one CPU core a batch request's prefill (up to `--max-num-batched-tokens` a step, 2048 by
-default) stalls every online request decoding beside it for that step. In a quick run on a
+The server is set up as one that co-serves: prefill in chunks of CHUNK_TOKENS a step
+(`--max-num-batched-tokens`). With vLLM's CPU default of 2048, one long batch prompt's
+prefill stalls every online request decoding beside it for that step: in a quick run on a
 loaded machine, one batch request in flight took the heavy-phase ITL p99 from 0.20 s
-(alone) to 1.6 s.
+(alone) to 1.6 s, so no batch at all would keep the SLO.
 
 Internal: `coserve.py fixed-client ...` is the fixed client's own process (started by the
 benchmark, like batchllm: a separate process, SIGINT to stop).
@@ -97,6 +98,7 @@ BATCH_MAX_TOKENS = 128
 ONLINE_PRIORITY, BATCH_PRIORITY = 0, 1  # vLLM's priority scheduling runs lower values first
 MAX_NUM_SEQS = 128  # vLLM's default for the OpenAI server on CPUs
 KV_CACHE_BYTES = 1_000_000_000
+CHUNK_TOKENS = 256  # the server's prefill chunk: a step of a long batch prompt stays short beside online decodes
 SCRAPE_EVERY_S = 2.0
 REQUEST_TIMEOUT_S = 300.0
 SERVER_START_TIMEOUT_S = 240.0
@@ -620,8 +622,8 @@ def main() -> None:
     parser.add_argument("--light-rate", type=float, default=1.0)
     parser.add_argument("--heavy-rate", type=float, default=3.0)
     parser.add_argument("--max-num-seqs", type=int, default=MAX_NUM_SEQS)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
-                        help="the server's prefill chunk (token budget per step; default vLLM's, 2048 on CPUs)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=CHUNK_TOKENS,
+                        help="the server's token budget per step, its prefill chunk (vLLM's own default on CPUs: 2048)")
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--client-core", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)

@@ -109,7 +109,7 @@ def main() -> None:
         for base, server, core in zip(bases, servers, (0, 1)):
             wait_healthy(base, server, work / f"server-{core}.log")
         _, batch = load_prompts(seed=0)
-        batch_file = write_batch_input(work, batch, args.rows)
+        batch_file = write_batch_input(work, batch[:args.rows], args.rows)
         dag = write_dag(work, batch_file, [f"{b}/v1" for b in bases], args.max_tokens)
         say(f"two-endpoints: {args.rows} rows x max_tokens {args.max_tokens}; server A (core 0, 128 seqs), "
             f"server B (core 1, {args.slow_seqs} seqs)")

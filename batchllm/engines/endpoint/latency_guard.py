@@ -13,8 +13,8 @@ Targets, p99 time to first token (TTFT) and inter-token latency (ITL), as `Guard
 Control, on the server's metrics while a snapshot with latency histograms is at most `window_s` old
 (basis "server metrics"), else on the batch's own timings ("own requests"). The p99s are over the
 last `window_s`, not before the last cut took effect: the online ones are the histograms' growth
-minus the batch's own observations (`latency_window`); with no online token in the window, the ITL
-of all requests stands in (requests decoding in one step share its latency). One decision per new
+minus the batch's own observations (`latency_window`); with no online request in the window there
+is no latency to keep (the batch may have an idle server to itself). One decision per new
 snapshot (own requests: per new timing, at most once a second):
 - cut: allowed x `cut_factor`, rounded down, to 0 at the least, when a p99 is over its target, the
   server preempted a request, KV use is over `kv_usage_cut`, or requests waited in two snapshots in
@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from batchllm.core.latency_slo import LatencySlo
 from batchllm.engines.endpoint.guard_targets import GUARDING, MEASURING_BASELINE, OWN_REQUESTS, SERVER_METRICS, GuardReading, GuardTargets
@@ -254,10 +254,9 @@ class LatencyGuard:
         return start
 
     def _online(self, start: MetricsSnapshot, end: MetricsSnapshot) -> WindowLatency:
-        online = online_latency(start, end, self._own)
-        if online.itl_count == 0:  # no online token: every request decoding in a step sees that step's latency
-            online = replace(online, itl_p99_s=server_latency(start, end).itl_p99_s)
-        return online
+        """The online p99s of the window; a latency no online request saw is no reason to cut (a
+        server the batch has to itself runs it as fast as it can, whatever its own latency)."""
+        return online_latency(start, end, self._own)
 
     def _evidence(self, now_s: float) -> _Evidence | None:
         since_s = -math.inf if self._settled_at_s is None else self._settled_at_s
