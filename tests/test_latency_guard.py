@@ -72,7 +72,8 @@ def tick(guard: LatencyGuard, server: FakeServer, batch: Batch, t: float, *, onl
 
 
 def guarded(slo: LatencySlo | None = SLO, max_in_flight: int = 64, **options) -> tuple[LatencyGuard, FakeServer, Batch]:
-    guard = LatencyGuard(slo, max_in_flight, **options)
+    """A guard that grows by one from the start (the slow start has a test of its own)."""
+    guard = LatencyGuard(slo, max_in_flight, **{"slow_start": False, **options})
     server = FakeServer()
     return guard, server, Batch(guard, server)
 
@@ -106,6 +107,15 @@ def test_growth_is_one_a_snapshot_then_ten_percent_and_stops_at_max_in_flight():
     allowed = [tick(guard, server, batch, float(t)) for t in range(0, 24)]
     assert allowed[:20] == list(range(1, 21))
     assert allowed[20:] == [22, 24, 25, 25]
+
+
+def test_a_slow_start_doubles_until_the_first_cut_then_grows_by_one():
+    guard, server, batch = guarded(slow_start=True)
+    assert [tick(guard, server, batch, float(t)) for t in range(0, 5)] == [1, 2, 4, 8, 16]
+    assert tick(guard, server, batch, 5.0, online_ttft_s=0.4) == 8  # over the 0.25 s target: halved
+    batch.finish(6.0, batch.in_flight - 8, 0.1, 0.015)
+    later = [tick(guard, server, batch, float(t)) for t in range(7, 21)]
+    assert later == [8, 8, *range(9, 21)]  # after the cut (and its hold): one at a time
 
 
 def test_no_growth_while_the_batch_does_not_use_what_it_is_allowed():
@@ -214,6 +224,18 @@ def test_a_queue_in_two_snapshots_cuts_and_growth_then_keeps_headroom_below_that
     assert tick(guard, server, batch, 16.0) == 9
 
 
+def test_a_queue_of_the_batchs_own_requests_keeps_nobody_waiting():
+    guard, server, batch = guarded()
+    for t in range(0, 6):
+        tick(guard, server, batch, float(t), online=0)
+    assert batch.in_flight == 6
+    server.running, server.waiting = 4, 2  # all six are the batch's: two wait for the prefill budget
+    assert [tick(guard, server, batch, float(t), online=0) for t in (6, 7, 8)] == [7, 8, 9]
+    server.running, server.waiting = 8, 3  # 11 on the server, 9 of them the batch's: someone else may wait
+    tick(guard, server, batch, 9.0, online=0)
+    assert tick(guard, server, batch, 10.0, online=0) == 4  # a queue in two snapshots: 9 halved
+
+
 def test_at_zero_it_probes_with_one_after_a_quiet_window():
     guard, server, batch = guarded()
     tick(guard, server, batch, 0.0)
@@ -257,7 +279,7 @@ def test_a_batch_alone_on_the_server_grows_whatever_its_own_latency():
 
 
 def test_without_metrics_it_works_from_its_own_requests():
-    guard = LatencyGuard(None, 64)
+    guard = LatencyGuard(None, 64, slow_start=False)
     batch = Batch(guard, server=None)
     assert batch.fill(0.0) == 1
     assert (guard.reading(0.0).basis, guard.reading(0.0).phase) == ("own requests", "measuring baseline")

@@ -18,9 +18,9 @@ is no latency to keep (the batch may have an idle server to itself). One decisio
 snapshot (own requests: per new timing, at most once a second):
 - cut: allowed x `cut_factor`, rounded down, to 0 at the least, when a p99 is over its target, the
   server preempted a request, KV use is over `kv_usage_cut`, or requests waited in two snapshots in
-  a row (the server is full: an online request would wait for a batch one to finish; its running
-  count then is kept as the server's capacity);
-- grow: +1 (+10 % from 20 up), up to `max_in_flight`, when each p99 is under its growth bound
+  a row while the server held more than the batch's own (the server is full: an online request
+  would wait for a batch one to finish; its running count then is kept as the server's capacity);
+- grow: x2 until the first cut (a slow start, as TCP's), then +1 (+10 % from 20 up), up to `max_in_flight`, when each p99 is under its growth bound
   (`grow_below` x an SLO target; half-way from a baseline to its target), nothing waits, KV use is
   at most `kv_usage_grow`, the batch had all it was allowed in flight since the last decision, and
   one more would leave 10 % of the server's capacity (at least 1) free;
@@ -64,7 +64,9 @@ class LatencyGuard:
 
     def __init__(self, slo: LatencySlo | None, max_in_flight: int, *, window_s: float = 10.0, baseline_s: float = 8.0,
                  hold_s: float = 2.0, cut_factor: float = 0.5, grow_below: float = 0.8, kv_usage_cut: float = 0.95,
-                 kv_usage_grow: float = 0.9, baseline_min_requests: int = 5):
+                 kv_usage_grow: float = 0.9, baseline_min_requests: int = 5, slow_start: bool = True):
+        """`slow_start`: double until the first cut, then grow by one (else by one from the start)."""
+        self.slow_start = slow_start
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight!r}")
         for name, value in (("window_s", window_s), ("baseline_s", baseline_s), ("kv_usage_grow", kv_usage_grow)):
@@ -203,7 +205,8 @@ class LatencyGuard:
             if self._in_flight <= self._allowed:
                 self._draining_since_s, self._settled_at_s = None, now_s
         elif self._under(evidence) and used_all and self._has_room(evidence):
-            self._allowed = min(self.max_in_flight, self._allowed + max(1, self._allowed // 10))
+            step = self._allowed if self.slow_start and self._settled_at_s is None else max(1, self._allowed // 10)
+            self._allowed = min(self.max_in_flight, self._allowed + step)
 
     def _mark_decided(self, now_s: float) -> None:
         self._decided = (self._snapshots_seen, self._own.reports, now_s)
@@ -274,8 +277,14 @@ class LatencyGuard:
         previous = [s for s in self._snapshots if start is not None and start.at_s <= s.at_s < newest.at_s]
         preempted = (start is not None and newest.preemptions is not None and start.preemptions is not None
                      and newest.preemptions > start.preemptions)
-        return _Evidence(basis, latency, preempted=preempted, kv_usage=newest.kv_usage, waiting=newest.waiting,
-                         queue_held=newest.waiting > 0 and bool(previous) and previous[-1].waiting > 0, running=newest.running)
+        return _Evidence(basis, latency, preempted=preempted, kv_usage=newest.kv_usage, waiting=self._others_may_wait(newest),
+                         queue_held=self._others_may_wait(newest) > 0 and bool(previous) and self._others_may_wait(previous[-1]) > 0,
+                         running=newest.running)
+
+    def _others_may_wait(self, snapshot: MetricsSnapshot) -> float:
+        """The requests waiting on the server, when some of what it holds is not the batch's (else 0:
+        a queue of the batch's own requests, e.g. for the prefill budget, keeps nobody waiting)."""
+        return snapshot.waiting if snapshot.running + snapshot.waiting > self._in_flight else 0.0
 
     def _forget(self, now_s: float) -> None:
         if not self._snapshots:
