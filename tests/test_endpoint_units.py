@@ -113,14 +113,25 @@ def test_a_chat_request_body_carries_the_sampling_the_constraint_and_the_batch_p
     assert request_body(EngineRequest(9, "x", output=OutputConstraint(regex="a+")), "m", "sglang", -100)["regex"] == "a+"
 
 
+def test_a_chunk_of_several_tokens_counts_them_by_the_servers_running_usage():
+    answer = StreamedAnswer(1)
+    usage = lambda tokens: {"prompt_tokens": 5, "completion_tokens": tokens}  # noqa: E731
+    assert answer.add({"choices": [{"index": 0, "delta": {"content": "a"}}], "usage": usage(1)}) == 1
+    assert answer.add({"choices": [{"index": 0, "delta": {"content": "bcd"}}], "usage": usage(4)}) == 3
+    assert answer.add({"choices": [], "usage": usage(4)}) == 0
+    assert request_body(EngineRequest(1, "x"), "m", "vllm", None)["stream_options"] == {"include_usage": True,
+                                                                                          "continuous_usage_stats": True}
+    assert request_body(EngineRequest(1, "x"), "m", "sglang", None)["stream_options"] == {"include_usage": True}
+
+
 def test_streamed_chunks_add_up_to_the_result():
     request = EngineRequest(5, "Hi", sampling=SamplingSpec(n=2, logprobs=False))
     answer = StreamedAnswer(2)
-    assert answer.add({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}) is False
-    assert answer.add({"choices": [{"index": 0, "delta": {"content": "Hel"}}, {"index": 1, "delta": {"content": "Yo"}}]})
+    assert answer.add({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}) == 0
+    assert answer.add({"choices": [{"index": 0, "delta": {"content": "Hel"}}, {"index": 1, "delta": {"content": "Yo"}}]}) == 1
     answer.add({"choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "length"},
                             {"index": 1, "delta": {}, "finish_reason": "stop"}]})
-    answer.add({"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 7}})
+    assert answer.add({"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 7}}) == 0
     result = answer.result(request)
     assert result.texts == ("Hello", "Yo") and result.finish_reason is FinishReason.LENGTH
     assert (result.num_prompt_tokens, result.num_output_tokens, result.logprobs) == (11, 7, None)

@@ -183,13 +183,14 @@ class EndpointEngine:
         answer, last, reported, gaps = StreamedAnswer(request.n), None, sent, list[float]()
         try:
             async for chunk in stream:
-                if not answer.add(chunk.model_dump()):
+                tokens = answer.add(chunk.model_dump())
+                if not tokens:
                     continue
                 now = time.monotonic()
-                if last is None:
-                    self._own_timings(now, now - sent, [])
-                else:
-                    gaps.append(now - last)
+                if last is None:  # a first chunk of k tokens: the first token, then k - 1 gaps of next to nothing
+                    self._own_timings(now, now - sent, [0.0] * (tokens - 1))
+                else:  # k tokens in one chunk: the server saw k gaps, the client one
+                    gaps.extend([(now - last) / tokens] * tokens)
                 last = now
                 if gaps and now - reported >= OWN_TIMINGS_S:
                     self._own_timings(now, None, gaps)

@@ -20,8 +20,10 @@ FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abo
 
 def request_body(request: EngineRequest, served_model: str, server_kind: str, priority: int | None) -> dict:
     s = request.sampling
+    # vLLM's continuous usage: every chunk says how many tokens it carries (the guard counts one gap per token)
+    usage = {"include_usage": True, **({"continuous_usage_stats": True} if server_kind == "vllm" else {})}
     body: dict = {"model": served_model, "max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p,
-                  "n": s.n, "stream": True, "stream_options": {"include_usage": True}}
+                  "n": s.n, "stream": True, "stream_options": usage}
     if request.chat:
         body["messages"] = request.chat_messages()
     else:
@@ -87,8 +89,9 @@ class StreamedAnswer:
         self.pieces = [[] for _ in range(self.n)]
         self.finish = [None] * self.n
 
-    def add(self, chunk: dict) -> bool:
-        """One chunk (as a dict); True when it carried text."""
+    def add(self, chunk: dict) -> int:
+        """One chunk (as a dict); how many output tokens it carried (by the server's running count
+        when it sends one with every chunk, else 1 for a chunk with text)."""
         text = False
         for choice in chunk.get("choices") or ():
             index = int(choice.get("index", 0))
@@ -103,10 +106,13 @@ class StreamedAnswer:
             if index == 0 and choice.get("logprobs"):
                 self.logprobs.extend(_token_logprobs(choice["logprobs"]))
         usage = chunk.get("usage")
+        before = self.output_tokens
         if usage:
             self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             self.output_tokens = int(usage.get("completion_tokens") or 0)
-        return text
+        if not text:
+            return 0
+        return max(1, (self.output_tokens or 0) - (before or 0)) if usage else 1
 
     def result(self, request: EngineRequest) -> EngineResult:
         reason = FINISH_REASONS.get(self.finish[0] or "", FinishReason.STOP)
