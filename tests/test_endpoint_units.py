@@ -184,3 +184,22 @@ def test_the_plan_leaves_nodes_on_servers_out_and_says_so():
     mapping["outputs"] = {"out": {"columns": {"answer": "creative"}}}
     with pytest.raises(UserError, match="every node runs on servers"):
         plan_dag(load_dag_mapping(mapping, REPO / "dags", "mixed.yaml"), "2xA100-80G")
+
+
+CHAIN = MIXED.replace('''outputs:''', '''  summary:
+    model: ./tiny-model
+    prompt: "{{ critique }}"
+outputs:''')
+
+
+def test_a_chain_behind_a_node_on_servers_waits_for_it_and_one_lost_server_does_not_fail_the_node(workspace, monkeypatch):
+    servers = (endpoint("http://a:1/v1"), endpoint("http://b:1/v1"))
+    monkeypatch.setattr(launch, "check_endpoints", lambda dag: {"served-model": servers})
+    factory = FakeEngineFactory(die_after=[1])  # the first engine started, server a's, dies after one answer
+    result, _ = launch.run_dag(load_dag(workspace.dag(CHAIN)), workspace.out, DeviceSet("cpu", (0, 1)), console=Console(quiet=True),
+                               engine_factory=factory, schedule="sequential", pilot=None, prefix_order=False)
+    assert [e.config.endpoint.url for e in factory.started[:2]] == ["http://a:1/v1", "http://b:1/v1"]
+    assert all(e.config.endpoint is None for e in factory.started[2:])  # server a was not started again in that stage
+    assert not result.nodes_failed
+    summaries = pq.read_table(workspace.out / "nodes" / "summary.parquet").column("text").to_pylist()
+    assert len(summaries) == 4 and all(s.startswith("<") for s in summaries)

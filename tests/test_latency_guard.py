@@ -224,18 +224,6 @@ def test_a_queue_in_two_snapshots_cuts_and_growth_then_keeps_headroom_below_that
     assert tick(guard, server, batch, 16.0) == 9
 
 
-def test_a_queue_of_the_batchs_own_requests_keeps_nobody_waiting():
-    guard, server, batch = guarded()
-    for t in range(0, 6):
-        tick(guard, server, batch, float(t), online=0)
-    assert batch.in_flight == 6
-    server.running, server.waiting = 4, 2  # all six are the batch's: two wait for the prefill budget
-    assert [tick(guard, server, batch, float(t), online=0) for t in (6, 7, 8)] == [7, 8, 9]
-    server.running, server.waiting = 8, 3  # 11 on the server, 9 of them the batch's: someone else may wait
-    tick(guard, server, batch, 9.0, online=0)
-    assert tick(guard, server, batch, 10.0, online=0) == 4  # a queue in two snapshots: 9 halved
-
-
 def test_at_zero_it_probes_with_one_after_a_quiet_window():
     guard, server, batch = guarded()
     tick(guard, server, batch, 0.0)

@@ -147,6 +147,17 @@ class DagSpec:
         nodes = {name: replace(node, upstream=tuple(u for u in node.upstream if u in kept)) for name, node in kept.items()}
         return replace(self, nodes=nodes, endpoints={})
 
+    def ancestors(self, node: str) -> set[str]:
+        """The nodes whose outputs reach this one, directly or through others."""
+        seen: set[str] = set()
+        todo = list(self.nodes[node].upstream)
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo.extend(self.nodes[name].upstream)
+        return seen
+
     def on_endpoints(self, node: str) -> bool:
         """Whether the node's requests go to servers (`endpoints:`), not to engines on devices."""
         return self.nodes[node].model in self.endpoints

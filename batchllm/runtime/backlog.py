@@ -8,7 +8,7 @@ again over the new replicas. Without this, a node that grows keeps all its work 
 in its old engines and the added replicas idle.
 
 A replica whose queue runs dry takes the back half of the queue with the most work waiting
-(what that replica would run last): replicas that run slower than predicted (a server busy
+(what that replica would run last; its last request when one is left): replicas that run slower than predicted (a server busy
 with its own traffic, a slower machine) hand work to the faster ones, so they end together.
 
 Invariant: what waits here are the payloads (rendered, tokenized requests) of units the
@@ -70,12 +70,12 @@ class Backlog:
 
     def _steal_for(self, replica: int) -> None:
         """Move the back half of the fullest other queue (by waiting work) to `replica`'s."""
-        victim = max((r for r in range(len(self._queues)) if r != replica and len(self._queues[r]) > 1),
+        victim = max((r for r in range(len(self._queues)) if r != replica and self._queues[r]),
                      key=lambda r: self._waiting_work[r], default=None)
         if victim is None:
             return
         source = self._queues[victim]
-        moved = [source.pop() for _ in range(len(source) // 2)][::-1]
+        moved = [source.pop() for _ in range(max(1, len(source) // 2))][::-1]
         work = sum(p.work for p in moved)
         self._queues[replica].extend(moved)
         self._waiting_work[replica] += work

@@ -105,6 +105,7 @@ class Executor:
         self.length_sampler = length_sampler
         self.left_at_end: dict[str, NodeProgress] = {}
         self.order = dag.topological_order()
+        self._ancestors = {name: dag.ancestors(name) for name in self.order}
         self.finished: set[str] = set()
         self.failed: dict[str, str] = {}
         self.restarts: dict[str, int] = {}
@@ -119,6 +120,7 @@ class Executor:
         self._started = time.monotonic()
         self._ready_at_s: float | None = None
         self._trim = PeriodicTrim()
+        self._servers_noted_at = 0.0
         self.report = RunReport(dag.name, str(devices), planning.chooser.method, models={n: s.model for n, s in dag.nodes.items()})
 
     # -- the run ------------------------------------------------------------------------
@@ -129,7 +131,7 @@ class Executor:
             self._settle()
             while self._unfinished() and not (self.pilots_only and not self.pilots):
                 self._run_stage()
-            self.left_at_end = self._progress(self._clock_s())  # what the rest of the run is planned from
+            self.left_at_end = self._planned_progress(self._clock_s())  # what the rest of the run is planned from
         finally:
             self._end_stage_loop(time.monotonic() - started)
         release_free_memory()
@@ -258,11 +260,15 @@ class Executor:
             self.progress.tick()
             self._trim.tick()
             for observer in self.planning.observers:
-                observer.tick(self._clock_s(), self.progress, lambda: (self._progress(self._clock_s()), self._running()))
+                observer.tick(self._clock_s(), self.progress, lambda: (self._planned_progress(self._clock_s()), self._running()))
         self.end_stage(log)
 
     def _note_servers(self) -> None:
-        """What each server's latency guard allows and reads, for the progress and `status`."""
+        """What each server's latency guard allows and reads, for the progress and `status`
+        (once a second: a reading walks the guard's window)."""
+        if time.monotonic() < self._servers_noted_at + 1.0:
+            return
+        self._servers_noted_at = time.monotonic()
         for name, configs in self.assigned.items():
             if self.dag.on_endpoints(name):
                 running = [self.engines.get(c) for c in configs]
@@ -273,7 +279,7 @@ class Executor:
         servers (they take no devices, so they run in every stage until they finish), and
         bring the engines to it."""
         now_s = self._clock_s()
-        on_devices = {n: p for n, p in self._progress(now_s).items() if self._plannable(n)}
+        on_devices = self._planned_progress(now_s)
         choice = self.planning.chooser.choose(on_devices, self._running()) if on_devices else None
         if choice is not None and choice.schedule is not None:
             self.report.plan_made(choice.schedule, self.devices.ids)
@@ -303,17 +309,20 @@ class Executor:
         self.plan_since_s = {n: self.plan_since_s[n] if n in kept else self._clock_s() for n in plans}
         if self._ready_at_s is None:
             self._ready_at_s = time.monotonic()
-        for name, configs in self.assigned.items():
-            self.backlogs[name].regroup(len(configs), lambda batch, parts: split(batch, parts, self.block_size_tokens,
-                                                                                  self.preparer.prefix_order).replicas)
+        for name in self.assigned:
+            self._regroup(name)
         return log
 
+    def _planned_progress(self, now_s: float) -> dict[str, NodeProgress]:
+        """`_progress` of the nodes the stage chooser plans (see `_plannable`)."""
+        return {n: p for n, p in self._progress(now_s).items() if self._plannable(n)}
+
     def _plannable(self, name: str) -> bool:
-        """A node the stage chooser places on devices: not on servers, and not waiting for a
-        node on servers (the chooser plans the nodes on devices only, so it cannot know when
-        that one ends)."""
-        node = self.dag.nodes[name]
-        return not self.dag.on_endpoints(name) and all(u in self.finished for u in node.upstream if self.dag.on_endpoints(u))
+        """A node the stage chooser places on devices: not on servers, and not behind an
+        unfinished node on servers, directly or through others (the chooser plans the nodes on
+        devices only, so it cannot know when that one ends)."""
+        return not self.dag.on_endpoints(name) and not any(self.dag.on_endpoints(a) and a not in self.finished
+                                                           for a in self._ancestors[name])
 
     def stage_over(self) -> bool:
         """One of the stage's nodes finished or failed, a pilot ended, or devices were lost."""
@@ -373,7 +382,7 @@ class Executor:
                     if running := self.engines.get(start.config):
                         for observer in self._observers():
                             observer.engine_started(node, start.config, start.load_time_s, running.engine.ready)
-            for config in (c for configs in self.assigned.values() for c in configs):
+            for config in (c for configs in self.assigned.values() for c in configs if c.endpoint is None):
                 running = self.engines.get(config)
                 if running is not None:
                     self.block_size_tokens = running.engine.ready.block_size_tokens
@@ -386,6 +395,12 @@ class Executor:
             node = self._node_of(loss.config)
             if node is None:
                 continue
+            if loss.config.endpoint is not None and self._server_left(node, loss.config):
+                self.assigned[node] = [c for c in self.assigned[node] if c != loss.config]
+                self._regroup(node)
+                self.progress.note(f"[yellow]server {loss.config.endpoint.url} of {node} lost ({loss.cause}); the other servers "
+                                   f"take its requests, and it is tried again at the next stage[/yellow]")
+                continue
             self.restarts[node] = self.restarts.get(node, 0) + 1
             if self.restarts[node] > MAX_ENGINE_RESTARTS:
                 self._fail(node, loss.cause or "engine lost")
@@ -393,6 +408,15 @@ class Executor:
             else:
                 self.progress.note(f"[yellow]engine for {node} lost; restarting ({self.restarts[node]}/{MAX_ENGINE_RESTARTS})[/yellow]")
         self._settle()
+
+    def _server_left(self, node: str, lost: EngineConfig) -> bool:
+        """Whether another server of the node runs (one server's loss then does not fail the node)."""
+        return any(c != lost and c.endpoint is not None and self.engines.get(c) is not None for c in self.assigned[node])
+
+    def _regroup(self, node: str) -> None:
+        """Spread what waits for the node over its replicas as they are now."""
+        self.backlogs[node].regroup(len(self.assigned[node]), lambda batch, parts: split(batch, parts, self.block_size_tokens,
+                                                                                          self.preparer.prefix_order).replicas)
 
     def _fail(self, node: str, cause: str) -> None:
         self.failed[node] = cause
@@ -512,8 +536,8 @@ class Executor:
             pending = [future for future, _ in self.preparing.values()]
             if pending:
                 futures.wait(pending, timeout=POLL_S, return_when=futures.FIRST_COMPLETED)
-            else:
-                time.sleep(IDLE_S)
+            else:  # work waiting while nothing runs: the servers' guards allow none now
+                time.sleep(POLL_S if any(len(self.backlogs[n]) for n in self.assigned) else IDLE_S)
         return self.engines.poll(POLL_S, busy=lambda slot: self.ledger.running_on[slot] > 0)
 
     def _commit(self, name: str, units: np.ndarray, results: list[EngineResult]) -> NodeCommit:

@@ -110,7 +110,7 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
         from batchllm.cluster.replan import NodeLossReplanner
         from batchllm.engines.ray_engine import start_ray_engine
 
-        engine_factory = engine_factory or start_ray_engine
+        engine_factory = engine_factory or with_endpoints(start_ray_engine)
         replanner = NodeLossReplanner(cluster.alive_nodes, lambda left: _planning_for(dag.on_devices(), sources, left, schedule,
                                                                                      profiles_root))
     sampler = LengthSampler(node_fingerprints(dag, sources), {name: node.model for name, node in dag.nodes.items()},

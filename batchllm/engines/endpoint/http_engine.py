@@ -39,6 +39,8 @@ CALL_TIMEOUT_S = 600.0  # one call, from sending it to its last token
 OWN_TIMINGS_S = 0.5  # how often a streaming request tells the guard the gaps between its tokens
 DOWN_AFTER_S = 120.0  # a server that answers nothing for this long fails its engine (a restart takes ~30 s here)
 RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx
+SERVER_FAULTS = frozenset({401, 403, 404})  # a key refused, a model gone: the engine fails (its rows run again), not the row
+MAX_FAILED_ANSWERS = 5  # attempts of one request that the server answered, each failing inside its stream
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 CHAT_KEYS = frozenset({"model", "messages", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "seed", "stop",
                        "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "response_format"})
@@ -87,6 +89,7 @@ class EndpointEngine:
     def submit(self, requests: Sequence[EngineRequest]) -> None:
         with self._lock:
             self._in_flight += len(requests)
+            self._guard.allowed(time.monotonic(), self._in_flight)  # the guard learns how many run
         for request in requests:
             self._tasks.add(asyncio.run_coroutine_threadsafe(self._answer(request), self._loop))
 
@@ -107,12 +110,15 @@ class EndpointEngine:
         return []  # the server's iterations are its own
 
     def stop(self) -> None:
-        """Abort what is in flight (closing a stream aborts its request on the server)."""
+        """Abort what is in flight (closing a stream aborts its request on the server), then
+        end the loop thread and close what it held."""
         async def close() -> None:
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self._client.close()
+            await self._loop.shutdown_default_executor()
 
         if self._thread.is_alive():
             try:
@@ -121,6 +127,8 @@ class EndpointEngine:
                 pass
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10.0)
+        if not self._thread.is_alive() and not self._loop.is_closed():
+            self._loop.close()
         self._metrics.close()
 
     # -- one request ------------------------------------------------------------------------
@@ -141,21 +149,31 @@ class EndpointEngine:
         except ValueError as error:  # a request this server cannot take: that row's error
             self._results.put(EngineResult.failed(request.request_id, 0, str(error)))
             return
-        attempt = 0
+        attempt = failed_answers = 0
         while True:
             try:
                 result = await self._call(request, attempt)
-            except openai.APIStatusError as error:
+            except openai.APIStatusError as error:  # an HTTP error status before the stream
+                if error.status_code in SERVER_FAULTS:  # the server's fault, not the row's: every row would get it
+                    self._failure = self._failure or EngineFailed(f"server {self.endpoint.url}",
+                                                                  f"{error.status_code}: {_message(error)}")
+                    return
                 if error.status_code < 500 and error.status_code not in RETRY_STATUSES:
                     self._results.put(EngineResult.failed(request.request_id, 0, f"the server refused it ({error.status_code}): "
                                                                                  f"{_message(error)}"))
                     return
                 cause = f"{error.status_code}: {_message(error)}"
-            except Exception as error:  # noqa: BLE001  the connection, in whichever HTTP library the client uses
+            except (openai.APIConnectionError, openai.APITimeoutError) as error:
+                cause = f"{type(error).__name__}: {error}"
+            except Exception as error:  # noqa: BLE001  an error inside the stream (vLLM checks sampling there), a cut stream
+                failed_answers += 1
+                refused = _in_stream_refusal(error)
+                if refused or failed_answers >= MAX_FAILED_ANSWERS:
+                    why = refused or f"{type(error).__name__}: {error} ({failed_answers} attempts)"
+                    self._results.put(EngineResult.failed(request.request_id, 0, f"the server refused it: {why}"))
+                    return
                 cause = f"{type(error).__name__}: {error}"
             else:
-                with self._lock:
-                    self._down_since = None
                 self._results.put(result)
                 return
             now = time.monotonic()
@@ -180,6 +198,8 @@ class EndpointEngine:
         stream = await create(**{k: v for k, v in body.items() if k in known},  # type: ignore[call-overload]
                               extra_body={k: v for k, v in body.items() if k not in known} or None,
                               extra_headers={"X-Request-Id": f"batchllm-{request.request_id}-{attempt}"})
+        with self._lock:
+            self._down_since = None  # it answered
         answer, last, reported, gaps = StreamedAnswer(request.n), None, sent, list[float]()
         try:
             async for chunk in stream:
@@ -199,6 +219,8 @@ class EndpointEngine:
             await stream.close()
         if gaps:
             self._own_timings(time.monotonic(), None, gaps)
+        if answer.finish[0] is None:
+            raise CutStream("the stream ended without a finish reason")
         return answer.result(request)
 
     def _own_timings(self, now_s: float, ttft_s: float | None, gaps_s: list[float]) -> None:
@@ -215,6 +237,23 @@ class EndpointEngine:
                 with self._lock:
                     self._guard.observe_server(snapshot)
             await asyncio.sleep(SCRAPE_S)
+
+
+class CutStream(Exception):
+    """A stream that ended before its answer did (sent again)."""
+
+
+def _in_stream_refusal(error: Exception) -> str | None:
+    """The server's words when an error inside the stream is the request's own fault (a 4xx
+    code in the error event: vLLM checks sampling parameters after the stream has begun)."""
+    body = getattr(error, "body", None)
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    if not isinstance(inner, dict):
+        return None
+    code = inner.get("code")
+    if isinstance(code, int) and 400 <= code < 500 and code not in RETRY_STATUSES:
+        return f"({code}) {inner.get('message') or error}"
+    return None
 
 
 def _message(error: openai.APIStatusError) -> str:

@@ -13,13 +13,15 @@ Targets, p99 time to first token (TTFT) and inter-token latency (ITL), as `Guard
 Control, on the server's metrics while a snapshot with latency histograms is at most `window_s` old
 (basis "server metrics"), else on the batch's own timings ("own requests"). The p99s are over the
 last `window_s`, not before the last cut took effect: the online ones are the histograms' growth
-minus the batch's own observations (`latency_window`); with no online request in the window there
-is no latency to keep (the batch may have an idle server to itself). One decision per new
+minus the batch's own observations for TTFT, the server's over all requests for ITL while online
+requests are there (see `_online`); with no online request in the window there is no latency to
+keep (the batch may have an idle server to itself). One decision per new
 snapshot (own requests: per new timing, at most once a second):
 - cut: allowed x `cut_factor`, rounded down, to 0 at the least, when a p99 is over its target, the
   server preempted a request, KV use is over `kv_usage_cut`, or requests waited in two snapshots in
-  a row while the server held more than the batch's own (the server is full: an online request
-  would wait for a batch one to finish; its running count then is kept as the server's capacity);
+  a row (the server is full: an online request would wait for a batch one to finish, and a batch
+  request waiting there cannot go to another server; its running count then is kept as the
+  server's capacity);
 - grow: x2 until the first cut (a slow start, as TCP's), then +1 (+10 % from 20 up), up to `max_in_flight`, when each p99 is under its growth bound
   (`grow_below` x an SLO target; half-way from a baseline to its target), nothing waits, KV use is
   at most `kv_usage_grow`, the batch had all it was allowed in flight since the last decision, and
@@ -36,7 +38,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from batchllm.core.latency_slo import LatencySlo
 from batchllm.engines.endpoint.guard_targets import GUARDING, MEASURING_BASELINE, OWN_REQUESTS, SERVER_METRICS, GuardReading, GuardTargets
@@ -257,9 +259,17 @@ class LatencyGuard:
         return start
 
     def _online(self, start: MetricsSnapshot, end: MetricsSnapshot) -> WindowLatency:
-        """The online p99s of the window; a latency no online request saw is no reason to cut (a
-        server the batch has to itself runs it as fast as it can, whatever its own latency)."""
-        return online_latency(start, end, self._own)
+        """The online p99s of the window. TTFT: the server's minus the batch's own (one each per
+        request, and the client sees its own later than the server: they subtract one for one).
+        Inter-token: the server's over all requests while online requests are there (they decode
+        in the same steps as the batch's, so they see the same gaps; the batch's own gaps cannot
+        be taken out one for one, as the client gets several tokens in one chunk after a stall);
+        none without them (the batch may have an idle server to itself)."""
+        online = online_latency(start, end, self._own)
+        if online.ttft_count > 0 or end.running + end.waiting > self._in_flight:
+            everyone = server_latency(start, end)
+            return replace(online, itl_p99_s=everyone.itl_p99_s, itl_count=everyone.itl_count)
+        return replace(online, itl_p99_s=None, itl_count=0)
 
     def _evidence(self, now_s: float) -> _Evidence | None:
         since_s = -math.inf if self._settled_at_s is None else self._settled_at_s
@@ -277,14 +287,8 @@ class LatencyGuard:
         previous = [s for s in self._snapshots if start is not None and start.at_s <= s.at_s < newest.at_s]
         preempted = (start is not None and newest.preemptions is not None and start.preemptions is not None
                      and newest.preemptions > start.preemptions)
-        return _Evidence(basis, latency, preempted=preempted, kv_usage=newest.kv_usage, waiting=self._others_may_wait(newest),
-                         queue_held=self._others_may_wait(newest) > 0 and bool(previous) and self._others_may_wait(previous[-1]) > 0,
-                         running=newest.running)
-
-    def _others_may_wait(self, snapshot: MetricsSnapshot) -> float:
-        """The requests waiting on the server, when some of what it holds is not the batch's (else 0:
-        a queue of the batch's own requests, e.g. for the prefill budget, keeps nobody waiting)."""
-        return snapshot.waiting if snapshot.running + snapshot.waiting > self._in_flight else 0.0
+        return _Evidence(basis, latency, preempted=preempted, kv_usage=newest.kv_usage, waiting=newest.waiting,
+                         queue_held=newest.waiting > 0 and bool(previous) and previous[-1].waiting > 0, running=newest.running)
 
     def _forget(self, now_s: float) -> None:
         if not self._snapshots:
