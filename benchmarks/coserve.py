@@ -18,7 +18,7 @@ Each request measures its own time to first token (TTFT: send to the first chunk
 tokens) and inter-token latency (ITL: the gap before each later chunk, split evenly over
 the tokens it carries; `return_token_ids` gives the count, logprobs would slow the server).
 
-Batch work: the other ShareGPT prompts (first turns, then multi-turn), shuffled, one
+Batch work: other ShareGPT first turns of 20-1,000 characters (none of the online ones), shuffled, one
 Parquet file for every batch side, max_tokens 128, greedy, priority 1 (vLLM runs lower
 values first: batch after online). The sides, one after another on the same server, each
 started from scratch beside the same online load (prefix cache reset and server idle
@@ -148,16 +148,16 @@ class SideRun:
 # ---------------------------------------------------------------- prompts and arrivals
 
 def load_prompts(seed: int) -> tuple[list[str], list[str]]:
-    """Online chat prompts (short first turns) and batch prompts (the other first turns, then multi-turn), shuffled."""
+    """Online chat prompts and batch prompts: both ShareGPT first turns of 20-1,000 characters (the batch is
+    a data set of the same chat requests, run offline), none in both, shuffled. Long prompts (multi-turn, whole
+    documents) would make the batch's prefill, not its decoding, what the online traffic feels."""
     first = pq.read_table(PROMPTS / "first_turns.parquet").column("prompt").to_pylist()
-    multi = pq.read_table(PROMPTS / "multi_turn.parquet").column("prompt").to_pylist()
     rng = np.random.default_rng(seed)
     chat = [i for i, p in enumerate(first) if 20 <= len(p) <= 1000]
     online_ids = set(rng.choice(chat, ONLINE_POOL, replace=False).tolist())
     online = [first[i] for i in sorted(online_ids)]
-    rest = [p for i, p in enumerate(first) if i not in online_ids]
-    batch = [rest[i] for i in rng.permutation(len(rest))] + [multi[i] for i in rng.permutation(len(multi))]
-    return online, batch
+    rest = [first[i] for i in chat if i not in online_ids]
+    return online, [rest[i] for i in rng.permutation(len(rest))]
 
 
 def write_batch_input(folder: Path, prompts: list[str], rows: int) -> Path:

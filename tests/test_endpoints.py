@@ -23,6 +23,7 @@ from batchllm.dag.loader import load_dag
 from batchllm.engines.devices import DeviceSet, engine_dtype
 from batchllm.models.embedded import SMOLLM2_135M
 from batchllm.runtime.launch import run_dag
+from tests.test_real_engine import KILL_TEST_DAG
 
 pytestmark = pytest.mark.endpoint
 REPO = Path(__file__).resolve().parent.parent
@@ -31,25 +32,10 @@ BATCHLLM = str(Path(sys.executable).parent / "batchllm")
 SERVER_CORE = "1"  # the server's core; a local engine of the comparison runs on core 0
 START_TIMEOUT_S = 300
 
-DAG = """
-inputs:
-  questions: {path: %(questions)s, id_column: id}
-engine:
-  max_model_len: 1024
-  max_num_seqs: 1
-nodes:
-  answer:
-    model: smollm2-135m
-    prompt: "{{ question }}"
-    sampling: {max_tokens: 24}
-  critique:
-    model: smollm2-135m
-    prompt: "Question: {{ question }} Answer: {{ answer }} Is the answer correct? Reply yes or no."
-    sampling: {max_tokens: 8}
-outputs:
-  critiqued:
-    columns: {question: question, answer: answer, critique: critique}
-"""
+# The kill test's DAG (answer, then critique, over 24 questions), one request at a time on a local engine:
+# temperature 0 gives the same tokens as the server then.
+DAG = KILL_TEST_DAG.replace("max_num_seqs: 4        # results arrive in waves, so a kill can land mid-node", "max_num_seqs: 1") \
+    .replace("{path: %s, id_column: id}", "{path: %(questions)s, id_column: id}")
 ENDPOINTS = """
 endpoints:
   smollm2-135m:
