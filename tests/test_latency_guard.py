@@ -109,6 +109,13 @@ def test_growth_is_one_a_snapshot_then_ten_percent_and_stops_at_max_in_flight():
     assert allowed[20:] == [22, 24, 25, 25]
 
 
+def test_between_six_tenths_of_a_target_and_the_target_it_holds():
+    guard, server, batch = guarded()
+    assert [tick(guard, server, batch, float(t)) for t in range(0, 3)] == [1, 2, 3]
+    # online TTFTs in (0.1, 0.2]: a p99 of about 0.2 s, over 0.6 x 0.25 s and under the target
+    assert [tick(guard, server, batch, float(t), online_ttft_s=0.19) for t in range(3, 8)] == [3, 3, 3, 3, 3]
+
+
 def test_a_slow_start_doubles_until_the_first_cut_then_grows_by_one():
     guard, server, batch = guarded(slow_start=True)
     assert [tick(guard, server, batch, float(t)) for t in range(0, 5)] == [1, 2, 4, 8, 16]
