@@ -40,7 +40,7 @@ OWN_TIMINGS_S = 0.5  # how often a streaming request tells the guard the gaps be
 DOWN_AFTER_S = 120.0  # a server that answers nothing for this long fails its engine (a restart takes ~30 s here)
 RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx
 SERVER_FAULTS = frozenset({401, 403, 404})  # a key refused, a model gone: the engine fails (its rows run again), not the row
-MAX_FAILED_ANSWERS = 5  # attempts of one request that the server answered, each failing inside its stream
+MAX_FAILED_ANSWERS = 5  # attempts of one request that the server answered and failed (a 500, an error inside the stream)
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 CHAT_KEYS = frozenset({"model", "messages", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "seed", "stop",
                        "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "response_format"})
@@ -163,6 +163,12 @@ class EndpointEngine:
                                                                                  f"{_message(error)}"))
                     return
                 cause = f"{error.status_code}: {_message(error)}"
+                if error.status_code == 500:  # the server failed on this request (502-504: it is away, see the down timer)
+                    failed_answers += 1
+                    if failed_answers >= MAX_FAILED_ANSWERS:
+                        self._results.put(EngineResult.failed(request.request_id, 0, f"the server failed on it {failed_answers} "
+                                                                                     f"times: {cause}"))
+                        return
             except (openai.APIConnectionError, openai.APITimeoutError) as error:
                 cause = f"{type(error).__name__}: {error}"
             except Exception as error:  # noqa: BLE001  an error inside the stream (vLLM checks sampling there), a cut stream
