@@ -47,6 +47,8 @@ def shared_engines():
         drain_steps = property(lambda self: self._engine.drain_steps)
         submit = property(lambda self: self._engine.submit)
         poll = property(lambda self: self._engine.poll)
+        in_flight_limit = property(lambda self: self._engine.in_flight_limit)
+        note = property(lambda self: self._engine.note)
 
         def stop(self):
             pass  # stopped at the end of the session
