@@ -67,7 +67,8 @@ class VllmServer:
                    "--served-model-name", "smollm2-135m", "--host", "127.0.0.1", "--port", str(self.port), "--enforce-eager",
                    "--dtype", engine_dtype("cpu") or "bfloat16", "--kv-cache-memory-bytes", str(1 << 30),
                    "--max-model-len", "1024", "--scheduling-policy", "priority", "--seed", "0"]
-        self.process = subprocess.Popen(command, env=env, stdout=self.log.open("a"), stderr=subprocess.STDOUT)
+        # its own process group: vLLM's engine core is a child process, which a kill of the server alone leaves running
+        self.process = subprocess.Popen(command, env=env, stdout=self.log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.log.read_text()[-3000:]
@@ -85,16 +86,23 @@ class VllmServer:
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
     def kill(self) -> None:
-        self.process.kill()
+        """SIGKILL to the server and its engine core (the whole process group)."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self.process.wait(timeout=30)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self.kill()
+                pass
+        self.kill()  # whatever of the group is left
 
 
 @pytest.fixture(scope="module")
