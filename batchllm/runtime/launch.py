@@ -98,20 +98,21 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
     for model, why in lengths.verdicts.items():
         console.print(f"length model for {model}: {why}", markup=False, highlight=False, soft_wrap=True)
     planning = None
-    if schedule != "sequential" and dag.on_devices().nodes:
-        planning, why_not = _calibrated_planning(dag.on_devices(), sources, devices, schedule, profiles_root, home, lengths)
+    on_devices = dag.on_devices()  # the part the planner places: nodes on servers take no devices
+    if schedule != "sequential" and on_devices.nodes:
+        planning, why_not = _calibrated_planning(on_devices, sources, devices, schedule, profiles_root, home, lengths)
         if planning is None:
             console.print(f"[yellow]no plan:[/yellow] {why_not}; running node by node on all devices", soft_wrap=True)
         for note in planning.calibration.problem.notes if planning and planning.calibration else ():  # e.g. what the profile differs in from this machine
             console.print(f"plan note: {note}", markup=False, highlight=False, soft_wrap=True)
-    planning = planning or RunPlanning(SequentialStages(devices, dag.on_devices().topological_order()))
+    planning = planning or RunPlanning(SequentialStages(devices, on_devices.topological_order()))
     replanner = None
     if cluster is not None:
         from batchllm.cluster.replan import NodeLossReplanner
         from batchllm.engines.ray_engine import start_ray_engine
 
         engine_factory = engine_factory or with_endpoints(start_ray_engine)
-        replanner = NodeLossReplanner(cluster.alive_nodes, lambda left: _planning_for(dag.on_devices(), sources, left, schedule,
+        replanner = NodeLossReplanner(cluster.alive_nodes, lambda left: _planning_for(on_devices, sources, left, schedule,
                                                                                      profiles_root))
     sampler = LengthSampler(node_fingerprints(dag, sources), {name: node.model for name, node in dag.nodes.items()},
                             installed_engine_version())
