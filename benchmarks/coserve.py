@@ -759,6 +759,14 @@ def summary(args, say: Report, runs: dict[str, SideRun], reference: LatencySlo, 
         worsts[name] = worst_window(run, args.window_s, reference)
         ttft, itl, kept, total = worsts[name]
         say(f"{run.name:<10} {ttft:5.2f}x {itl:5.2f}x {kept:>6}/{total:<6} {batch_rate(run):25.1f}")
+    say()
+    say("per window (p99 over alone's heavy-phase p99, TTFT/ITL; * breaks the SLO):")
+    for name, run in runs.items():
+        cells = []
+        for w in window_stats(run, args.window_s):
+            mark = "" if keeps(w["ttft_p99"], w["itl_p99"], scaled(reference, BASELINE_MARGIN)) else "*"
+            cells.append(f"{w['ttft_p99'] / reference.ttft_p99_s:.2f}/{w['itl_p99'] / reference.itl_p99_s:.2f}{mark}")
+        say(f"{run.name:<10} " + " ".join(f"{c:>11}" for c in cells))
     gain = None
     if "batchllm" in runs and "oracle" in runs:
         gain = batch_rate(runs["batchllm"]) / max(batch_rate(runs["oracle"]), 1e-9)
