@@ -19,10 +19,20 @@ from batchllm.engines.engine import EngineFailed
 
 
 class Script:
-    """What the server answers, by the user message: a list of statuses to go through (200 streams)."""
+    """What the server answers, by the user message: a list of statuses to go through (200 streams).
+    A message starting "slow" streams SLOW_CHUNKS pieces SLOW_GAP_S apart; `streams` counts the
+    streams open now and `peak_since_mark` the most open at once since `mark()`."""
 
     def __init__(self, plan: dict[str, list[int]]):
         self.plan, self.calls, self.ids = plan, {}, []
+        self.lock, self.streams, self.peak_since_mark = threading.Lock(), 0, 0
+
+    def mark(self) -> None:
+        with self.lock:
+            self.peak_since_mark = self.streams
+
+
+SLOW_CHUNKS, SLOW_GAP_S = 30, 0.1
 
 
 def handler_for(script: Script):
@@ -53,6 +63,9 @@ def handler_for(script: Script):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
+            if prompt.startswith("slow"):
+                self.stream_slowly(script)
+                return
             chunks = [{"choices": [{"index": 0, "delta": {"content": "Hel"}}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
                       {"choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}],
                        "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
@@ -62,6 +75,26 @@ def handler_for(script: Script):
                 self.wfile.write(f"data: {json.dumps({**base, **chunk})}\n\n".encode())
                 self.wfile.flush()
             self.wfile.write(b"data: [DONE]\n\n")
+
+        def stream_slowly(self, script: Script) -> None:
+            with script.lock:
+                script.streams += 1
+                script.peak_since_mark = max(script.peak_since_mark, script.streams)
+            base = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+            try:
+                for k in range(SLOW_CHUNKS):
+                    last = k == SLOW_CHUNKS - 1
+                    chunk = {"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": "length" if last else None}],
+                             "usage": {"prompt_tokens": 3, "completion_tokens": k + 1}}
+                    self.wfile.write(f"data: {json.dumps({**base, **chunk})}\n\n".encode())
+                    self.wfile.flush()
+                    time.sleep(SLOW_GAP_S)
+                self.wfile.write(b"data: [DONE]\n\n")
+            except OSError:  # the client closed the stream: vLLM aborts the request
+                pass
+            finally:
+                with script.lock:
+                    script.streams -= 1
 
     return Handler
 
@@ -83,8 +116,8 @@ def server():
         httpd.server_close()
 
 
-def engine_for(url: str) -> EndpointEngine:
-    return EndpointEngine(endpoint_config("", Endpoint(url, "m", None, None, 8, "openai", None, None), 0))
+def engine_for(url: str, guard=None) -> EndpointEngine:
+    return EndpointEngine(endpoint_config("", Endpoint(url, "m", None, None, 8, "openai", None, None), 0), guard=guard)
 
 
 def results_of(engine: EndpointEngine, count: int, timeout_s: float = 30.0) -> dict:
@@ -98,7 +131,7 @@ def results_of(engine: EndpointEngine, count: int, timeout_s: float = 30.0) -> d
 def test_answers_stream_in_and_retries_and_row_errors_end_each_request_once(server, monkeypatch):
     monkeypatch.setattr(http_engine, "BACKOFF_S", (0.01,))
     url, script = server({"flaky": [503, 200], "bad": [400], "crashes": [500]})
-    engine = engine_for(url)
+    engine = engine_for(url, SetGuard(4))  # all four at once (the runtime sends no more than the guard allows)
     try:
         engine.submit([EngineRequest(1, "fine"), EngineRequest(2, "flaky"), EngineRequest(3, "bad"), EngineRequest(4, "crashes")])
         found = results_of(engine, 4)
@@ -125,3 +158,51 @@ def test_a_refused_key_is_the_servers_fault_and_fails_the_engine(server):
     finally:
         engine.stop()
     assert not any(t.name == f"endpoint {url}" for t in threading.enumerate())  # stop ends the engine's thread
+
+
+class SetGuard:
+    """The test's stand-in for the latency guard: allows what the test set, sees nothing."""
+
+    def __init__(self, allowed: int):
+        self.value = allowed
+
+    def allowed(self, now_s: float, in_flight: int) -> int:
+        return self.value
+
+    def observe_server(self, snapshot) -> None:
+        pass
+
+    def observe_own(self, now_s: float, ttft_s, token_gaps_s) -> None:
+        pass
+
+
+def wait_until(condition, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_cut_aborts_the_youngest_calls_at_once_and_sends_them_again_when_allowed(server, monkeypatch):
+    monkeypatch.setattr(http_engine, "SCRAPE_S", 0.1)
+    monkeypatch.setattr(http_engine, "HELD_POLL_S", 0.05)
+    url, script = server({})
+    guard = SetGuard(3)
+    engine = engine_for(url, guard)
+    try:
+        for request_id in (1, 2, 3):  # 1 is the oldest
+            engine.submit([EngineRequest(request_id, f"slow {request_id}")])
+            wait_until(lambda: script.streams == request_id)
+        guard.value = 1  # a cut: 2 and 3 go back, 1 runs on
+        wait_until(lambda: script.streams == 1, timeout_s=2.0)  # within a few scrapes, long before 1's stream ends
+        script.mark()
+        time.sleep(0.5)
+        assert script.peak_since_mark == 1  # held: not sent again while the guard allows one
+        guard.value = 3
+        found = results_of(engine, 3)
+    finally:
+        engine.stop()
+    assert {r: (found[r].texts, found[r].finish_reason) for r in found} == {r: (("a" * SLOW_CHUNKS,), FinishReason.LENGTH)
+                                                                           for r in (1, 2, 3)}
+    assert sorted(script.ids) == ["batchllm-1-0", "batchllm-2-0", "batchllm-2-1", "batchllm-3-0", "batchllm-3-1"]
+    assert engine.poll(0.0) == []  # nothing answered twice

@@ -2,7 +2,11 @@
 OpenAI calls (so a stopped run aborts them on the server), results come back as they end.
 
 How many run at once is the latency guard's call (`in_flight_limit`), read from the
-server's metrics every SCRAPE_S beside its online traffic. A call that fails on the
+server's metrics every SCRAPE_S beside its online traffic. When the guard cuts below what is
+on the server, the youngest calls over its allowance are aborted at once (they have done the
+least) and held here until it allows them again, then sent anew: a cut takes effect in a
+scrape, not after the calls in flight end (~one answer's time, when online latency is already
+over its target). A call that fails on the
 connection, a 5xx or a 429 is sent again with backoff (under a new attempt id: vLLM takes
 `X-Request-Id` as the request's id, and the aborted attempt may still hold the old one); a
 4xx that is the request's own fault is that row's error. A server down for longer than
@@ -10,7 +14,8 @@ connection, a 5xx or a 429 is sent again with backoff (under a new attempt id: v
 runtime, which sends them to the model's other servers or fails the node.
 
 Invariant: every submitted request ends exactly once here, as a result or with the
-engine's failure; none is answered twice (a retry starts only after its attempt ended).
+engine's failure; none is answered twice (a retry or a resend after a hold starts only after
+its attempt ended). Submitted = on the server + held + in a retry's backoff.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx
 SERVER_FAULTS = frozenset({401, 403, 404})  # a key refused, a model gone: the engine fails (its rows run again), not the row
 MAX_FAILED_ANSWERS = 5  # attempts of one request that the server answered and failed (a 500, an error inside the stream)
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+HELD_POLL_S = 0.25  # how often a request held back by a cut asks the guard again
 CHAT_KEYS = frozenset({"model", "messages", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "seed", "stop",
                        "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "response_format"})
 COMPLETION_KEYS = frozenset({"model", "prompt", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "seed",
@@ -49,7 +55,8 @@ COMPLETION_KEYS = frozenset({"model", "prompt", "max_tokens", "temperature", "to
 
 
 class EndpointEngine:
-    def __init__(self, config: EngineConfig, *, down_after_s: float = DOWN_AFTER_S):
+    def __init__(self, config: EngineConfig, *, down_after_s: float = DOWN_AFTER_S, guard: LatencyGuard | None = None):
+        """`guard`: how many may be in flight (default: a `LatencyGuard` on the endpoint's SLO)."""
         if config.endpoint is None:
             raise ValueError(f"{config.model}: an endpoint engine needs config.endpoint")
         self.config, self.endpoint = config, config.endpoint
@@ -58,8 +65,11 @@ class EndpointEngine:
         self._failure: EngineFailed | None = None
         self._down_since: float | None = None
         self._in_flight = 0  # submitted, not yet ended
+        self._held = 0  # of those, aborted by a cut and waiting to be allowed again
+        self._calls: dict[int | str, tuple[float, asyncio.Task]] = {}  # request id -> (sent at, its call): on the server; loop thread only
+        self._cut_back: set[int | str] = set()  # request ids whose call a cut aborted; loop thread only
         self._lock = threading.Lock()
-        self._guard = LatencyGuard(self.endpoint.slo, self.endpoint.max_in_flight)
+        self._guard = guard or LatencyGuard(self.endpoint.slo, self.endpoint.max_in_flight)
         self._ready = WorkerReady(load_time_s=0.0, kv_capacity_tokens=0, block_size_tokens=16,
                                   max_num_seqs=self.endpoint.max_in_flight, max_num_batched_tokens=0,
                                   max_model_len=self.endpoint.max_model_len or 0,
@@ -80,7 +90,7 @@ class EndpointEngine:
 
     def in_flight_limit(self) -> int:
         with self._lock:
-            return self._guard.allowed(time.monotonic(), self._in_flight)
+            return self._guard.allowed(time.monotonic(), self._in_flight - self._held)
 
     def note(self) -> str | None:
         with self._lock:
@@ -89,7 +99,7 @@ class EndpointEngine:
     def submit(self, requests: Sequence[EngineRequest]) -> None:
         with self._lock:
             self._in_flight += len(requests)
-            self._guard.allowed(time.monotonic(), self._in_flight)  # the guard learns how many run
+            self._guard.allowed(time.monotonic(), self._in_flight - self._held)  # the guard learns how many run
         for request in requests:
             self._tasks.add(asyncio.run_coroutine_threadsafe(self._answer(request), self._loop))
 
@@ -149,10 +159,14 @@ class EndpointEngine:
         except ValueError as error:  # a request this server cannot take: that row's error
             self._results.put(EngineResult.failed(request.request_id, 0, str(error)))
             return
-        attempt = failed_answers = 0
+        attempt = retries = failed_answers = 0  # attempt: sent so far (its id); retries: after a failure (the backoff)
         while True:
             try:
-                result = await self._call(request, attempt)
+                result = await self._guarded_call(request, attempt)
+            except CutBack:  # the guard's cut aborted it: sent again, as a new attempt, once allowed
+                attempt += 1
+                await self._until_allowed()
+                continue
             except openai.APIStatusError as error:  # an HTTP error status before the stream
                 if error.status_code in SERVER_FAULTS:  # the server's fault, not the row's: every row would get it
                     self._failure = self._failure or EngineFailed(f"server {self.endpoint.url}",
@@ -189,8 +203,51 @@ class EndpointEngine:
             if down_s > self._down_after_s:
                 self._failure = self._failure or EngineFailed(f"server {self.endpoint.url}", f"no answer for {down_s:.0f} s: {cause}")
                 return
-            await asyncio.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
-            attempt += 1
+            await asyncio.sleep(BACKOFF_S[min(retries, len(BACKOFF_S) - 1)])
+            attempt, retries = attempt + 1, retries + 1
+
+    async def _guarded_call(self, request: EngineRequest, attempt: int) -> EngineResult:
+        """`_call` as a task a cut can abort (`_cut_back_youngest`): CutBack then."""
+        call = asyncio.ensure_future(self._call(request, attempt))
+        self._calls[request.request_id] = (time.monotonic(), call)
+        held = False
+        try:
+            return await call
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if request.request_id in self._cut_back and not (current is not None and current.cancelling()):
+                held = True
+                raise CutBack from None
+            call.cancel()
+            raise
+        finally:
+            del self._calls[request.request_id]
+            if request.request_id in self._cut_back:
+                self._cut_back.discard(request.request_id)
+                if not held:  # it ended (answer or error) before the abort reached it: not held after all
+                    with self._lock:
+                        self._held -= 1
+
+    async def _until_allowed(self) -> None:
+        """Wait, held, until the guard allows one more on the server; then it counts as there."""
+        while True:
+            with self._lock:
+                on_server = self._in_flight - self._held
+                if on_server < self._guard.allowed(time.monotonic(), on_server):
+                    self._held -= 1
+                    return
+            await asyncio.sleep(HELD_POLL_S)
+
+    def _cut_back_youngest(self) -> None:
+        """Abort the youngest calls over the guard's allowance (loop thread, after a scrape)."""
+        with self._lock:
+            excess = self._in_flight - self._held - self._guard.allowed(time.monotonic(), self._in_flight - self._held)
+            on_server = [(sent, request_id) for request_id, (sent, _) in self._calls.items() if request_id not in self._cut_back]
+            youngest = sorted(on_server, key=lambda call: call[0], reverse=True)[:max(0, excess)]
+            self._held += len(youngest)
+        for _, request_id in youngest:
+            self._cut_back.add(request_id)
+            self._calls[request_id][1].cancel()
 
     async def _call(self, request: EngineRequest, attempt: int) -> EngineResult:
         """One streamed call. Its time to first token and the gaps between its tokens go to the
@@ -242,7 +299,12 @@ class EndpointEngine:
             if snapshot is not None:
                 with self._lock:
                     self._guard.observe_server(snapshot)
+            self._cut_back_youngest()
             await asyncio.sleep(SCRAPE_S)
+
+
+class CutBack(Exception):
+    """A call the guard's cut aborted (held, then sent again)."""
 
 
 class CutStream(Exception):

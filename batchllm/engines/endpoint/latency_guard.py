@@ -27,11 +27,12 @@ snapshot (own requests: per new timing, at most once a second):
   at most `kv_usage_grow`, the batch had all it was allowed in flight since the last decision, and
   one more would leave 10 % of the server's capacity (at least 1) free;
 - else hold. After a cut no decision until the batch's in-flight count is down to the new allowance
-  (or `window_s` passed), then `hold_s` more. At 0: back to 1 once `window_s` passed since the cut
+  (at the caller's next look, or `window_s` passed), then `hold_s` more. At 0: back to 1 once `window_s` passed since the cut
   took effect and the window shows no reason to cut.
 
-Invariant: `allowed` is in [0, max_in_flight] and changes at most once per decision; requests
-already in flight are never asked to stop (the caller only holds new ones back).
+Invariant: `allowed` is in [0, max_in_flight] and changes at most once per decision. The guard
+only says how many; its caller holds new requests back and aborts the youngest over a cut (the
+endpoint engine sends them again once allowed), so a cut takes effect at once.
 """
 from __future__ import annotations
 
