@@ -83,12 +83,12 @@ import httpx
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from batchllm.core.latency_slo import BASELINE_MARGIN, LatencySlo  # noqa: E402
+from batchllm.engines.endpoint.server_metrics import MetricsSnapshot, parse_metrics  # noqa: E402
 
 MODEL = "smollm2-135m"
 PROMPTS = REPO / "profiles" / "prompts"
@@ -105,8 +105,6 @@ SERVER_START_TIMEOUT_S = 240.0
 BATCH_START_TIMEOUT_S = 300.0  # batchllm imports, reads the DAG and plans before its first request
 STOP_TIMEOUT_S = 30.0
 IDLE_TIMEOUT_S = 120.0
-WANTED = ("vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:num_requests_waiting",
-          "vllm:num_preemptions_total")
 
 
 @dataclass(frozen=True)
@@ -140,8 +138,8 @@ class SideRun:
     name: str
     phases: list[Phase]
     online: list[OnlineResult]
-    scrapes: list[tuple[float, dict[str, float]]]  # (seconds since the phases began, metric values)
-    bounds: list[tuple[float, dict[str, float]]]  # the scrapes at the phase bounds
+    scrapes: list[tuple[float, MetricsSnapshot]]  # (seconds since the phases began, what the server showed)
+    bounds: list[tuple[float, MetricsSnapshot]]  # the scrapes at the phase bounds
     note: str = ""
 
 
@@ -262,7 +260,7 @@ def reset_server(base: str) -> str:
     """Wait until no request runs or waits (bounded), then empty the prefix cache: the next side starts as the first did."""
     started = time.monotonic()
     values = scrape_sync(base)
-    while values["vllm:num_requests_running"] + values["vllm:num_requests_waiting"] > 0:
+    while values.running + values.waiting > 0:
         if time.monotonic() - started > IDLE_TIMEOUT_S:
             return f"server still busy after {IDLE_TIMEOUT_S:.0f} s"
         time.sleep(1)
@@ -273,22 +271,20 @@ def reset_server(base: str) -> str:
 
 # ---------------------------------------------------------------- metrics
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """The wanted samples of a Prometheus text exposition, summed over labels (engines, models)."""
-    values = dict.fromkeys(WANTED, 0.0)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in values:
-                values[sample.name] += sample.value
-    return values
+def snapshot_of(text: str) -> MetricsSnapshot:
+    """The server's /metrics as batchllm's guard reads them (its parser: one reading of the names)."""
+    snapshot = parse_metrics(text, time.monotonic())
+    if snapshot is None or snapshot.generation_tokens is None or snapshot.preemptions is None:
+        raise RuntimeError("the server's /metrics show no vLLM running, generated-token and preemption counts")
+    return snapshot
 
 
-def scrape_sync(base: str) -> dict[str, float]:
-    return parse_metrics(httpx.get(f"{base}/metrics", timeout=10).text)
+def scrape_sync(base: str) -> MetricsSnapshot:
+    return snapshot_of(httpx.get(f"{base}/metrics", timeout=10).text)
 
 
-async def scrape(client: httpx.AsyncClient, base: str) -> dict[str, float]:
-    return parse_metrics((await client.get(f"{base}/metrics")).text)
+async def scrape(client: httpx.AsyncClient, base: str) -> MetricsSnapshot:
+    return snapshot_of((await client.get(f"{base}/metrics")).text)
 
 
 # ---------------------------------------------------------------- online load
@@ -329,8 +325,8 @@ async def run_online(base: str, phases: list[Phase], arrivals: list[Arrival], at
     end_s = phases[-1].end_s
     bound_times = [phases[0].start_s] + [p.end_s for p in phases]
     scrape_times = sorted(set(bound_times) | set(np.arange(0.0, end_s, SCRAPE_EVERY_S).round(3).tolist()))
-    scrapes: list[tuple[float, dict[str, float]]] = []
-    bounds: list[tuple[float, dict[str, float]]] = []
+    scrapes: list[tuple[float, MetricsSnapshot]] = []
+    bounds: list[tuple[float, MetricsSnapshot]] = []
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0)) as client, \
             httpx.AsyncClient(timeout=10.0) as metrics_client:
@@ -391,7 +387,7 @@ def wait_batch_started(base: str, proc: subprocess.Popen, log: Path, timeout_s: 
     while time.monotonic() - started < timeout_s:
         if proc.poll() is not None:
             raise RuntimeError(f"the batch side exited ({proc.returncode}) before sending work:\n{tail(log)}")
-        if scrape_sync(base)["vllm:num_requests_running"] > 0:
+        if scrape_sync(base).running > 0:
             return time.monotonic() - started
         time.sleep(0.5)
     raise RuntimeError(f"the batch side sent nothing in {timeout_s:.0f} s:\n{tail(log)}")
@@ -496,6 +492,11 @@ def online_tokens(run: SideRun, lo: float, hi: float) -> int:
     return sum(tokens for r in run.online for at, tokens in r.chunks if lo <= at < hi)
 
 
+def counted(value: float | None) -> float:
+    assert value is not None  # snapshot_of refuses a scrape without it
+    return value
+
+
 def pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else float("nan")
 
@@ -504,16 +505,16 @@ def phase_stats(run: SideRun) -> list[dict]:
     """Per phase: online latencies and batch output tokens/s (server counter minus the online tokens, at the actual scrape times)."""
     stats = []
     for phase, (lo, begin), (hi, end) in zip(run.phases, run.bounds, run.bounds[1:]):
-        generated = end["vllm:generation_tokens_total"] - begin["vllm:generation_tokens_total"]
+        generated = counted(end.generation_tokens) - counted(begin.generation_tokens)
         batch_tokens = generated - online_tokens(run, lo, hi)  # not clipped at 0: alone shows the method's error
-        gauges = [v["vllm:num_requests_running"] - online_running(run, t) for t, v in run.scrapes if lo <= t <= hi]
+        gauges = [v.running - online_running(run, t) for t, v in run.scrapes if lo <= t <= hi]
         ttft, itl = ttfts(run, phase.start_s, phase.end_s), itls(run, phase.start_s, phase.end_s)
         stats.append({"phase": phase.name, "requests": sum(1 for r in run.online if phase.start_s <= r.sent_s < phase.end_s),
                       "errors": sum(1 for r in run.online if r.error and phase.start_s <= r.sent_s < phase.end_s),
                       "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99), "itl_p50": pct(itl, 50), "itl_p99": pct(itl, 99),
                       "batch_tps": batch_tokens / (hi - lo), "batch_tokens": batch_tokens, "seconds": hi - lo,
                       "batch_running": float(np.mean(gauges)) if gauges else float("nan"),
-                      "preempted": end["vllm:num_preemptions_total"] - begin["vllm:num_preemptions_total"]})
+                      "preempted": counted(end.preemptions) - counted(begin.preemptions)})
     return stats
 
 

@@ -72,8 +72,9 @@ def tick(guard: LatencyGuard, server: FakeServer, batch: Batch, t: float, *, onl
 
 
 def guarded(slo: LatencySlo | None = SLO, max_in_flight: int = 64, **options) -> tuple[LatencyGuard, FakeServer, Batch]:
-    """A guard that grows by one from the start (the slow start has a test of its own)."""
-    guard = LatencyGuard(slo, max_in_flight, **{"slow_start": False, **options})
+    """A guard that grows by one from the start, at every snapshot (the slow start and the pace of
+    growth have tests of their own)."""
+    guard = LatencyGuard(slo, max_in_flight, **{"slow_start": False, "grow_every_s": 0.0, **options})
     server = FakeServer()
     return guard, server, Batch(guard, server)
 
@@ -123,6 +124,20 @@ def test_a_slow_start_doubles_until_the_first_cut_then_grows_by_one():
     batch.finish(6.0, batch.in_flight - 8, 0.1, 0.015)
     later = [tick(guard, server, batch, float(t)) for t in range(7, 21)]
     assert later == [8, 8, *range(9, 21)]  # after the cut (and its hold): one at a time
+
+
+def test_growth_waits_grow_every_s_so_the_window_shows_the_new_level_first():
+    guard, server, batch = guarded(grow_every_s=2.0)
+    assert [tick(guard, server, batch, float(t)) for t in range(0, 7)] == [1, 2, 2, 3, 3, 4, 4]
+    # the level grown to at 5 is too much: seen at 7, cut at once (cuts do not wait)
+    assert tick(guard, server, batch, 7.0, online_ttft_s=0.4) == 2
+
+
+def test_by_default_growth_is_paced_and_starts_slow():
+    guard = LatencyGuard(SLO, 64)
+    server = FakeServer()
+    batch = Batch(guard, server)
+    assert [tick(guard, server, batch, float(t)) for t in range(0, 9)] == [1, 2, 2, 4, 4, 8, 8, 16, 16]
 
 
 def test_no_growth_while_the_batch_does_not_use_what_it_is_allowed():
@@ -274,7 +289,7 @@ def test_a_batch_alone_on_the_server_grows_whatever_its_own_latency():
 
 
 def test_without_metrics_it_works_from_its_own_requests():
-    guard = LatencyGuard(None, 64, slow_start=False)
+    guard = LatencyGuard(None, 64, slow_start=False, grow_every_s=0.0)
     batch = Batch(guard, server=None)
     assert batch.fill(0.0) == 1
     assert (guard.reading(0.0).basis, guard.reading(0.0).phase) == ("own requests", "measuring baseline")

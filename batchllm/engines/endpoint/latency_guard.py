@@ -22,7 +22,9 @@ snapshot (own requests: per new timing, at most once a second):
   a row (the server is full: an online request would wait for a batch one to finish, and a batch
   request waiting there cannot go to another server; its running count then is kept as the
   server's capacity);
-- grow: x2 until the first cut (a slow start, as TCP's), then +1 (+10 % from 20 up), up to `max_in_flight`, when each p99 is under its growth bound
+- grow: x2 until the first cut (a slow start, as TCP's), then +1 (+10 % from 20 up), up to `max_in_flight`,
+  at most once per `grow_every_s` (the window shows a new level's latency only after it ran a
+  while: growing every snapshot on a window still full of the old level overshoots), when each p99 is under its growth bound
   (`grow_below`, 0.6, x an SLO target; half-way from a baseline to its target), nothing waits, KV use is
   at most `kv_usage_grow`, the batch had all it was allowed in flight since the last decision, and
   one more would leave 10 % of the server's capacity (at least 1) free;
@@ -67,7 +69,8 @@ class LatencyGuard:
 
     def __init__(self, slo: LatencySlo | None, max_in_flight: int, *, window_s: float = 10.0, baseline_s: float = 8.0,
                  hold_s: float = 2.0, cut_factor: float = 0.5, grow_below: float = 0.6, kv_usage_cut: float = 0.95,
-                 kv_usage_grow: float = 0.9, baseline_min_requests: int = 5, slow_start: bool = True):
+                 kv_usage_grow: float = 0.9, baseline_min_requests: int = 5, slow_start: bool = True,
+                 grow_every_s: float = 2.0):
         """`slow_start`: double until the first cut, then grow by one (else by one from the start)."""
         self.slow_start = slow_start
         if max_in_flight < 1:
@@ -79,11 +82,13 @@ class LatencyGuard:
             raise ValueError(f"cut_factor must be in (0, 1), got {cut_factor!r}")
         if not 0 < grow_below <= 1:
             raise ValueError(f"grow_below must be in (0, 1], got {grow_below!r}")
+        if not grow_every_s >= 0:
+            raise ValueError(f"grow_every_s must be >= 0, got {grow_every_s!r}")
         if not (hold_s >= 0 and kv_usage_grow <= kv_usage_cut and baseline_min_requests >= 1):
             raise ValueError(f"need hold_s >= 0, kv_usage_grow <= kv_usage_cut, baseline_min_requests >= 1; got hold_s {hold_s!r}, "
                              f"kv_usage_grow {kv_usage_grow!r}, kv_usage_cut {kv_usage_cut!r}, baseline_min_requests {baseline_min_requests!r}")
         self.max_in_flight = max_in_flight
-        self.window_s, self.baseline_s, self.hold_s = window_s, baseline_s, hold_s
+        self.window_s, self.baseline_s, self.hold_s, self.grow_every_s = window_s, baseline_s, hold_s, grow_every_s
         self.cut_factor, self.grow_below = cut_factor, grow_below
         self.kv_usage_cut, self.kv_usage_grow, self.baseline_min_requests = kv_usage_cut, kv_usage_grow, baseline_min_requests
         self._targets: GuardTargets | None = None if slo is None else GuardTargets.from_slo(slo, grow_below)
@@ -97,6 +102,7 @@ class LatencyGuard:
         self._decided = (0, 0, -math.inf)  # (snapshots seen, own reports, at_s) at the last decision
         self._draining_since_s: float | None = None  # a cut waits for the in-flight count to come down
         self._settled_at_s: float | None = None  # when the last cut took effect
+        self._grown_at_s = -math.inf  # when `allowed` last went up
         self._capacity_running: float | None = None  # running requests when the server was last seen full
 
     # -- what the caller tells and asks
@@ -187,7 +193,7 @@ class LatencyGuard:
             assert self._settled_at_s is not None  # 0 only by a cut
             evidence = self._evidence(now_s)
             if now_s >= self._settled_at_s + self.window_s and evidence is not None and not self._over(evidence):
-                self._allowed = 1
+                self._allowed, self._grown_at_s = 1, now_s
                 self._mark_decided(now_s)
             return
         seen, reports, at_s = self._decided
@@ -207,9 +213,9 @@ class LatencyGuard:
             self._draining_since_s = now_s
             if self._in_flight <= self._allowed:
                 self._draining_since_s, self._settled_at_s = None, now_s
-        elif self._under(evidence) and used_all and self._has_room(evidence):
+        elif now_s >= self._grown_at_s + self.grow_every_s and self._under(evidence) and used_all and self._has_room(evidence):
             step = self._allowed if self.slow_start and self._settled_at_s is None else max(1, self._allowed // 10)
-            self._allowed = min(self.max_in_flight, self._allowed + step)
+            self._allowed, self._grown_at_s = min(self.max_in_flight, self._allowed + step), now_s
 
     def _mark_decided(self, now_s: float) -> None:
         self._decided = (self._snapshots_seen, self._own.reports, now_s)
