@@ -99,8 +99,7 @@ def test_an_slo_is_used_from_the_first_snapshot_without_a_baseline():
     guard, server, batch = guarded()
     assert tick(guard, server, batch, 0.0) == 1
     reading = guard.reading(0.0)
-    # it aims at 0.9 of the SLO: a bound, not a set point
-    assert (reading.phase, reading.ttft_target_s, reading.itl_target_s) == ("guarding", pytest.approx(0.225), pytest.approx(0.036))
+    assert (reading.phase, reading.ttft_target_s, reading.itl_target_s) == ("guarding", 0.25, 0.04)
     assert tick(guard, server, batch, 1.0) == 2
 
 
@@ -330,7 +329,7 @@ def test_describe():
     tick(guard, server, batch, 1.0)
     assert guard.reading(1.0).describe() == "measuring baseline; in flight <= 0; online p99 TTFT 0.10 s, inter-token 20 ms"
     partial = LatencyGuard(LatencySlo(itl_p99_s=0.05), 4)
-    assert partial.reading(0.0).describe() == "in flight <= 1; own p99 TTFT unknown (no target), inter-token unknown (target 45)"
+    assert partial.reading(0.0).describe() == "in flight <= 1; own p99 TTFT unknown (no target), inter-token unknown (target 50)"
 
 
 def test_own_timings_are_placed_when_the_client_saw_them():

@@ -11,11 +11,6 @@ from dataclasses import dataclass
 
 from batchllm.core.latency_slo import BASELINE_MARGIN, LatencySlo
 
-# An SLO is a bound, not a set point: the guard cuts at 0.9 of it. A 10 s window's p99 varies by
-# about 10 % from one window to the next at a steady load, and a client that reads the stream
-# sees gaps a little longer than the server's histogram records.
-SLO_AIM = 0.9
-
 SERVER_METRICS = "server metrics"
 OWN_REQUESTS = "own requests"
 MEASURING_BASELINE = "measuring baseline"
@@ -61,12 +56,8 @@ class GuardTargets:
 
     @classmethod
     def from_slo(cls, slo: LatencySlo, grow_below: float) -> GuardTargets:
-        """Targets SLO_AIM x the SLO's bounds, growth under `grow_below` x them."""
-        def times(factor: float, bound_s: float | None) -> float | None:
-            return None if bound_s is None else factor * bound_s
-
-        return cls(times(SLO_AIM, slo.ttft_p99_s), times(SLO_AIM, slo.itl_p99_s), times(grow_below, slo.ttft_p99_s),
-                   times(grow_below, slo.itl_p99_s))
+        return cls(slo.ttft_p99_s, slo.itl_p99_s, None if slo.ttft_p99_s is None else grow_below * slo.ttft_p99_s,
+                   None if slo.itl_p99_s is None else grow_below * slo.itl_p99_s)
 
     @classmethod
     def from_baseline(cls, ttft_p99_s: float | None, itl_p99_s: float | None) -> GuardTargets:
