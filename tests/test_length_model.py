@@ -94,22 +94,6 @@ def test_model_shifts_centre_on_zero_and_rank_the_kinds(tmp_path):
     assert np.array_equal(again.base.lengths, model.base.lengths) and np.array_equal(again.base.cdf, model.base.cdf)
 
 
-def test_a_prompt_mostly_unread_by_the_features_gets_the_base_not_a_guess(tmp_path):
-    """A short last turn after a long conversation is not the short task it reads as: with far more
-    unread tokens than any training prompt had, its shift is 0 (the base's length)."""
-    prompts, lengths, finished = workload(600, seed=1)
-    model = LengthModel.fit(prompts, lengths, finished)
-    short = "What is the capital of Rome? Answer in one word."
-    alone, after_a_conversation = LengthPrompt(short, template="t", prompt_tokens=20), \
-        LengthPrompt(short, template="t", prompt_tokens=2000)
-    assert model.unread_limit_tokens == pytest.approx(
-        np.percentile([p.prompt_tokens - len(p.last_user) / 4 for p in prompts], 99) + 64)
-    shifts = model.log_shift([alone, after_a_conversation])
-    assert shifts[0] < -1.0 and shifts[1] == 0.0
-    model.save(tmp_path / "m")
-    assert LengthModel.load(tmp_path / "m").log_shift([alone, after_a_conversation]).tolist() == pytest.approx(shifts.tolist())
-
-
 def test_a_pilot_sets_the_level_of_a_new_set():
     prompts, lengths, finished = workload(600, seed=1)
     model = LengthModel.fit(prompts, lengths, finished)

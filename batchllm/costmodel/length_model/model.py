@@ -13,11 +13,6 @@ training outputs. The base is the Kaplan-Meier distribution of the outputs' resi
 length / exp(shift), each shift predicted without its own output (out of fold), so the
 base's spread is what a new prompt's length has around its prediction. Saved as numbers
 (.npz, .json), no pickle.
-
-The features read the last user turn and the system text only. A prompt with far more
-besides them than any training prompt had (earlier turns of a conversation, a document
-pasted into another turn) is outside what the shift learnt: its shift is 0, its length the
-base's (without it, a short follow-up at the end of a long conversation read as a short task).
 """
 
 from __future__ import annotations
@@ -30,7 +25,6 @@ from pathlib import Path
 import numpy as np
 
 from batchllm.core.files import replacing
-from batchllm.core.text_tokens import estimated_tokens
 from batchllm.costmodel.length_model.censored_fit import fit_censored
 from batchllm.costmodel.length_model.features import FEATURES_VERSION, features, width
 from batchllm.costmodel.length_model.new_sets import NewSetCalibration, calibrate_new_sets, residual_base
@@ -39,13 +33,6 @@ from batchllm.core.length_prompt import LengthPrompt
 from batchllm.costmodel.request_lengths import RequestLengths
 
 MODEL_FILE, NUMBERS_FILE = "length_model.json", "length_model.npz"
-UNREAD_MARGIN_TOKENS = 64  # over the training prompts' 99th percentile of unread tokens: a prompt the shift knows nothing of
-
-
-def unread_tokens(prompts: Sequence[LengthPrompt]) -> np.ndarray:
-    """Each prompt's tokens the features do not read: all but its last user turn and system
-    text (the chat template, earlier turns), the read part estimated from its characters."""
-    return np.array([p.prompt_tokens - estimated_tokens(len(p.last_user) + len(p.system)) for p in prompts], float)
 
 
 @dataclass(frozen=True)
@@ -57,7 +44,6 @@ class LengthModel:
     trained_on: int  # outputs fit on
     alpha: float  # ridge penalty
     new_set: NewSetCalibration | None = None  # how it carries over to an unseen prompt set (new_sets.py)
-    unread_limit_tokens: float | None = None  # a prompt with more unread tokens gets shift 0 (None: no limit)
 
     @classmethod
     def fit(cls, prompts: Sequence[LengthPrompt], lengths, finished, *, groups: Sequence[str] | None = None,
@@ -78,9 +64,7 @@ class LengthModel:
         centre = float(np.mean(fit.predict(matrix)))
         base = residual_base(lengths, finished, fit.out_of_fold - centre)
         new_set = calibrate_new_sets(matrix, lengths, finished, groups, fit.alpha, seed) if groups is not None else None
-        unread_limit = float(np.percentile(unread_tokens(prompts), 99)) + UNREAD_MARGIN_TOKENS
-        return cls(fit.coef.astype(np.float32), fit.intercept - centre, fit.sigma, base, int(lengths.size), fit.alpha, new_set,
-                   unread_limit)
+        return cls(fit.coef.astype(np.float32), fit.intercept - centre, fit.sigma, base, int(lengths.size), fit.alpha, new_set)
 
     def for_new_set(self) -> "LengthModel":
         """The model for a prompt set none of its outputs came from: each shift times the share
@@ -95,10 +79,7 @@ class LengthModel:
     def log_shift(self, prompts: Sequence[LengthPrompt]) -> np.ndarray:
         if not prompts:
             return np.zeros(0)
-        shifts = np.asarray(features(prompts) @ self.coef, float).ravel() + self.intercept
-        if self.unread_limit_tokens is not None:
-            shifts[unread_tokens(prompts) > self.unread_limit_tokens] = 0.0
-        return shifts
+        return np.asarray(features(prompts) @ self.coef, float).ravel() + self.intercept
 
     def request_lengths(self, prompts: Sequence[LengthPrompt], source: str = "length model") -> RequestLengths:
         return RequestLengths(self.base, self.log_shift(prompts), source)
@@ -137,7 +118,6 @@ class LengthModel:
                                     new_base_cdf=new_base.cdf)
         record = {"features_version": FEATURES_VERSION, "width": int(self.coef.size), "intercept": self.intercept,
                   "sigma": self.sigma, "censored_at": self.base.censored_at, "trained_on": self.trained_on, "alpha": self.alpha,
-                  "unread_limit_tokens": self.unread_limit_tokens,
                   "new_set": None if self.new_set is None else {"transfer": self.new_set.transfer, "sets": self.new_set.sets,
                                                                 "censored_at": self.new_set.base.censored_at}}
         with replacing(folder / MODEL_FILE) as new:
@@ -161,4 +141,4 @@ class LengthModel:
                                                            numbers["new_base_cdf"].astype(float), int(new["censored_at"])),
                 int(new["sets"]))
         return cls(coef, float(record["intercept"]), float(record["sigma"]), base, int(record["trained_on"]),
-                   float(record["alpha"]), new_set, record.get("unread_limit_tokens"))
+                   float(record["alpha"]), new_set)
