@@ -164,9 +164,10 @@ class SetGuard:
     """The test's stand-in for the latency guard: allows what the test set, sees nothing."""
 
     def __init__(self, allowed: int):
-        self.value = allowed
+        self.value, self.told = allowed, []  # told: the in-flight counts it was given
 
     def allowed(self, now_s: float, in_flight: int) -> int:
+        self.told.append(in_flight)
         return self.value
 
     def observe_server(self, snapshot) -> None:
@@ -206,3 +207,19 @@ def test_a_cut_aborts_the_youngest_calls_at_once_and_sends_them_again_when_allow
                                                                            for r in (1, 2, 3)}
     assert sorted(script.ids) == ["batchllm-1-0", "batchllm-2-0", "batchllm-2-1", "batchllm-3-0", "batchllm-3-1"]
     assert engine.poll(0.0) == []  # nothing answered twice
+
+
+def test_requests_held_by_a_cut_end_with_a_stop_and_leave_nothing_counted(server, monkeypatch):
+    monkeypatch.setattr(http_engine, "SCRAPE_S", 0.1)
+    monkeypatch.setattr(http_engine, "HELD_POLL_S", 0.05)
+    url, script = server({})
+    guard = SetGuard(2)
+    engine = engine_for(url, guard)
+    engine.submit([EngineRequest(1, "slow 1"), EngineRequest(2, "slow 2")])
+    wait_until(lambda: script.streams == 2)
+    guard.value = 0  # both go back and wait
+    wait_until(lambda: script.streams == 0, timeout_s=2.0)
+    engine.stop()
+    engine.in_flight_limit()
+    assert guard.told[-1] == 0  # on the server: none, and none held any more
+    assert engine.poll(0.0) == []

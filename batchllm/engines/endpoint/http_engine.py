@@ -229,14 +229,18 @@ class EndpointEngine:
                         self._held -= 1
 
     async def _until_allowed(self) -> None:
-        """Wait, held, until the guard allows one more on the server; then it counts as there."""
-        while True:
+        """Wait, held, until the guard allows one more on the server; then it counts as there
+        (also when the wait ends otherwise: a stop cancels it, and the request ends)."""
+        try:
+            while True:
+                with self._lock:
+                    on_server = self._in_flight - self._held
+                    if on_server < self._guard.allowed(time.monotonic(), on_server):
+                        return
+                await asyncio.sleep(HELD_POLL_S)
+        finally:
             with self._lock:
-                on_server = self._in_flight - self._held
-                if on_server < self._guard.allowed(time.monotonic(), on_server):
-                    self._held -= 1
-                    return
-            await asyncio.sleep(HELD_POLL_S)
+                self._held -= 1
 
     def _cut_back_youngest(self) -> None:
         """Abort the youngest calls over the guard's allowance (loop thread, after a scrape)."""
