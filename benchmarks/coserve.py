@@ -582,13 +582,17 @@ def side_header(say: Report) -> None:
     say(f"{'':<10} {'':<7} {'':>4} {'':>3}  {'p50':>7} {'p99':>7}  {'p50':>7} {'p99':>7}  {'tok/s':>9} {'running':>8} {'':>6}")
 
 
-def worst_window(run: SideRun, window_s: float, reference: LatencySlo) -> tuple[float, float, int, int]:
-    """(worst TTFT p99 / reference, worst ITL p99 / reference, windows kept within the margin, windows)."""
-    rows = window_stats(run, window_s)
+def kept_window(window: dict, reference: LatencySlo) -> bool:
+    """Whether a window's online p99s keep the SLO, BASELINE_MARGIN x the reference."""
+    return keeps(window["ttft_p99"], window["itl_p99"], scaled(reference, BASELINE_MARGIN))
+
+
+def worst_window(rows: list[dict], reference: LatencySlo) -> tuple[float, float, int, int]:
+    """Over a side's windows (window_stats): (worst TTFT p99 / reference, worst ITL p99 / reference,
+    windows kept within the margin, windows)."""
     ttft = worst([w["ttft_p99"] for w in rows]) / reference.ttft_p99_s
     itl = worst([w["itl_p99"] for w in rows]) / reference.itl_p99_s
-    kept = sum(1 for w in rows if keeps(w["ttft_p99"], w["itl_p99"], scaled(reference, BASELINE_MARGIN)))
-    return ttft, itl, kept, len(rows)
+    return ttft, itl, sum(1 for w in rows if kept_window(w, reference)), len(rows)
 
 
 def scaled(slo: LatencySlo, factor: float) -> LatencySlo:
@@ -755,18 +759,17 @@ def summary(args, say: Report, runs: dict[str, SideRun], reference: LatencySlo, 
     say()
     say(f"SLO per {args.window_s:.0f} s window after the first (p99, worst window over alone's heavy-phase p99; SLO 1.25x):")
     say(f"{'side':<10} {'TTFT':>6} {'ITL':>6} {'windows kept':>13} {'batch tok/s (all phases)':>25}")
+    windows = {name: window_stats(run, args.window_s) for name, run in runs.items()}
     worsts = {}
     for name, run in runs.items():
-        worsts[name] = worst_window(run, args.window_s, reference)
+        worsts[name] = worst_window(windows[name], reference)
         ttft, itl, kept, total = worsts[name]
         say(f"{run.name:<10} {ttft:5.2f}x {itl:5.2f}x {kept:>6}/{total:<6} {batch_rate(run):25.1f}")
     say()
     say("per window (p99 over alone's heavy-phase p99, TTFT/ITL; * breaks the SLO):")
     for name, run in runs.items():
-        cells = []
-        for w in window_stats(run, args.window_s):
-            mark = "" if keeps(w["ttft_p99"], w["itl_p99"], scaled(reference, BASELINE_MARGIN)) else "*"
-            cells.append(f"{w['ttft_p99'] / reference.ttft_p99_s:.2f}/{w['itl_p99'] / reference.itl_p99_s:.2f}{mark}")
+        cells = [f"{w['ttft_p99'] / reference.ttft_p99_s:.2f}/{w['itl_p99'] / reference.itl_p99_s:.2f}"
+                 f"{'' if kept_window(w, reference) else '*'}" for w in windows[name]]
         say(f"{run.name:<10} " + " ".join(f"{c:>11}" for c in cells))
     gain = None
     if "batchllm" in runs and "oracle" in runs:

@@ -184,12 +184,22 @@ def wait_until(condition, timeout_s: float = 20.0) -> None:
         time.sleep(0.05)
 
 
-def test_a_cut_aborts_the_youngest_calls_at_once_and_sends_them_again_when_allowed(server, monkeypatch):
+@pytest.fixture
+def guarded_engine(server, monkeypatch):
+    """(engine, its stand-in guard, the server's script) for slow streams, scraped every 0.1 s."""
     monkeypatch.setattr(http_engine, "SCRAPE_S", 0.1)
     monkeypatch.setattr(http_engine, "HELD_POLL_S", 0.05)
-    url, script = server({})
-    guard = SetGuard(3)
-    engine = engine_for(url, guard)
+
+    def start(allowed: int) -> tuple[EndpointEngine, SetGuard, Script]:
+        url, script = server({})
+        guard = SetGuard(allowed)
+        return engine_for(url, guard), guard, script
+
+    return start
+
+
+def test_a_cut_aborts_the_youngest_calls_at_once_and_sends_them_again_when_allowed(guarded_engine):
+    engine, guard, script = guarded_engine(3)
     try:
         for request_id in (1, 2, 3):  # 1 is the oldest
             engine.submit([EngineRequest(request_id, f"slow {request_id}")])
@@ -209,12 +219,8 @@ def test_a_cut_aborts_the_youngest_calls_at_once_and_sends_them_again_when_allow
     assert engine.poll(0.0) == []  # nothing answered twice
 
 
-def test_requests_held_by_a_cut_end_with_a_stop_and_leave_nothing_counted(server, monkeypatch):
-    monkeypatch.setattr(http_engine, "SCRAPE_S", 0.1)
-    monkeypatch.setattr(http_engine, "HELD_POLL_S", 0.05)
-    url, script = server({})
-    guard = SetGuard(2)
-    engine = engine_for(url, guard)
+def test_requests_held_by_a_cut_end_with_a_stop_and_leave_nothing_counted(guarded_engine):
+    engine, guard, script = guarded_engine(2)
     engine.submit([EngineRequest(1, "slow 1"), EngineRequest(2, "slow 2")])
     wait_until(lambda: script.streams == 2)
     guard.value = 0  # both go back and wait

@@ -90,7 +90,7 @@ class EndpointEngine:
 
     def in_flight_limit(self) -> int:
         with self._lock:
-            return self._guard.allowed(time.monotonic(), self._in_flight - self._held)
+            return self._guard.allowed(time.monotonic(), self._on_server())
 
     def note(self) -> str | None:
         with self._lock:
@@ -99,7 +99,7 @@ class EndpointEngine:
     def submit(self, requests: Sequence[EngineRequest]) -> None:
         with self._lock:
             self._in_flight += len(requests)
-            self._guard.allowed(time.monotonic(), self._in_flight - self._held)  # the guard learns how many run
+            self._guard.allowed(time.monotonic(), self._on_server())  # the guard learns how many run
         for request in requests:
             self._tasks.add(asyncio.run_coroutine_threadsafe(self._answer(request), self._loop))
 
@@ -234,7 +234,7 @@ class EndpointEngine:
         try:
             while True:
                 with self._lock:
-                    on_server = self._in_flight - self._held
+                    on_server = self._on_server()
                     if on_server < self._guard.allowed(time.monotonic(), on_server):
                         return
                 await asyncio.sleep(HELD_POLL_S)
@@ -242,12 +242,17 @@ class EndpointEngine:
             with self._lock:
                 self._held -= 1
 
+    def _on_server(self) -> int:
+        """Submitted and not held back by a cut (the caller holds the lock)."""
+        return self._in_flight - self._held
+
     def _cut_back_youngest(self) -> None:
         """Abort the youngest calls over the guard's allowance (loop thread, after a scrape)."""
         with self._lock:
-            excess = self._in_flight - self._held - self._guard.allowed(time.monotonic(), self._in_flight - self._held)
-            on_server = [(sent, request_id) for request_id, (sent, _) in self._calls.items() if request_id not in self._cut_back]
-            youngest = sorted(on_server, key=lambda call: call[0], reverse=True)[:max(0, excess)]
+            on_server = self._on_server()
+            excess = on_server - self._guard.allowed(time.monotonic(), on_server)
+            running = [(sent, request_id) for request_id, (sent, _) in self._calls.items() if request_id not in self._cut_back]
+            youngest = sorted(running, key=lambda call: call[0], reverse=True)[:max(0, excess)]
             self._held += len(youngest)
         for _, request_id in youngest:
             self._cut_back.add(request_id)
