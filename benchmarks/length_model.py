@@ -68,7 +68,7 @@ def load() -> dict[str, tuple[list[LengthPrompt], np.ndarray, np.ndarray]]:
     for r in pq.read_table(DATA).to_pylist():
         prompts, lengths, finished = sets.setdefault(r["set"], ([], [], []))
         prompts.append(LengthPrompt(r["last_user"], r["system"], r["template"], r["prompt_tokens"], r["max_tokens"],
-                                    r["temperature"]))
+                                    r["temperature"], r["history_chars"]))
         lengths.append(r["output_tokens"])
         finished.append(r["finished"])
     return {name: (p, np.asarray(l, np.int64), np.asarray(f, bool)) for name, (p, l, f) in sets.items()}

@@ -4,7 +4,10 @@ Synthetic data only; no engine."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from sklearn.linear_model import Ridge
 
@@ -12,10 +15,13 @@ from batchllm.costmodel.length_model import observations
 from batchllm.costmodel.length_model.censored_fit import fit_censored
 from batchllm.costmodel.length_model.features import DENSE, dense_row, features, width
 from batchllm.costmodel.length_model.gate import gate
-from batchllm.costmodel.length_model.model import LengthModel
+from batchllm.costmodel.length_model.model import HISTORY_MARGIN, LengthModel
+from batchllm.costmodel.length_model.new_sets import best_transfer, residual_base
+from batchllm.costmodel.length_model.scores import log_error
 from batchllm.costmodel.length_model.observations import ObservationStore
 from batchllm.costmodel.lengths import LengthDistribution
 from batchllm.core.length_prompt import LengthPrompt
+from batchllm.core.requests import EngineRequest
 from batchllm.costmodel.request_lengths import RequestLengths
 
 CAP = 256
@@ -104,6 +110,43 @@ def test_a_pilot_sets_the_level_of_a_new_set():
     assert abs(mean - actual.mean()) / actual.mean() < 0.1
 
 
+def test_a_prompt_after_a_longer_conversation_than_any_learnt_gets_the_cdfs_level(tmp_path):
+    """A short last turn after a long chat is not the short task it reads as: past the training
+    prompts' history (+ a margin) its shift is the one at which the base has the per-model
+    CDF's capped mean, before and after a pilot moves the level."""
+    prompts, lengths, finished = workload(600, seed=1)
+    model = LengthModel.fit(prompts, lengths, finished)
+    assert model.history_limit_chars == 0  # no training prompt had earlier turns: any conversation is outside
+    short = "What is the capital of Rome? Answer in one word."
+    alone = LengthPrompt(short, template="t", prompt_tokens=20, max_tokens=CAP)
+    after_a_chat = replace(alone, history_chars=4000)
+    shifts = model.log_shift([alone, replace(alone, history_chars=1), after_a_chat])
+    assert shifts[0] < -1.0 and shifts[1] == shifts[2] == pytest.approx(model.outside_shift)
+    cdf_mean = RequestLengths.shared(LengthDistribution.fit(lengths, finished), 1, "prior").expected(CAP)[0]
+    assert model.request_lengths([after_a_chat]).expected(CAP)[0] == pytest.approx(cdf_mean, rel=0.01)
+    assert cdf_mean == pytest.approx(lengths.mean(), rel=0.02)
+    halved = model.scaled_to(prompts[:64], lengths[:64] // 2)
+    assert halved.log_shift([after_a_chat])[0] - shifts[2] == pytest.approx(halved.intercept - model.intercept)
+    model.save(tmp_path / "m")
+    again = LengthModel.load(tmp_path / "m")
+    assert again.history_limit_chars == model.history_limit_chars
+    assert again.log_shift([alone, after_a_chat]).tolist() == pytest.approx(shifts[[0, 2]].tolist(), abs=1e-5)
+    chats = [replace(p, history_chars=1000 + 10 * i) for i, p in enumerate(prompts)]  # trained on conversations
+    chatty = LengthModel.fit(chats, lengths, finished)
+    assert chatty.history_limit_chars == pytest.approx(HISTORY_MARGIN * np.percentile([p.history_chars for p in chats], 99))
+    inside = replace(alone, history_chars=2000)
+    assert chatty.log_shift([inside])[0] == pytest.approx(chatty.log_shift([replace(inside, history_chars=2001)])[0], abs=0.01)
+    assert chatty.log_shift([replace(alone, history_chars=10_000)])[0] == chatty.outside_shift
+
+
+def test_length_prompt_counts_the_turns_before_the_last_user_turn():
+    chat = EngineRequest("r", "", messages=(("system", "Be kind."), ("user", "Tell me a story."),
+                                            ("assistant", "Once upon a time."), ("user", "Go on.")))
+    prompt = LengthPrompt.of(chat, "node", prompt_tokens=40)
+    assert (prompt.last_user, prompt.system, prompt.history_chars) == ("Go on.", "Be kind.", 16 + 17)
+    assert LengthPrompt.of(EngineRequest("r", "Hello", system="Be kind."), "node").history_chars == 0
+
+
 def test_gate_refuses_a_model_of_noise_and_takes_a_real_one():
     rng = np.random.default_rng(5)
     words = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
@@ -139,9 +182,10 @@ def test_observation_store_keeps_the_newest_rows_and_gates_its_model(tmp_path, m
     assert [p.name for p in store.path.parent.iterdir()] == ["observations.parquet"]  # no temporary left
     model, verdict = store.fitted_model(min_outputs=200)
     assert verdict.use and model is not None and model.trained_on == 600
-    long = LengthPrompt("x" * 5000)
+    long = LengthPrompt("x" * 5000, history_chars=7000)
     store.add([long], [3], [True], prompt_set="long")
     assert len(store.load().prompts[-1].last_user) == observations.TEXT_CHARS
+    assert store.load().prompts[-1].history_chars == 7000
     monkeypatch.setattr(observations, "MAX_ROWS", 100)
     store.add(*workload(30, seed=20), prompt_set="newest")
     seen = store.load()
@@ -229,3 +273,35 @@ def test_a_verdict_without_a_model_is_kept_too(tmp_path, monkeypatch):
     monkeypatch.setattr(ObservationStore, "_fit", no_fit)
     kept, kept_verdict = store.fitted_model(min_outputs=200)
     assert kept is None and (kept_verdict.use, kept_verdict.reason) == (False, verdict.reason)
+
+
+def test_a_store_written_before_history_chars_reads_it_as_0(tmp_path):
+    store = ObservationStore.at_home(tmp_path, "m")
+    store.add(*workload(20, seed=3), prompt_set="old")
+    table = pq.read_table(store.path)
+    pq.write_table(table.drop_columns(["history_chars"]), store.path)  # as an older version wrote it
+    assert [p.history_chars for p in store.load().prompts] == [0] * 20
+    store.add([LengthPrompt("Go on.", history_chars=900)], [40], [True], prompt_set="new")
+    assert [p.history_chars for p in store.load().prompts][-2:] == [0, 900]
+
+
+def test_the_share_that_carries_over_weighs_every_held_out_set_alike():
+    """One held-out set far from the others' level, whose shifts help it, must not outweigh three
+    whose shifts only add noise: each set's error counts relative to the CDF's on it."""
+    rng = np.random.default_rng(7)
+    labels = np.repeat(np.array(["far", "b", "c", "d"], object), 200)
+    shifts = rng.normal(0, 1, labels.size) + np.where(labels == "far", 3.0, 0.0)  # they place the far set's level
+    log_length = np.where(labels == "far", 3.0 + shifts, 3.0 + rng.normal(0, 0.2, labels.size))
+    lengths = np.rint(np.exp(log_length))
+    finished = np.ones(labels.size, bool)
+
+    def mean_error(k: float, sets) -> float:
+        base = residual_base(lengths, finished, k * shifts)
+        return np.mean([log_error(base, k * shifts[labels == key], lengths[labels == key], finished[labels == key]) for key in sets])
+
+    summed = [float(log_error(residual_base(lengths, finished, k * shifts), k * shifts, lengths, finished)) for k in (0.0, 1.0)]
+    assert summed[1] < summed[0]  # over all outputs at once, the far set's gain would win
+    assert mean_error(1.0, ["b", "c", "d"]) > 2 * mean_error(0.0, ["b", "c", "d"])
+    assert best_transfer(shifts, lengths, finished, labels) == 0.0
+    helped = np.rint(np.exp(3.0 + shifts + rng.normal(0, 0.2, labels.size)))  # the shifts carry over to every set
+    assert best_transfer(shifts, helped, finished, labels) == 1.0

@@ -1,6 +1,6 @@
 """What a length model reads of a request: its text as the user wrote it (the last user
 turn and the system text, not the chat template's rendering), where it came from and its
-settings. One builder, `LengthPrompt.of`, for the planner's sample rows and the runtime's
+settings, and how much of a conversation came before that turn. One builder, `LengthPrompt.of`, for the planner's sample rows and the runtime's
 requests alike."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ class LengthPrompt:
     prompt_tokens: int = 0
     max_tokens: int = 256
     temperature: float = 0.0
+    history_chars: int = 0  # characters of the turns before the last user turn (a conversation's earlier turns)
 
     @classmethod
     def of(cls, request: EngineRequest, template: str, prompt_tokens: int | None = None) -> "LengthPrompt":
@@ -31,8 +32,10 @@ class LengthPrompt:
         turns = request.chat_messages() if request.chat or request.messages else [{"role": "user", "content": request.prompt}]
         users = [t["content"] for t in turns if t["role"] == "user"]
         system = "\n".join(t["content"] for t in turns if t["role"] in ("system", "developer"))
+        last = max((i for i, t in enumerate(turns) if t["role"] == "user"), default=len(turns))
+        history = sum(len(t["content"]) for t in turns[:last] if t["role"] not in ("system", "developer"))
         if prompt_tokens is None:
             prompt_tokens = (len(request.prompt_token_ids) if request.prompt_token_ids is not None
                              else round(estimated_tokens(sum(len(t["content"]) for t in turns))))
         return cls(users[-1] if users else request.prompt, system, template, int(prompt_tokens), request.max_tokens,
-                   float(request.sampling.temperature))
+                   float(request.sampling.temperature), history)

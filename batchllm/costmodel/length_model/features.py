@@ -1,7 +1,8 @@
 """What the length model reads of a request, as one sparse row: hashed word and character
 n-grams of the last user turn, hashed words of the system text, the template as a token of
-its own, the prompt's size and settings, and explicit cues ("in one sentence", "a 300-word
-essay", "list 10 ...", "step by step", code words).
+its own, the prompt's size and settings, the size of the conversation before the last turn,
+and explicit cues ("in one sentence", "a 300-word essay", "list 10 ...", "step by step", code
+words).
 
 Stateless (every text feature is hashed), so a saved model is its coefficients alone. A
 change here changes the columns: bump FEATURES_VERSION, and models saved with another are
@@ -21,7 +22,7 @@ from sklearn.preprocessing import normalize
 
 from batchllm.core.length_prompt import LengthPrompt
 
-FEATURES_VERSION = 1
+FEATURES_VERSION = 2
 WORD_BITS, CHAR_BITS, SYSTEM_BITS, TEMPLATE_BITS = 18, 18, 14, 10
 # Of the last user turn, its first and last characters (the instruction usually opens or
 # closes a prompt; a long pasted text between says little and costs time):
@@ -80,7 +81,8 @@ _UNIT = {unit: k for k, (name, units) in enumerate(COUNTS.items()) for unit in u
 _TOKEN = re.compile(r"[a-z0-9]+")
 _CODE = list(FLAGS).index("code")
 CUE_CHARS = 600  # cues are read in the first and the last this many characters
-DENSE = ["log_prompt_tokens", "log_max_tokens", "temperature", "log_chars", "log_lines", "log_system_chars", "question",
+DENSE = ["log_prompt_tokens", "log_max_tokens", "temperature", "log_chars", "log_lines", "log_system_chars",
+         "log_history_chars", "question",
          *FLAGS, *_STARTS, *COUNTS]
 
 
@@ -104,7 +106,7 @@ def dense_row(prompt: LengthPrompt) -> list[float]:
     head = text.lstrip()[:40]
     row = [math.log1p(max(prompt.prompt_tokens, 0)), math.log(max(prompt.max_tokens, 1)), float(prompt.temperature),
            math.log1p(len(user)), math.log1p(user.count("\n")), math.log1p(len(prompt.system)),
-           1.0 if user.rstrip().endswith("?") else 0.0]
+           math.log1p(max(prompt.history_chars, 0)), 1.0 if user.rstrip().endswith("?") else 0.0]
     tokens = _TOKEN.findall(text)
     seen = set(tokens)
     seen.update(map(" ".join, zip(tokens, tokens[1:])))

@@ -13,11 +13,17 @@ training outputs. The base is the Kaplan-Meier distribution of the outputs' resi
 length / exp(shift), each shift predicted without its own output (out of fold), so the
 base's spread is what a new prompt's length has around its prediction. Saved as numbers
 (.npz, .json), no pickle.
+
+A prompt with a longer conversation before its last turn than the training prompts had
+(HISTORY_MARGIN x their 99th percentile; any conversation when none had one) is outside what
+the shift learnt (a short "go on" after a long chat reads as a short task):
+it gets the level of the per-model CDF, the lengths of all training outputs alike.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,6 +39,7 @@ from batchllm.core.length_prompt import LengthPrompt
 from batchllm.costmodel.request_lengths import RequestLengths
 
 MODEL_FILE, NUMBERS_FILE = "length_model.json", "length_model.npz"
+HISTORY_MARGIN = 1.25  # x the training prompts' 99th percentile of history_chars: outside what was learnt beyond it
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,8 @@ class LengthModel:
     trained_on: int  # outputs fit on
     alpha: float  # ridge penalty
     new_set: NewSetCalibration | None = None  # how it carries over to an unseen prompt set (new_sets.py)
+    history_limit_chars: float = math.inf  # a prompt with a longer history gets outside_shift
+    outside_shift: float = 0.0  # base x exp(it) has the per-model CDF's mean (at the training outputs' caps)
 
     @classmethod
     def fit(cls, prompts: Sequence[LengthPrompt], lengths, finished, *, groups: Sequence[str] | None = None,
@@ -64,7 +73,14 @@ class LengthModel:
         centre = float(np.mean(fit.predict(matrix)))
         base = residual_base(lengths, finished, fit.out_of_fold - centre)
         new_set = calibrate_new_sets(matrix, lengths, finished, groups, fit.alpha, seed) if groups is not None else None
-        return cls(fit.coef.astype(np.float32), fit.intercept - centre, fit.sigma, base, int(lengths.size), fit.alpha, new_set)
+        caps = np.array([p.max_tokens for p in prompts], float)
+        cdf_mean = float(np.mean(RequestLengths.shared(LengthDistribution.fit(lengths.astype(np.int64), finished),
+                                                       lengths.size, "prior").expected(caps)))
+        if new_set is not None:
+            new_set = replace(new_set, outside_shift=_offset_to_mean(new_set.base, np.zeros(caps.size), caps, cdf_mean))
+        history_limit = HISTORY_MARGIN * float(np.percentile([p.history_chars for p in prompts], 99))
+        return cls(fit.coef.astype(np.float32), fit.intercept - centre, fit.sigma, base, int(lengths.size), fit.alpha, new_set,
+                   history_limit, _offset_to_mean(base, np.zeros(caps.size), caps, cdf_mean))
 
     def for_new_set(self) -> "LengthModel":
         """The model for a prompt set none of its outputs came from: each shift times the share
@@ -74,37 +90,29 @@ class LengthModel:
             return self
         k = self.new_set.transfer
         return replace(self, coef=self.coef * np.float32(k), intercept=self.intercept * k, base=self.new_set.base,
-                       new_set=None)
+                       new_set=None, outside_shift=self.new_set.outside_shift)
 
     def log_shift(self, prompts: Sequence[LengthPrompt]) -> np.ndarray:
         if not prompts:
             return np.zeros(0)
-        return np.asarray(features(prompts) @ self.coef, float).ravel() + self.intercept
+        shifts = np.asarray(features(prompts) @ self.coef, float).ravel() + self.intercept
+        shifts[np.array([p.history_chars for p in prompts], float) > self.history_limit_chars] = self.outside_shift
+        return shifts
 
     def request_lengths(self, prompts: Sequence[LengthPrompt], source: str = "length model") -> RequestLengths:
         return RequestLengths(self.base, self.log_shift(prompts), source)
 
     def shifted(self, offset: float) -> "LengthModel":
         """Every request's length times exp(offset)."""
-        return replace(self, intercept=self.intercept + float(offset))
+        return replace(self, intercept=self.intercept + float(offset), outside_shift=self.outside_shift + float(offset))
 
     def scaled_to(self, prompts: Sequence[LengthPrompt], lengths, caps=None) -> "LengthModel":
         """This model moved by the one offset that makes its expected capped length over these
         outputs (a pilot's) their mean. `lengths` as the engine reported them (a cut output
         counts its cap, exactly what min(length, cap) is); `caps` each one's max_tokens (by
         default the prompts')."""
-        observed = float(np.mean(np.asarray(lengths, float)))
         caps = np.asarray([p.max_tokens for p in prompts] if caps is None else caps, float)
-        shifts = self.request_lengths(prompts)
-
-        def mean_at(offset: float) -> float:
-            return float(np.mean(RequestLengths(self.base, shifts.log_shift + offset, "pilot").expected(caps)))
-
-        low, high = -6.0, 6.0  # the capped mean only grows with the offset
-        for _ in range(50):
-            middle = (low + high) / 2
-            low, high = (middle, high) if mean_at(middle) < observed else (low, middle)
-        return self.shifted((low + high) / 2)
+        return self.shifted(_offset_to_mean(self.base, self.log_shift(prompts), caps, float(np.mean(np.asarray(lengths, float)))))
 
     def save(self, folder: Path) -> None:
         folder = Path(folder)
@@ -118,8 +126,10 @@ class LengthModel:
                                     new_base_cdf=new_base.cdf)
         record = {"features_version": FEATURES_VERSION, "width": int(self.coef.size), "intercept": self.intercept,
                   "sigma": self.sigma, "censored_at": self.base.censored_at, "trained_on": self.trained_on, "alpha": self.alpha,
+                  "history_limit_chars": self.history_limit_chars, "outside_shift": self.outside_shift,
                   "new_set": None if self.new_set is None else {"transfer": self.new_set.transfer, "sets": self.new_set.sets,
-                                                                "censored_at": self.new_set.base.censored_at}}
+                                                                "censored_at": self.new_set.base.censored_at,
+                                                                "outside_shift": self.new_set.outside_shift}}
         with replacing(folder / MODEL_FILE) as new:
             new.path.write_text(json.dumps(record, indent=1) + "\n")
 
@@ -139,6 +149,16 @@ class LengthModel:
             new_set = None if new is None else NewSetCalibration(
                 float(new["transfer"]), LengthDistribution(numbers["new_base_lengths"].astype(np.int64),
                                                            numbers["new_base_cdf"].astype(float), int(new["censored_at"])),
-                int(new["sets"]))
+                int(new["sets"]), float(new["outside_shift"]))
         return cls(coef, float(record["intercept"]), float(record["sigma"]), base, int(record["trained_on"]),
-                   float(record["alpha"]), new_set)
+                   float(record["alpha"]), new_set, float(record["history_limit_chars"]), float(record["outside_shift"]))
+
+
+def _offset_to_mean(base: LengthDistribution, shifts: np.ndarray, caps: np.ndarray, mean: float) -> float:
+    """The one offset to every shift that makes the expected capped length over these requests `mean`."""
+    low, high = -6.0, 6.0  # the capped mean only grows with the offset
+    for _ in range(50):
+        middle = (low + high) / 2
+        below = float(np.mean(RequestLengths(base, shifts + middle, "prior").expected(caps))) < mean
+        low, high = (middle, high) if below else (low, middle)
+    return (low + high) / 2

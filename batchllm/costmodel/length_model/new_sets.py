@@ -6,9 +6,11 @@ questions, not in a conversation that asks to "continue"). Measured by leaving e
 prompt set out in turn: the model fit on the other sets predicts the held-out set's shifts s.
 A new set's lengths are then base' x exp(k s), k in [0, 1] the share of the shift that
 carries over and base' the Kaplan-Meier distribution of the held-out outputs' residuals
-length / exp(k s): k and base' minimise the censoring-aware log error (scores.py) over the
-held-out sets. k = 0 is the per-model CDF itself (base' = the lengths' own distribution), so
-on the training sets the calibrated model is never scored worse than the CDF.
+length / exp(k s): k minimises the censoring-aware log error (scores.py) of each held-out set
+over that of the CDF (k = 0), averaged over the sets, so every set counts alike (a set whose
+CDF error is large does not outweigh the others). k = 0 is the per-model CDF itself (base' =
+the lengths' own distribution), so on the training sets the calibrated model is never scored
+worse than the CDF.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class NewSetCalibration:
     transfer: float  # k: the share of each shift that carries over to a new set
     base: LengthDistribution  # base' of a new set's requests
     sets: int  # prompt sets it was measured on
+    outside_shift: float = 0.0  # LengthModel.outside_shift on this base
 
 
 def residual_base(lengths: np.ndarray, finished: np.ndarray, shifts: np.ndarray) -> LengthDistribution:
@@ -52,7 +55,20 @@ def calibrate_new_sets(matrix, lengths: np.ndarray, finished: np.ndarray, groups
         held, kept = np.flatnonzero(labels == key), np.flatnonzero(labels != key)
         fit = fit_censored(matrix[kept], targets[kept], ~finished[kept], alpha=alpha, iterations=3, seed=seed)
         shifts[held] = fit.predict(matrix[held]) - float(np.mean(fit.predict(matrix[kept])))
-    scored = [(log_error(residual_base(lengths, finished, k * shifts), k * shifts, lengths, finished), float(k))
-              for k in TRANSFERS]
-    _, best = min(scored)
+    best = best_transfer(shifts, lengths, finished, labels)
     return NewSetCalibration(best, residual_base(lengths, finished, best * shifts), len(keys))
+
+
+def best_transfer(shifts: np.ndarray, lengths: np.ndarray, finished: np.ndarray, labels: np.ndarray) -> float:
+    """The k of TRANSFERS whose held-out log error, each set's over its error at k = 0, is least
+    on average over the sets (the smaller k on a tie). `shifts`: each output's, predicted by a
+    model fit without its set; `labels`: each output's set."""
+    sets = [labels == key for key in sorted(set(labels.tolist()))]
+
+    def set_errors(k: float) -> np.ndarray:
+        base = residual_base(lengths, finished, k * shifts)
+        return np.array([log_error(base, k * shifts[rows], lengths[rows], finished[rows]) for rows in sets])
+
+    cdf_errors = np.maximum(set_errors(0.0), 1e-9)
+    _, best = min((float(np.mean(set_errors(k) / cdf_errors)), float(k)) for k in TRANSFERS)
+    return best

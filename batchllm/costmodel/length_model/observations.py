@@ -35,7 +35,8 @@ FIT_ROWS = 2_000  # the newest outputs a fit reads
 FITTED, VERDICT_FILE = "fitted", "verdict.json"  # the last fit, kept beside the observations
 SCHEMA = pa.schema([("last_user", pa.string()), ("system", pa.string()), ("template", pa.string()),
                     ("prompt_tokens", pa.int64()), ("max_tokens", pa.int64()), ("temperature", pa.float64()),
-                    ("prompt_set", pa.string()), ("output_tokens", pa.int64()), ("finished", pa.bool_())])
+                    ("prompt_set", pa.string()), ("output_tokens", pa.int64()), ("finished", pa.bool_()),
+                    ("history_chars", pa.int64())])  # a column added later: null (read as 0) in older stores
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ class ObservationStore:
                         "template": [p.template for p in prompts], "prompt_tokens": [int(p.prompt_tokens) for p in prompts],
                         "max_tokens": [int(p.max_tokens) for p in prompts],
                         "temperature": [float(p.temperature) for p in prompts], "prompt_set": [prompt_set] * len(prompts),
-                        "output_tokens": lengths, "finished": finished}, schema=SCHEMA)
+                        "output_tokens": lengths, "finished": finished,
+                        "history_chars": [int(p.history_chars) for p in prompts]}, schema=SCHEMA)
         table = pa.concat_tables([self._table(), new])
         if table.num_rows > MAX_ROWS:
             table = table.slice(table.num_rows - MAX_ROWS)
@@ -88,6 +90,7 @@ class ObservationStore:
     def load(self) -> Observations:
         table = self._table()
         columns = {name: table.column(name).to_pylist() for name in table.column_names}
+        columns["history_chars"] = [chars or 0 for chars in columns["history_chars"]]
         names = [f.name for f in fields(LengthPrompt)]
         prompts = [LengthPrompt(*values) for values in zip(*(columns[n] for n in names))] if table.num_rows else []
         return Observations(prompts, np.asarray(columns["output_tokens"], np.int64), np.asarray(columns["finished"], bool),
