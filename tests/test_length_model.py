@@ -4,6 +4,7 @@ Synthetic data only; no engine."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -112,31 +113,42 @@ def test_a_pilot_sets_the_level_of_a_new_set():
 
 def test_a_prompt_after_a_longer_conversation_than_any_learnt_gets_the_cdfs_level(tmp_path):
     """A short last turn after a long chat is not the short task it reads as: past the training
-    prompts' history (+ a margin) its shift is the one at which the base has the per-model
-    CDF's capped mean, before and after a pilot moves the level."""
+    prompts' history (x a margin) its length is the base's at the shift where the base has the
+    per-model CDF's capped mean, before and after a pilot moves the level, for a known set and
+    a new one; what its features say still orders it (log_shift)."""
     prompts, lengths, finished = workload(600, seed=1)
     model = LengthModel.fit(prompts, lengths, finished)
     assert model.history_limit_chars == 0  # no training prompt had earlier turns: any conversation is outside
     short = "What is the capital of Rome? Answer in one word."
     alone = LengthPrompt(short, template="t", prompt_tokens=20, max_tokens=CAP)
     after_a_chat = replace(alone, history_chars=4000)
-    shifts = model.log_shift([alone, replace(alone, history_chars=1), after_a_chat])
+    shifts = model.request_lengths([alone, replace(alone, history_chars=1), after_a_chat]).log_shift
     assert shifts[0] < -1.0 and shifts[1] == shifts[2] == pytest.approx(model.outside_shift)
+    assert model.log_shift([after_a_chat])[0] == pytest.approx(shifts[0], abs=0.05)  # the order reads the last turn
     cdf_mean = RequestLengths.shared(LengthDistribution.fit(lengths, finished), 1, "prior").expected(CAP)[0]
     assert model.request_lengths([after_a_chat]).expected(CAP)[0] == pytest.approx(cdf_mean, rel=0.01)
     assert cdf_mean == pytest.approx(lengths.mean(), rel=0.02)
     halved = model.scaled_to(prompts[:64], lengths[:64] // 2)
-    assert halved.log_shift([after_a_chat])[0] - shifts[2] == pytest.approx(halved.intercept - model.intercept)
-    model.save(tmp_path / "m")
-    again = LengthModel.load(tmp_path / "m")
-    assert again.history_limit_chars == model.history_limit_chars
-    assert again.log_shift([alone, after_a_chat]).tolist() == pytest.approx(shifts[[0, 2]].tolist(), abs=1e-5)
+    assert halved.request_lengths([after_a_chat]).log_shift[0] - shifts[2] == pytest.approx(halved.intercept - model.intercept)
+    sets = LengthModel.fit(prompts, lengths, finished, groups=[f"set-{i % 3}" for i in range(len(prompts))])
+    new = sets.for_new_set()
+    assert new.outside_shift == sets.new_set.outside_shift != sets.outside_shift
+    assert new.request_lengths([after_a_chat]).expected(CAP)[0] == pytest.approx(cdf_mean, rel=0.01)
+    for fitted in (model, sets):
+        fitted.save(tmp_path / "m")
+        again = LengthModel.load(tmp_path / "m")
+        assert again.history_limit_chars == fitted.history_limit_chars
+        for before, after in ((fitted, again), (fitted.for_new_set(), again.for_new_set())):
+            assert after.request_lengths([alone, after_a_chat]).log_shift.tolist() == pytest.approx(
+                before.request_lengths([alone, after_a_chat]).log_shift.tolist(), abs=1e-5)
     chats = [replace(p, history_chars=1000 + 10 * i) for i, p in enumerate(prompts)]  # trained on conversations
     chatty = LengthModel.fit(chats, lengths, finished)
     assert chatty.history_limit_chars == pytest.approx(HISTORY_MARGIN * np.percentile([p.history_chars for p in chats], 99))
     inside = replace(alone, history_chars=2000)
-    assert chatty.log_shift([inside])[0] == pytest.approx(chatty.log_shift([replace(inside, history_chars=2001)])[0], abs=0.01)
-    assert chatty.log_shift([replace(alone, history_chars=10_000)])[0] == chatty.outside_shift
+    assert chatty.request_lengths([inside]).log_shift[0] == pytest.approx(chatty.log_shift([inside])[0])
+    assert chatty.request_lengths([replace(alone, history_chars=10_000)]).log_shift[0] == chatty.outside_shift
+    unknown = [replace(p, history_chars=None) for p in prompts]  # outputs filed before history was recorded
+    assert LengthModel.fit(unknown, lengths, finished).history_limit_chars == math.inf
 
 
 def test_length_prompt_counts_the_turns_before_the_last_user_turn():
@@ -275,14 +287,14 @@ def test_a_verdict_without_a_model_is_kept_too(tmp_path, monkeypatch):
     assert kept is None and (kept_verdict.use, kept_verdict.reason) == (False, verdict.reason)
 
 
-def test_a_store_written_before_history_chars_reads_it_as_0(tmp_path):
+def test_a_store_written_before_history_chars_reads_it_as_not_recorded(tmp_path):
     store = ObservationStore.at_home(tmp_path, "m")
     store.add(*workload(20, seed=3), prompt_set="old")
     table = pq.read_table(store.path)
     pq.write_table(table.drop_columns(["history_chars"]), store.path)  # as an older version wrote it
-    assert [p.history_chars for p in store.load().prompts] == [0] * 20
+    assert [p.history_chars for p in store.load().prompts] == [None] * 20
     store.add([LengthPrompt("Go on.", history_chars=900)], [40], [True], prompt_set="new")
-    assert [p.history_chars for p in store.load().prompts][-2:] == [0, 900]
+    assert [p.history_chars for p in store.load().prompts][-2:] == [None, 900]
 
 
 def test_the_share_that_carries_over_weighs_every_held_out_set_alike():

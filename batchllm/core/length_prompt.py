@@ -14,7 +14,7 @@ from batchllm.core.text_tokens import estimated_tokens
 @dataclass(frozen=True)
 class LengthPrompt:
     """What the length model reads of a request: its text as the user wrote it (not the chat
-    template's rendering) and its settings."""
+    template's rendering), its settings, and how long the conversation before it was."""
 
     last_user: str  # the last user turn (a prompt node: its rendered prompt)
     system: str = ""
@@ -22,7 +22,7 @@ class LengthPrompt:
     prompt_tokens: int = 0
     max_tokens: int = 256
     temperature: float = 0.0
-    history_chars: int = 0  # characters of the turns before the last user turn (a conversation's earlier turns)
+    history_chars: int | None = 0  # characters of the turns before the last user turn (None: not recorded)
 
     @classmethod
     def of(cls, request: EngineRequest, template: str, prompt_tokens: int | None = None) -> "LengthPrompt":

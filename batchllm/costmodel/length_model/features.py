@@ -106,7 +106,7 @@ def dense_row(prompt: LengthPrompt) -> list[float]:
     head = text.lstrip()[:40]
     row = [math.log1p(max(prompt.prompt_tokens, 0)), math.log(max(prompt.max_tokens, 1)), float(prompt.temperature),
            math.log1p(len(user)), math.log1p(user.count("\n")), math.log1p(len(prompt.system)),
-           math.log1p(max(prompt.history_chars, 0)), 1.0 if user.rstrip().endswith("?") else 0.0]
+           math.log1p(max(prompt.history_chars or 0, 0)), 1.0 if user.rstrip().endswith("?") else 0.0]
     tokens = _TOKEN.findall(text)
     seen = set(tokens)
     seen.update(map(" ".join, zip(tokens, tokens[1:])))

@@ -63,7 +63,7 @@ def gate(model: LengthModel, cdf: LengthDistribution, prompts: Sequence[LengthPr
     if len(prompts) < min_outputs:
         return GateVerdict(False, float("nan"), float("nan"),
                            f"{len(prompts)} held-out outputs, fewer than {min_outputs}: the per-model CDF is kept")
-    model_score = log_error(model.base, model.log_shift(prompts), lengths, finished)
+    model_score = log_error(model.base, model.request_lengths(prompts).log_shift, lengths, finished)
     cdf_score = log_error(cdf, np.zeros(len(prompts)), lengths, finished)
     if model_score < cdf_score * (1.0 - margin):
         return GateVerdict(True, model_score, cdf_score,

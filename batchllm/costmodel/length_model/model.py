@@ -16,8 +16,9 @@ base's spread is what a new prompt's length has around its prediction. Saved as 
 
 A prompt with a longer conversation before its last turn than the training prompts had
 (HISTORY_MARGIN x their 99th percentile; any conversation when none had one) is outside what
-the shift learnt (a short "go on" after a long chat reads as a short task):
-it gets the level of the per-model CDF, the lengths of all training outputs alike.
+the shift learnt (a short "go on" after a long chat reads as a short task): its length
+(request_lengths) gets the level of the per-model CDF, the capped mean of all training outputs
+alike. Its log_shift, what the features say, still orders it against other requests.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ class LengthModel:
     trained_on: int  # outputs fit on
     alpha: float  # ridge penalty
     new_set: NewSetCalibration | None = None  # how it carries over to an unseen prompt set (new_sets.py)
-    history_limit_chars: float = math.inf  # a prompt with a longer history gets outside_shift
-    outside_shift: float = 0.0  # base x exp(it) has the per-model CDF's mean (at the training outputs' caps)
+    history_limit_chars: float = math.inf  # a prompt with a longer history gets outside_shift (inf: none known)
+    outside_shift: float = 0.0  # base x exp(it) has the per-model CDF's capped mean at the training outputs' caps
 
     @classmethod
     def fit(cls, prompts: Sequence[LengthPrompt], lengths, finished, *, groups: Sequence[str] | None = None,
@@ -78,7 +79,8 @@ class LengthModel:
                                                        lengths.size, "prior").expected(caps)))
         if new_set is not None:
             new_set = replace(new_set, outside_shift=_offset_to_mean(new_set.base, np.zeros(caps.size), caps, cdf_mean))
-        history_limit = HISTORY_MARGIN * float(np.percentile([p.history_chars for p in prompts], 99))
+        known = [p.history_chars for p in prompts if p.history_chars is not None]
+        history_limit = HISTORY_MARGIN * float(np.percentile(known, 99)) if known else math.inf
         return cls(fit.coef.astype(np.float32), fit.intercept - centre, fit.sigma, base, int(lengths.size), fit.alpha, new_set,
                    history_limit, _offset_to_mean(base, np.zeros(caps.size), caps, cdf_mean))
 
@@ -93,14 +95,18 @@ class LengthModel:
                        new_set=None, outside_shift=self.new_set.outside_shift)
 
     def log_shift(self, prompts: Sequence[LengthPrompt]) -> np.ndarray:
+        """What the features say of each prompt: for ordering requests against each other."""
         if not prompts:
             return np.zeros(0)
-        shifts = np.asarray(features(prompts) @ self.coef, float).ravel() + self.intercept
-        shifts[np.array([p.history_chars for p in prompts], float) > self.history_limit_chars] = self.outside_shift
-        return shifts
+        return np.asarray(features(prompts) @ self.coef, float).ravel() + self.intercept
 
     def request_lengths(self, prompts: Sequence[LengthPrompt], source: str = "length model") -> RequestLengths:
-        return RequestLengths(self.base, self.log_shift(prompts), source)
+        """Each request's length; a prompt after a longer conversation than the training prompts'
+        gets outside_shift (the per-model CDF's mean), not what its last turn reads as."""
+        shifts = self.log_shift(prompts)
+        history = np.array([-1 if p.history_chars is None else p.history_chars for p in prompts], float)
+        shifts[history > self.history_limit_chars] = self.outside_shift
+        return RequestLengths(self.base, shifts, source)
 
     def shifted(self, offset: float) -> "LengthModel":
         """Every request's length times exp(offset)."""
@@ -112,7 +118,8 @@ class LengthModel:
         counts its cap, exactly what min(length, cap) is); `caps` each one's max_tokens (by
         default the prompts')."""
         caps = np.asarray([p.max_tokens for p in prompts] if caps is None else caps, float)
-        return self.shifted(_offset_to_mean(self.base, self.log_shift(prompts), caps, float(np.mean(np.asarray(lengths, float)))))
+        shifts = self.request_lengths(prompts).log_shift
+        return self.shifted(_offset_to_mean(self.base, shifts, caps, float(np.mean(np.asarray(lengths, float)))))
 
     def save(self, folder: Path) -> None:
         folder = Path(folder)

@@ -9,8 +9,8 @@ carries over and base' the Kaplan-Meier distribution of the held-out outputs' re
 length / exp(k s): k minimises the censoring-aware log error (scores.py) of each held-out set
 over that of the CDF (k = 0), averaged over the sets, so every set counts alike (a set whose
 CDF error is large does not outweigh the others). k = 0 is the per-model CDF itself (base' =
-the lengths' own distribution), so on the training sets the calibrated model is never scored
-worse than the CDF.
+the lengths' own distribution), so over the held-out sets the calibrated model's error,
+relative to the CDF's set by set, is never worse on average than the CDF's.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from batchllm.costmodel.lengths import LengthDistribution
 
 MIN_SETS = 3  # prompt sets needed to measure the carry-over
 TRANSFERS = np.linspace(0.0, 1.0, 11)
+ERROR_FLOOR = 0.05  # log error added to each set's, so a set the CDF fits almost exactly does not decide alone
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,6 @@ def best_transfer(shifts: np.ndarray, lengths: np.ndarray, finished: np.ndarray,
         base = residual_base(lengths, finished, k * shifts)
         return np.array([log_error(base, k * shifts[rows], lengths[rows], finished[rows]) for rows in sets])
 
-    cdf_errors = np.maximum(set_errors(0.0), 1e-9)
-    _, best = min((float(np.mean(set_errors(k) / cdf_errors)), float(k)) for k in TRANSFERS)
+    cdf_errors = set_errors(0.0) + ERROR_FLOOR
+    _, best = min((float(np.mean((set_errors(k) + ERROR_FLOOR) / cdf_errors)), float(k)) for k in TRANSFERS)
     return best

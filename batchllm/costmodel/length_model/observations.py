@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchllm.core.files import replacing
+from batchllm.costmodel.length_model.features import FEATURES_VERSION
 from batchllm.costmodel.length_model.gate import GateVerdict, gate, within_sets_concordance
 from batchllm.costmodel.length_model.model import LengthModel
 from batchllm.costmodel.lengths import LengthDistribution
@@ -36,7 +37,7 @@ FITTED, VERDICT_FILE = "fitted", "verdict.json"  # the last fit, kept beside the
 SCHEMA = pa.schema([("last_user", pa.string()), ("system", pa.string()), ("template", pa.string()),
                     ("prompt_tokens", pa.int64()), ("max_tokens", pa.int64()), ("temperature", pa.float64()),
                     ("prompt_set", pa.string()), ("output_tokens", pa.int64()), ("finished", pa.bool_()),
-                    ("history_chars", pa.int64())])  # a column added later: null (read as 0) in older stores
+                    ("history_chars", pa.int64())])  # a column added later: null (None, not recorded) in older stores
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class ObservationStore:
                         "max_tokens": [int(p.max_tokens) for p in prompts],
                         "temperature": [float(p.temperature) for p in prompts], "prompt_set": [prompt_set] * len(prompts),
                         "output_tokens": lengths, "finished": finished,
-                        "history_chars": [int(p.history_chars) for p in prompts]}, schema=SCHEMA)
+                        "history_chars": [p.history_chars for p in prompts]}, schema=SCHEMA)
         table = pa.concat_tables([self._table(), new])
         if table.num_rows > MAX_ROWS:
             table = table.slice(table.num_rows - MAX_ROWS)
@@ -90,7 +91,6 @@ class ObservationStore:
     def load(self) -> Observations:
         table = self._table()
         columns = {name: table.column(name).to_pylist() for name in table.column_names}
-        columns["history_chars"] = [chars or 0 for chars in columns["history_chars"]]
         names = [f.name for f in fields(LengthPrompt)]
         prompts = [LengthPrompt(*values) for values in zip(*(columns[n] for n in names))] if table.num_rows else []
         return Observations(prompts, np.asarray(columns["output_tokens"], np.int64), np.asarray(columns["finished"], bool),
@@ -124,7 +124,7 @@ class ObservationStore:
         if not self.path.is_file():
             return None
         stat = self.path.stat()
-        return f"{stat.st_size}-{stat.st_mtime_ns}-{min_outputs}-{seed}-{FIT_ROWS}"
+        return f"{stat.st_size}-{stat.st_mtime_ns}-{min_outputs}-{seed}-{FIT_ROWS}-{FEATURES_VERSION}"
 
     def _kept(self, stamp: str | None) -> tuple[LengthModel | None, GateVerdict] | None:
         folder = self.path.parent / FITTED
