@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchllm.costmodel.calibration.store import ProfileStore
+from batchllm.costmodel.server_pace import ServerPaceStore
+from batchllm.io.node_data import Sources
 from batchllm.models.registry import batchllm_home
 from batchllm.planner.baselines import lower_bound_s, max_heuristic, min_heuristic
 from batchllm.planner.cluster import Cluster, parse_cluster
@@ -71,7 +73,7 @@ def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT,
     """`lengths_for`: each node's predicted output lengths (see `length_sources`); default the profile's CDF."""
     tables = check_dag(dag, batchllm_home(), resolve_models=False)
     cluster = parse_cluster(devices, profiles_root)
-    on_servers = server_notes(dag)
+    on_servers = server_notes(dag, tables, ServerPaceStore(batchllm_home()))
     dag = dag.on_devices()
     if not dag.nodes:
         raise UserError("every node runs on servers (endpoints:): there are no devices to plan", where=str(dag.path),
@@ -95,9 +97,23 @@ def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT,
     return PlanReport(dag.name, cluster, problem, chosen, fit_s, lower_bound_s(start), compared, not_run, preflight, bool(dag.prices))
 
 
-def server_notes(dag: DagSpec) -> tuple[str, ...]:
-    """What the plan says of nodes on servers: no devices are chosen for them."""
-    return tuple(f"node {name} runs on {len(dag.endpoints[node.model].urls)} server(s) of {node.model} "
-                 f"({', '.join(dag.endpoints[node.model].urls)}), beside the devices: it is not in this plan; `run` times it by "
-                 "the throughput the servers give it (its ETA in the progress and `status`)"
-                 for name, node in dag.nodes.items() if node.model in dag.endpoints)
+def server_notes(dag: DagSpec, sources: Sources, paces: ServerPaceStore) -> tuple[str, ...]:
+    """What the plan says of nodes on servers: no devices are chosen for them; their time is
+    estimated from the pace a run measured on the same servers, when one did."""
+    notes = []
+    for name, node in dag.nodes.items():
+        if node.model not in dag.endpoints:
+            continue
+        urls = dag.endpoints[node.model].urls
+        head = f"node {name} runs on {len(urls)} server(s) of {node.model} ({', '.join(urls)}), beside the devices"
+        pace = paces.load(node.model, urls)
+        if pace is None:
+            notes.append(f"{head}: no pace of these servers measured yet, so its time is not estimated; `run` measures "
+                         "it (its progress and `status` show the ETA) and later plans use it")
+            continue
+        requests = sources[node.input_name].num_rows * node.sampling.n
+        fewer = " (or fewer: its `where:` or its upstream answers may leave fewer)" if node.where or node.reads else ""
+        rounds = ", per round of its iteration" if node.iterate else ""
+        notes.append(f"{head}: about {requests / pace.requests_per_s:,.0f} s for its {requests:,} requests{fewer}{rounds}, "
+                     f"at the pace measured there: {pace.describe()}")
+    return tuple(notes)

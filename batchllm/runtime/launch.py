@@ -37,6 +37,7 @@ from batchllm.runtime.length_learning import LengthSampler
 from batchllm.runtime.pilot import PilotSize
 from batchllm.runtime.prepare import RequestPreparer
 from batchllm.runtime.progress import RunProgress
+from batchllm.runtime.server_paces import save_server_paces
 from batchllm.runtime.run_calibration import RunCalibration
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.sequential_stages import SequentialStages
@@ -137,6 +138,7 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
             finally:
                 _save_learnt(executor.planning.calibration, console)
                 _save_lengths(sampler, home, console)
+                _save_server_paces(dag, progress, home, console)
             progress.close("incomplete" if pilots_only else "finished")
         return result, progress
     finally:
@@ -177,6 +179,16 @@ def _save_lengths(sampler: LengthSampler, home: Path, console: Console) -> None:
         return
     if saved:
         console.print(f"{saved:,} answer lengths filed for the length model", markup=False, highlight=False, soft_wrap=True)
+
+
+def _save_server_paces(dag: DagSpec, progress: RunProgress, home: Path, console: Console) -> None:
+    """How fast the servers answered goes to the local store for later plans (never fails the run)."""
+    try:
+        lines = save_server_paces(dag, progress.stats, home)
+    except OSError as error:
+        lines = [f"the servers' pace was not saved: {error}"]
+    for line in lines:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _save_learnt(calibration: RunCalibration | None, console: Console) -> None:
