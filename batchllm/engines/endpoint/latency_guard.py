@@ -25,7 +25,7 @@ snapshot (own requests: per new timing, at most once a second):
 - grow: x2 until the first cut (a slow start, as TCP's), then +1 (+10 % from 20 up), up to `max_in_flight`,
   at most once per `grow_every_s` (the window shows a new level's latency only after it ran a
   while: growing every snapshot on a window still full of the old level overshoots), when each p99 is under its growth bound
-  (`grow_below`, 0.85, x an SLO target; half-way from a baseline to its target), nothing waits, KV use is
+  (`grow_below`, 0.6, x an SLO target; half-way from a baseline to its target), nothing waits, KV use is
   at most `kv_usage_grow`, the batch had all it was allowed in flight since the last decision, and
   one more would leave 10 % of the server's capacity (at least 1) free;
 - else hold. After a cut no decision until the batch's in-flight count is down to the new allowance
@@ -68,7 +68,7 @@ class LatencyGuard:
     asks `allowed(now_s, in_flight)`: it starts one while fewer than that are in flight."""
 
     def __init__(self, slo: LatencySlo | None, max_in_flight: int, *, window_s: float = 10.0, baseline_s: float = 8.0,
-                 hold_s: float = 2.0, cut_factor: float = 0.5, grow_below: float = 0.85, kv_usage_cut: float = 0.95,
+                 hold_s: float = 2.0, cut_factor: float = 0.5, grow_below: float = 0.6, kv_usage_cut: float = 0.95,
                  kv_usage_grow: float = 0.9, baseline_min_requests: int = 5, slow_start: bool = True,
                  grow_every_s: float = 2.0):
         """`slow_start`: double until the first cut, then grow by one (else by one from the start)."""
