@@ -185,6 +185,8 @@ def plan(
     pilot: bool = typer.Option(False, "--pilot", help="Run each new prompt set's pilot on this machine's real engines first "
                                "(into --out, where `run` finds it done) and estimate the rest from the answers it measured."),
     out: Path = typer.Option(None, "--out", "-o", help="With --pilot: the run folder. Default: runs/<DAG file name>, as `run`."),
+    endpoint: list[str] = typer.Option(None, "--endpoint", metavar="MODEL=URL", help="As for `batchllm run`: MODEL is on this "
+                                       "server (its nodes get no devices; their time comes from the pace a run measured there)."),
 ) -> None:
     """Find a fast schedule for DAG: stages of (node, dp x tp plan) on the devices.
 
@@ -209,11 +211,12 @@ def plan(
     import json
 
     if pilot:
-        _plan_with_pilots(dag, devices, out or Path("runs") / dag.stem, profiles, as_json)
+        _plan_with_pilots(dag, devices, out or Path("runs") / dag.stem, profiles, as_json, endpoint or [])
         return
 
+    from batchllm.dag.endpoints_section import with_endpoint_options
     from batchllm.planner.gantt import chart_paths, write_html, write_png
-    from batchllm.planner.plan_file import PROFILES_ROOT, plan_dag_file
+    from batchllm.planner.plan_file import PROFILES_ROOT, plan_dag
     from batchllm.planner.length_sources import LengthModels
     from batchllm.planner.report import print_report, report_json
 
@@ -223,16 +226,16 @@ def plan(
 
     try:
         this_machine = _this_machine_devices()
+        spec = with_endpoint_options(load_dag(dag), endpoint or [])
         if devices in ("auto", this_machine):  # a plan for this machine: its models and settings are checked as `run` does
             devices = this_machine
-            spec = load_dag(dag)
             check_dag(spec, batchllm_home())
             check_engine_settings(spec, batchllm_home(), parse_devices("auto").kind)
         chart, html_path = chart_paths(chart or Path("plans") / f"{dag.stem}-{devices.replace(':', '').replace('/', '_')}.png")
-        models = [node.model for node in load_dag(dag).nodes.values()]
+        models = [node.model for node in spec.nodes.values()]
         lengths = LengthModels.at_home(batchllm_home(), models)
-        report = plan_dag_file(dag, devices, profiles_root=profiles or PROFILES_ROOT, compare=compare,
-                               lengths_for=lengths.lengths_for if lengths.models else None)
+        report = plan_dag(spec, devices, profiles_root=profiles or PROFILES_ROOT, compare=compare,
+                          lengths_for=lengths.lengths_for if lengths.models else None)
         try:
             write_png(report, chart)
             write_html(report, html_path)
@@ -248,11 +251,13 @@ def plan(
     console.print(f"gantt chart: {chart} and {html_path}")
 
 
-def _plan_with_pilots(dag: Path, devices: str, out: Path, profiles: Path | None, as_json: bool) -> None:
+def _plan_with_pilots(dag: Path, devices: str, out: Path, profiles: Path | None, as_json: bool, endpoint: list[str]) -> None:
     import json
 
+    from batchllm.dag.endpoints_section import with_endpoint_options
+    from batchllm.dag.loader import load_dag
     from batchllm.planner.plan_file import PROFILES_ROOT
-    from batchllm.runtime.launch import run_dag_file
+    from batchllm.runtime.launch import run_dag
     from batchllm.runtime.memory import limit_malloc_arenas
 
     limit_malloc_arenas()
@@ -261,8 +266,9 @@ def _plan_with_pilots(dag: Path, devices: str, out: Path, profiles: Path | None,
         if devices not in ("auto", _this_machine_devices()):
             raise UserError(f"--pilot runs on this machine's engines, not on {devices!r}", where="--devices",
                             hint=f"leave --devices out (this machine: {_this_machine_devices()}), or plan without --pilot")
-        result, _ = run_dag_file(dag, out, parse_devices("auto"), console=Console(quiet=True) if as_json else console,
-                                 pilots_only=True, profiles_root=profiles or PROFILES_ROOT)
+        result, _ = run_dag(with_endpoint_options(load_dag(dag), endpoint), out, parse_devices("auto"),
+                            console=Console(quiet=True) if as_json else console, pilots_only=True,
+                            profiles_root=profiles or PROFILES_ROOT)
     pilot_s = result.report.wall_s
     rest_s = result.rest_estimate_s or 0.0
     if as_json:

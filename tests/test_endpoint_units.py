@@ -25,7 +25,7 @@ from batchllm.engines.devices import DeviceSet
 from batchllm.engines.endpoint.request_body import StreamedAnswer, request_body
 from batchllm.engines.endpoint.server_check import Endpoint
 from batchllm.runtime import launch
-from tests.fakes import FakeEngineFactory, fake_text
+from tests.fakes import FakeEngineFactory
 
 MIXED = """
 inputs:
@@ -147,11 +147,9 @@ def endpoint(url: str) -> Endpoint:
     return Endpoint(url, "served-model", None, None, 4, "vllm", 100, 2048)
 
 
-def test_a_node_on_servers_runs_beside_the_nodes_on_devices_and_its_consumer_follows(workspace, monkeypatch, isolated_home):
+def test_a_node_on_servers_runs_beside_the_nodes_on_devices_and_its_consumer_follows(workspace, monkeypatch):
     servers = (endpoint("http://a:1/v1"), endpoint("http://b:1/v1"))
     monkeypatch.setattr(launch, "check_endpoints", lambda dag: {"served-model": servers})
-    monkeypatch.setattr(server_pace, "MIN_REQUESTS", 1)  # a pace of this test's few rows is filed too
-    monkeypatch.setattr(server_pace, "MIN_MEASURED_S", 0.0)
     factory = FakeEngineFactory()
     result, _ = launch.run_dag(load_dag(workspace.dag(MIXED)), workspace.out, DeviceSet("cpu", (0, 1)), console=Console(quiet=True),
                                engine_factory=factory, schedule="sequential", pilot=None, prefix_order=False)
@@ -166,9 +164,6 @@ def test_a_node_on_servers_runs_beside_the_nodes_on_devices_and_its_consumer_fol
     assert len(rows) == 4 and all(row["answer"] == f"<{row['question']}>" for row in rows)
     report = json.loads((workspace.out / "run.json").read_text())
     assert report["stages"][0]["nodes"]["answer"]["plan"] == "2 server(s)" and "critique" not in report["stages"][0]["nodes"]
-    pace = server_pace.ServerPaceStore(isolated_home).load("served-model", ("http://127.0.0.1:9/v1", "http://gpu-box:8000/v1"))
-    assert pace is not None and pace.requests == len(rows) and pace.measured_s > 0 and pace.source == "a run of dag"
-    assert pace.output_tokens == sum(len(fake_text(r)) for e in on_servers for r in e.seen)  # the fake's tokens: its text's length
 
 
 def test_the_plan_leaves_nodes_on_servers_out_and_estimates_them_from_their_measured_pace(isolated_home):
@@ -188,13 +183,23 @@ def test_the_plan_leaves_nodes_on_servers_out_and_estimates_them_from_their_meas
             "and `status` show the ETA) and later plans use it") in report.problem.notes
     server_pace.ServerPaceStore(isolated_home).save(server_pace.ServerPace(
         "big-served-model", ("http://gpu-box:8000/v1",), 120, 9_000, 60.0, "2026-11-20", "a run of nightly"))
+    mapping["nodes"]["creative"]["sampling"] = {**mapping["nodes"]["creative"].get("sampling", {}), "n": 2}
     report = plan_dag(load_dag_mapping(mapping, REPO / "dags", "mixed.yaml"), "2xA100-80G")
-    assert (head + "about 12 s for its 24 requests, at the pace measured there: 2.00 requests/s (150 output tok/s) in a run "
-            "of nightly on 2026-11-20") in report.problem.notes  # 24 questions at 2 a second
+    assert (head + "about 24 s for its 48 answers, at the pace measured there: 2.00 answers/s (150 output tok/s) in a run "
+            "of nightly on 2026-11-20") in report.problem.notes  # 24 questions x n 2 at 2 a second
     mapping["nodes"] = {"creative": mapping["nodes"]["creative"]}
     mapping["outputs"] = {"out": {"columns": {"answer": "creative"}}}
     with pytest.raises(UserError, match="every node runs on servers"):
         plan_dag(load_dag_mapping(mapping, REPO / "dags", "mixed.yaml"), "2xA100-80G")
+
+
+def test_plans_endpoint_option_puts_a_model_on_servers_as_runs_does(isolated_home):
+    REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
+    dag = str(REPO / "dags" / "ensemble_judge.yaml")  # every node is smollm2-135m
+    result = CliRunner().invoke(app, ["plan", dag, "--devices", "2xA100-80G", "--endpoint", "smollm2-135m=http://gpu-box:8000/v1"])
+    assert result.exit_code == 2 and "every node runs on servers (endpoints:): there are no devices to plan" in result.output
+    result = CliRunner().invoke(app, ["plan", dag, "--devices", "2xA100-80G", "--endpoint", "nope"])
+    assert result.exit_code == 2 and "--endpoint 'nope' is not MODEL=URL" in result.output
 
 
 CHAIN = MIXED.replace('''outputs:''', '''  summary:

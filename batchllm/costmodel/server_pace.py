@@ -3,11 +3,12 @@ the plans after it:
 
     $BATCHLLM_HOME/servers/<model>-<hash of its URLs>.json
 
-one record per (model, set of servers): the last run's pace over the time its nodes ran, from
-each node's start to its last answer (upstream waits and the latency guard's baseline
-included, as a later run would have them). The planner places no devices for nodes on
-servers; it estimates their time from this pace and says where the pace came from. The pace
-is what the servers gave beside their online traffic then: a busier day is slower.
+one record per (model, set of servers): the last run's pace while its nodes answered, from
+their first committed answer to their last (waits for upstream nodes before it are not the
+servers' pace). An answer is one of a request's `n` samples; failed requests do not count.
+The planner places no devices for nodes on servers; it estimates their time from this pace
+and says where the pace came from. The pace is what the servers gave beside their online
+traffic then: a busier day is slower.
 
 No vLLM import: the cost model's layer. Every write replaces the file whole.
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 from batchllm.core.files import replacing
 
 FOLDER = "servers"
-MIN_REQUESTS = 20  # fewer answers than this say little of a pace
+MIN_ANSWERS = 20  # fewer answers than this say little of a pace
 MIN_MEASURED_S = 5.0
 
 
@@ -30,25 +31,25 @@ MIN_MEASURED_S = 5.0
 class ServerPace:
     model: str
     urls: tuple[str, ...]
-    requests: int  # answered in the measured time (a node's `n` samples count one each)
+    answers: int  # in the measured time (each of a request's `n` samples counts)
     output_tokens: int
     measured_s: float
     measured_on: str  # the date, YYYY-MM-DD
     source: str  # what ran, e.g. "a run of summaries"
 
     @property
-    def requests_per_s(self) -> float:
-        return self.requests / self.measured_s
+    def answers_per_s(self) -> float:
+        return self.answers / self.measured_s
 
     @property
     def output_tokens_per_s(self) -> float:
         return self.output_tokens / self.measured_s
 
     def enough(self) -> bool:
-        return self.requests >= MIN_REQUESTS and self.measured_s >= MIN_MEASURED_S
+        return self.answers >= MIN_ANSWERS and self.measured_s >= MIN_MEASURED_S and self.measured_s > 0
 
     def describe(self) -> str:
-        return (f"{self.requests_per_s:,.2f} requests/s ({self.output_tokens_per_s:,.0f} output tok/s) "
+        return (f"{self.answers_per_s:,.2f} answers/s ({self.output_tokens_per_s:,.0f} output tok/s) "
                 f"in {self.source} on {self.measured_on}")
 
 
@@ -69,10 +70,12 @@ class ServerPaceStore:
         return path
 
     def load(self, model: str, urls: tuple[str, ...]) -> ServerPace | None:
-        """The last pace measured on these servers (None: none, or unreadable)."""
+        """The last pace measured on these servers (None: none, unreadable, or too little measured)."""
         try:
             record = json.loads(self.path(model, urls).read_text())
             pace = ServerPace(**{**record, "urls": tuple(record["urls"])})
         except (OSError, ValueError, TypeError, KeyError):
             return None
-        return pace if pace.model == model and sorted(pace.urls) == sorted(urls) else None
+        if pace.model != model or sorted(pace.urls) != sorted(urls) or not pace.enough():
+            return None
+        return pace

@@ -111,9 +111,10 @@ def server_notes(dag: DagSpec, sources: Sources, paces: ServerPaceStore) -> tupl
             notes.append(f"{head}: no pace of these servers measured yet, so its time is not estimated; `run` measures "
                          "it (its progress and `status` show the ETA) and later plans use it")
             continue
-        requests = sources[node.input_name].num_rows * node.sampling.n
+        source = sources[node.input_name]
+        rows = int(source.list_lengths(node.iterate.over).sum()) if node.iterate else source.num_rows
+        answers = rows * node.sampling.n
         fewer = " (or fewer: its `where:` or its upstream answers may leave fewer)" if node.where or node.reads else ""
-        rounds = ", per round of its iteration" if node.iterate else ""
-        notes.append(f"{head}: about {requests / pace.requests_per_s:,.0f} s for its {requests:,} requests{fewer}{rounds}, "
+        notes.append(f"{head}: about {answers / pace.answers_per_s:,.0f} s for its {answers:,} answers{fewer}, "
                      f"at the pace measured there: {pace.describe()}")
     return tuple(notes)

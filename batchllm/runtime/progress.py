@@ -60,6 +60,7 @@ class NodeStats:
     ideal_cached_tokens: int | None = None  # what a perfect order would serve from an unbounded cache
     price: Price | None = None  # the model's price per 1M tokens, when the DAG gives one
     finished_at: float | None = None
+    first_commit: tuple[float, int, int, int] | None = None  # (clock s, units_done_now, failed, output_tokens) after the first commit here
     model_eta: tuple[float, float] | None = None  # (seconds left, at clock s) by the calibrated cost model
     recent: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))  # (clock s, units done) samples
     servers: tuple[str, ...] = ()  # a node on servers: per server, its latency guard's line (see EndpointEngine.note)
@@ -198,6 +199,8 @@ class RunProgress:
         stats.prompt_tokens += prompt_tokens
         stats.output_tokens += output_tokens
         now_s = self.clock()
+        if stats.first_commit is None:
+            stats.first_commit = (now_s, stats.units_done_now, stats.failed, stats.output_tokens)
         if not stats.recent or now_s - stats.recent[-1][0] >= SAMPLE_SPACING_S:
             stats.recent.append((now_s, stats.units_done))
         if self.bars_shown:  # rich redraws at BAR_REFRESH_PER_S; this only sets the numbers
