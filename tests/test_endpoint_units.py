@@ -181,12 +181,15 @@ def test_the_plan_leaves_nodes_on_servers_out_and_estimates_them_from_their_meas
     head = "node creative runs on 1 server(s) of big-served-model (http://gpu-box:8000/v1), beside the devices: "
     assert (head + "no pace of these servers measured yet, so its time is not estimated; `run` measures it (its progress "
             "and `status` show the ETA) and later plans use it") in report.problem.notes
+    judge_prompt = report.preflight["judge"].prompt_tokens["p50"]  # creative's answer counted at its max_tokens, 48
     server_pace.ServerPaceStore(isolated_home).save(server_pace.ServerPace(
-        "big-served-model", ("http://gpu-box:8000/v1",), 120, 9_000, 60.0, "2026-11-20", "a run of nightly"))
+        "big-served-model", ("http://gpu-box:8000/v1",), 120, 1_200, 60.0, "2026-11-20", "a run of nightly"))
     mapping["nodes"]["creative"]["sampling"] = {**mapping["nodes"]["creative"].get("sampling", {}), "n": 2}
     report = plan_dag(load_dag_mapping(mapping, REPO / "dags", "mixed.yaml"), "2xA100-80G")
-    assert (head + "about 24 s for its 48 answers, at the pace measured there: 2.00 answers/s (150 output tok/s) in a run "
+    assert (head + "about 24 s for its 48 answers, at the pace measured there: 2.00 answers/s (20 output tok/s) in a run "
             "of nightly on 2026-11-20") in report.problem.notes  # 24 questions x n 2 at 2 a second
+    # the judge reads creative's answers: now at the 10 tokens an answer the servers gave, not 48
+    assert judge_prompt - report.preflight["judge"].prompt_tokens["p50"] == pytest.approx(38, abs=1)
     mapping["nodes"] = {"creative": mapping["nodes"]["creative"]}
     mapping["outputs"] = {"out": {"columns": {"answer": "creative"}}}
     with pytest.raises(UserError, match="every node runs on servers"):

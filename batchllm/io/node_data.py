@@ -102,7 +102,7 @@ class NodeSummary:
         return {"p50": int(round(p50)), "p90": int(round(p90)), "max": int(self.prompt_tokens.max())}
 
 
-UNKNOWN_ANSWER_TOKENS = 128  # an upstream node this summary has no facts of (on servers): the default max_tokens
+UNKNOWN_ANSWER_TOKENS = 128  # an upstream node the caller gave no facts of: the default max_tokens
 
 
 def summarize_dag(dag: DagSpec, sources: Sources, facts: Mapping[str, NodeFacts], *,

@@ -15,6 +15,7 @@ estimated, and each estimate is stated in the problem's notes (see `io.node_data
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import numpy as np
 from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.estimator import Workload
 from batchllm.costmodel.profile import Profile
+from batchllm.costmodel.server_pace import ServerPaceStore
 from batchllm.core.errors import UserError
 from batchllm.io.node_data import NodeFacts, NodeSummary, Sources, summarize_dag
 from batchllm.planner.cluster import Cluster, candidate_plans, cluster_profile, run_settings
@@ -66,11 +68,13 @@ def _profile_for(model: str, cluster: Cluster, profiles_root: Path, where: str,
 
 def dag_workloads(dag: DagSpec, sources: Sources, cluster: Cluster, profiles_root: Path,
                   store: ProfileStore | None = None, home: Path | None = None, *,
-                  lengths_for: LengthsFor | None = None) -> DagWorkloads:
+                  lengths_for: LengthsFor | None = None, outside: Mapping[str, NodeFacts] | None = None) -> DagWorkloads:
     """`store`: the local profile store, consulted first when the cluster is this machine;
     `home`: $BATCHLLM_HOME, where prepared models' tokenizers count prompts exactly;
     `lengths_for`: each node's predicted output lengths (default: its profile's CDF, which the
-    estimates then sample as they always did; given, the workloads carry its lengths)."""
+    estimates then sample as they always did; given, the workloads carry its lengths);
+    `outside`: facts of upstream nodes not in `dag` (on servers: `server_node_facts`), whose
+    answers its nodes' prompts read."""
     profiles: dict[str, Profile] = {}
     profile_notes: dict[str, tuple[str, ...]] = {}
     for name in dag.topological_order():
@@ -83,7 +87,7 @@ def dag_workloads(dag: DagSpec, sources: Sources, cluster: Cluster, profiles_roo
         profiles[name] = profile
     facts = {name: NodeFacts(min(p.lengths.mean(), dag.nodes[name].sampling.max_tokens), int(p.engine.get("block_size_tokens", 16)),
                              dag.engine.max_model_len or p.facts.max_model_len) for name, p in profiles.items()}
-    summaries = summarize_dag(dag, sources, facts, home=home)
+    summaries = summarize_dag(dag, sources, {**(outside or {}), **facts}, home=home)
     notes: list[str] = []
     nodes: list[NodeWorkload] = []
     for name, summary in summaries.items():
@@ -100,3 +104,16 @@ def dag_workloads(dag: DagSpec, sources: Sources, cluster: Cluster, profiles_roo
         nodes.append(NodeWorkload(name, profile, workload, summary.rounds, tuple(u for u in node.upstream if u != name), n,
                                   output_lengths=lengths, summary=summary))
     return DagWorkloads(nodes, tuple(notes), summaries)
+
+
+def server_node_facts(dag: DagSpec, paces: ServerPaceStore) -> dict[str, NodeFacts]:
+    """Per node on servers, its expected answer length for the prompts of nodes that read it:
+    the mean answer a run measured on its servers, else its max_tokens (no profile here
+    describes a model on servers), capped by its max_tokens either way."""
+    facts = {}
+    for name, node in dag.nodes.items():
+        if node.model in dag.endpoints:
+            pace = paces.load(node.model, dag.endpoints[node.model].urls)
+            measured = pace.output_tokens / pace.answers if pace is not None else float(node.sampling.max_tokens)
+            facts[name] = NodeFacts(min(measured, float(node.sampling.max_tokens)))
+    return facts

@@ -20,7 +20,7 @@ from batchllm.models.registry import batchllm_home
 from batchllm.planner.baselines import lower_bound_s, max_heuristic, min_heuristic
 from batchllm.planner.cluster import Cluster, parse_cluster
 from batchllm.planner.exact import exact_schedule
-from batchllm.planner.from_dag import dag_workloads
+from batchllm.planner.from_dag import dag_workloads, server_node_facts
 from batchllm.planner.greedy import greedy_schedule
 from batchllm.planner.length_sources import LengthsFor
 from batchllm.planner.preflight import NodePreflight, node_preflight
@@ -73,14 +73,15 @@ def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT,
     """`lengths_for`: each node's predicted output lengths (see `length_sources`); default the profile's CDF."""
     tables = check_dag(dag, batchllm_home(), resolve_models=False)
     cluster = parse_cluster(devices, profiles_root)
-    on_servers = server_notes(dag, tables, ServerPaceStore(batchllm_home()))
+    paces = ServerPaceStore(batchllm_home())
+    on_servers, outside = server_notes(dag, tables, paces), server_node_facts(dag, paces)
     dag = dag.on_devices()
     if not dag.nodes:
         raise UserError("every node runs on servers (endpoints:): there are no devices to plan", where=str(dag.path),
                         hint="`batchllm run` sends them to the servers; its progress and `batchllm status` show their pace and ETA")
     started = time.perf_counter()
     workloads = dag_workloads(dag, tables, cluster, profiles_root, ProfileStore.at_home(batchllm_home()),
-                              batchllm_home(), lengths_for=lengths_for)
+                              batchllm_home(), lengths_for=lengths_for, outside=outside)
     problem = build_problem(cluster, workloads.nodes, (*workloads.notes, *on_servers))
     fit_s = time.perf_counter() - started
     start = Timeline.start(problem)

@@ -25,8 +25,10 @@ from batchllm.io.input_source import InputSource
 from batchllm.io.remote_files import check_copy_target
 from batchllm.models.registry import batchllm_home
 from batchllm.costmodel.calibration.store import ProfileStore
+from batchllm.costmodel.server_pace import ServerPaceStore
+from batchllm.io.node_data import NodeFacts
 from batchllm.planner.cluster import local_cluster, run_settings
-from batchllm.planner.from_dag import dag_workloads
+from batchllm.planner.from_dag import dag_workloads, server_node_facts
 from batchllm.planner.plan_file import PROFILES_ROOT
 from batchllm.planner.problem import build_problem
 from batchllm.runtime.calibrated_stages import CalibratedStages, RunEstimates, rest_estimate_s
@@ -101,7 +103,8 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
     planning = None
     on_devices = dag.on_devices()  # the part the planner places: nodes on servers take no devices
     if schedule != "sequential" and on_devices.nodes:
-        planning, why_not = _calibrated_planning(on_devices, sources, devices, schedule, profiles_root, home, lengths)
+        planning, why_not = _calibrated_planning(on_devices, sources, devices, schedule, profiles_root, home, lengths,
+                                                 server_node_facts(dag, ServerPaceStore(home)))
         if planning is None:
             console.print(f"[yellow]no plan:[/yellow] {why_not}; running node by node on all devices", soft_wrap=True)
         for note in planning.calibration.problem.notes if planning and planning.calibration else ():  # e.g. what the profile differs in from this machine
@@ -153,15 +156,17 @@ def _planning_for(dag: DagSpec, sources: dict[str, InputSource], devices: Device
 
 
 def _calibrated_planning(dag: DagSpec, sources: dict[str, InputSource], devices: DeviceSet, method: str,
-                         profiles_root: Path, home: Path | None = None,
-                         lengths: LengthModels | None = None) -> tuple[RunPlanning | None, str | None]:
+                         profiles_root: Path, home: Path | None = None, lengths: LengthModels | None = None,
+                         outside: dict[str, NodeFacts] | None = None) -> tuple[RunPlanning | None, str | None]:
     """Stages planned on a cost model that calibrates itself as the run goes, starting from
-    what the local profile store learnt on this machine, else the shipped profiles."""
+    what the local profile store learnt on this machine, else the shipped profiles; `outside`:
+    the nodes on servers its nodes read (`server_node_facts`)."""
     cluster = local_cluster(devices.kind, len(devices.ids), devices.node_sizes)
     store = ProfileStore.at_home(home or batchllm_home())
     try:
         workloads = dag_workloads(dag, sources, cluster, profiles_root, store, home or batchllm_home(),
-                                  lengths_for=lengths.lengths_for if lengths is not None and lengths.models else None)
+                                  lengths_for=lengths.lengths_for if lengths is not None and lengths.models else None,
+                                  outside=outside)
     except UserError as missing:
         return None, missing.paragraph()
     calibration = RunCalibration(build_problem(cluster, workloads.nodes, workloads.notes), workloads.nodes, store=store,
