@@ -22,8 +22,8 @@ def server_paces(dag: DagSpec, stats: Mapping[str, NodeStats], source: str, toda
     for model, endpoint in dag.endpoints.items():
         names = [name for name, node in dag.nodes.items() if node.model == model]
         ran = [stats[name] for name in names if name in stats]
-        if len(ran) < len(names) or any(s.finished_at is None or s.first_commit is None for s in ran):
-            continue  # a node did not run, or not to its end, in this invocation
+        if not ran or len(ran) < len(names) or any(s.finished_at is None or s.first_commit is None for s in ran):
+            continue  # no node of it, or one did not run, or not to its end, in this invocation
         answers = tokens = 0
         for s in ran:
             assert s.first_commit is not None
