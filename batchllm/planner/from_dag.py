@@ -24,7 +24,7 @@ import numpy as np
 from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.estimator import Workload
 from batchllm.costmodel.profile import Profile
-from batchllm.costmodel.server_pace import ServerPaceStore
+from batchllm.costmodel.server_pace import ServerPace, ServerPaceStore
 from batchllm.core.errors import UserError
 from batchllm.io.node_data import NodeFacts, NodeSummary, Sources, summarize_dag
 from batchllm.planner.cluster import Cluster, candidate_plans, cluster_profile, run_settings
@@ -106,14 +106,19 @@ def dag_workloads(dag: DagSpec, sources: Sources, cluster: Cluster, profiles_roo
     return DagWorkloads(nodes, tuple(notes), summaries)
 
 
-def server_node_facts(dag: DagSpec, paces: ServerPaceStore) -> dict[str, NodeFacts]:
+def measured_paces(dag: DagSpec, store: ServerPaceStore) -> dict[str, ServerPace | None]:
+    """Per model on servers, the last pace a run measured on its servers (None: none yet), read once."""
+    return {model: store.load(model, spec.urls) for model, spec in dag.endpoints.items()}
+
+
+def server_node_facts(dag: DagSpec, paces: Mapping[str, ServerPace | None]) -> dict[str, NodeFacts]:
     """Per node on servers, its expected answer length for the prompts of nodes that read it:
-    the mean answer a run measured on its servers, else its max_tokens (no profile here
-    describes a model on servers), capped by its max_tokens either way."""
+    the mean answer a run measured on its servers (`measured_paces`), else its max_tokens (no
+    profile here describes a model on servers), capped by its max_tokens either way."""
     facts = {}
     for name, node in dag.nodes.items():
         if node.model in dag.endpoints:
-            pace = paces.load(node.model, dag.endpoints[node.model].urls)
+            pace = paces.get(node.model)
             measured = pace.output_tokens / pace.answers if pace is not None else float(node.sampling.max_tokens)
             facts[name] = NodeFacts(min(measured, float(node.sampling.max_tokens)))
     return facts

@@ -10,17 +10,18 @@ lower bound, all on the same costs.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchllm.costmodel.calibration.store import ProfileStore
-from batchllm.costmodel.server_pace import ServerPaceStore
+from batchllm.costmodel.server_pace import ServerPace, ServerPaceStore
 from batchllm.io.node_data import Sources
 from batchllm.models.registry import batchllm_home
 from batchllm.planner.baselines import lower_bound_s, max_heuristic, min_heuristic
 from batchllm.planner.cluster import Cluster, parse_cluster
 from batchllm.planner.exact import exact_schedule
-from batchllm.planner.from_dag import dag_workloads, server_node_facts
+from batchllm.planner.from_dag import dag_workloads, measured_paces, server_node_facts
 from batchllm.planner.greedy import greedy_schedule
 from batchllm.planner.length_sources import LengthsFor
 from batchllm.planner.preflight import NodePreflight, node_preflight
@@ -73,7 +74,7 @@ def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT,
     """`lengths_for`: each node's predicted output lengths (see `length_sources`); default the profile's CDF."""
     tables = check_dag(dag, batchllm_home(), resolve_models=False)
     cluster = parse_cluster(devices, profiles_root)
-    paces = ServerPaceStore(batchllm_home())
+    paces = measured_paces(dag, ServerPaceStore(batchllm_home()))
     on_servers, outside = server_notes(dag, tables, paces), server_node_facts(dag, paces)
     dag = dag.on_devices()
     if not dag.nodes:
@@ -98,16 +99,16 @@ def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT,
     return PlanReport(dag.name, cluster, problem, chosen, fit_s, lower_bound_s(start), compared, not_run, preflight, bool(dag.prices))
 
 
-def server_notes(dag: DagSpec, sources: Sources, paces: ServerPaceStore) -> tuple[str, ...]:
+def server_notes(dag: DagSpec, sources: Sources, paces: Mapping[str, ServerPace | None]) -> tuple[str, ...]:
     """What the plan says of nodes on servers: no devices are chosen for them; their time is
-    estimated from the pace a run measured on the same servers, when one did."""
+    estimated from the pace a run measured on the same servers, when one did (`measured_paces`)."""
     notes = []
     for name, node in dag.nodes.items():
         if node.model not in dag.endpoints:
             continue
         urls = dag.endpoints[node.model].urls
         head = f"node {name} runs on {len(urls)} server(s) of {node.model} ({', '.join(urls)}), beside the devices"
-        pace = paces.load(node.model, urls)
+        pace = paces.get(node.model)
         if pace is None:
             notes.append(f"{head}: no pace of these servers measured yet, so its time is not estimated; `run` measures "
                          "it (its progress and `status` show the ETA) and later plans use it")

@@ -28,7 +28,7 @@ from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.server_pace import ServerPaceStore
 from batchllm.io.node_data import NodeFacts
 from batchllm.planner.cluster import local_cluster, run_settings
-from batchllm.planner.from_dag import dag_workloads, server_node_facts
+from batchllm.planner.from_dag import dag_workloads, measured_paces, server_node_facts
 from batchllm.planner.plan_file import PROFILES_ROOT
 from batchllm.planner.problem import build_problem
 from batchllm.runtime.calibrated_stages import CalibratedStages, RunEstimates, rest_estimate_s
@@ -104,7 +104,7 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
     on_devices = dag.on_devices()  # the part the planner places: nodes on servers take no devices
     if schedule != "sequential" and on_devices.nodes:
         planning, why_not = _calibrated_planning(on_devices, sources, devices, schedule, profiles_root, home, lengths,
-                                                 server_node_facts(dag, ServerPaceStore(home)))
+                                                 server_node_facts(dag, measured_paces(dag, ServerPaceStore(home))))
         if planning is None:
             console.print(f"[yellow]no plan:[/yellow] {why_not}; running node by node on all devices", soft_wrap=True)
         for note in planning.calibration.problem.notes if planning and planning.calibration else ():  # e.g. what the profile differs in from this machine

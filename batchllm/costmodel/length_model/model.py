@@ -104,8 +104,8 @@ class LengthModel:
         """Each request's length; a prompt after a longer conversation than the training prompts'
         gets outside_shift (the per-model CDF's mean), not what its last turn reads as."""
         shifts = self.log_shift(prompts)
-        history = np.array([-1 if p.history_chars is None else p.history_chars for p in prompts], float)
-        shifts[history > self.history_limit_chars] = self.outside_shift
+        outside = [p.history_chars is not None and p.history_chars > self.history_limit_chars for p in prompts]
+        shifts[np.array(outside, bool)] = self.outside_shift
         return RequestLengths(self.base, shifts, source)
 
     def shifted(self, offset: float) -> "LengthModel":
