@@ -28,6 +28,13 @@ from batchllm.costmodel.lengths import LengthDistribution
 SOURCES = ("store", "pilot", "length model", "prior")
 
 
+def relative_shifts(shifts) -> np.ndarray:
+    """Shifts moved so that their mean factor is 1: they spread requests against each other
+    and leave the level (the base's mean) alone."""
+    shifts = np.asarray(shifts, float)
+    return shifts - np.log(np.mean(np.exp(shifts))) if shifts.size else shifts
+
+
 @dataclass(frozen=True)
 class RequestLengths:
     base: LengthDistribution

@@ -183,10 +183,12 @@ class Executor:
         for pilot in ended:
             if calibration is None:
                 continue
-            calibration.pilot_ended(pilot.node)
-            lengths = calibration.node_lengths[pilot.node]
-            self.progress.note(f"pilot of {pilot.node} done: mean answer {lengths.posterior().mean():.0f} tokens "
-                               f"(the prior's {lengths.prior.mean():.0f}); planning the rest on it")
+            answers = self.length_sampler.answers(pilot.node) if self.length_sampler is not None else []
+            learnt = calibration.pilot_ended(pilot.node, answers)
+            held = "" if learnt.spread is None else \
+                f"; the length model's differences between its requests: {learnt.spread:.0%} of them held on it"
+            self.progress.note(f"pilot of {pilot.node} done: mean answer {learnt.mean_output_tokens:.0f} tokens at max_tokens "
+                               f"{learnt.max_tokens} (the prior's {learnt.prior_mean_output_tokens:.0f}){held}; planning the rest on it")
 
     def _end_stage_loop(self, wall_s: float) -> None:
         """Stop the engines, sync the journals, write the report, and free what only the

@@ -67,6 +67,11 @@ class LengthSampler(RunObserver):
                     n = max(len(r.texts), 1)
                     seen.append((prompt, max(round(r.num_output_tokens / n), 1), r.finish_reason != FinishReason.LENGTH))
 
+    def answers(self, node: str) -> list[tuple[LengthPrompt, int]]:
+        """The node's sampled requests whose answers were committed, with their lengths
+        (a cut answer counts its cap)."""
+        return [(prompt, length) for prompt, length, _ in self._seen.get(node, ())]
+
     def save(self, home: Path) -> int:
         """File what was seen in the store (not what engines of another kind answered: a test's
         or a benchmark's stand-ins); returns how many outputs."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -34,8 +34,10 @@ from batchllm.costmodel.calibration.model import ModelCalibration, SpeedFactors
 from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.estimator import Workload
 from batchllm.costmodel.latency import step_features
+from batchllm.costmodel.length_spread import fitted_spread
 from batchllm.costmodel.profile import ReplicaShape
-from batchllm.costmodel.request_lengths import RequestLengths
+from batchllm.costmodel.request_lengths import RequestLengths, relative_shifts
+from batchllm.core.length_prompt import LengthPrompt
 from batchllm.core.requests import EngineResult, FinishReason
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 from batchllm.planner.problem import NodeWorkload, PlanProblem, build_problem
@@ -61,6 +63,17 @@ class NodeEvidence:
     units: int = 0
 
 
+@dataclass(frozen=True)
+class PilotLearnt:
+    """What a node's pilot taught: its answers' mean length and the prior's (both cut at the
+    node's max_tokens), and how much of its length model's spread held (None: no length model)."""
+
+    mean_output_tokens: float
+    prior_mean_output_tokens: float
+    max_tokens: int
+    spread: float | None
+
+
 @dataclass
 class _Snapshot:
     """An engine's last step, and its recent ones (for what the machine does right now)."""
@@ -84,6 +97,7 @@ class RunCalibration(RunObserver):
         (per-request shifts), where one is used."""
         self.problem, self.workloads, self.store = problem, workloads, store
         self.log_shifts = log_shifts or {}
+        self.spreads: dict[str, float] = {}  # per node whose pilot ended: how much of its length model's spread held
         self.settings, self.source, self.clock = settings or {}, source, clock
         self.by_node = {w.name: w for w in workloads}
         self.models: dict[str, ModelCalibration] = {}
@@ -160,23 +174,34 @@ class RunCalibration(RunObserver):
         profile = model.profile(posterior, self.machine_factors())
         workload = self._scaled_prompts(node)
         if posterior is not None and workload.output_lengths is not None:  # the run's own lengths, each request's shift kept
-            shifts = workload.output_lengths.log_shift
-            workload = replace(workload, output_lengths=RequestLengths(posterior, shifts - np.log(np.mean(np.exp(shifts))), "pilot"))
+            shifts = self.spreads.get(node, 1.0) * workload.output_lengths.log_shift
+            workload = replace(workload, output_lengths=RequestLengths(posterior, relative_shifts(shifts), "pilot"))
         return replace(item, profile=profile, workload=workload)
 
-    def pilot_ended(self, node: str) -> None:
+    def pilot_ended(self, node: str, answers: Sequence[tuple[LengthPrompt, int]] = ()) -> "PilotLearnt":
         """The node's pilot has every answer: a random sample of its own prompt set, all of it
         ended (no short-first bias), so from now on the prior (another prompt set's lengths)
-        weighs as PILOT_PRIOR_OUTPUTS outputs, not as many as a run's first ones need."""
+        weighs as PILOT_PRIOR_OUTPUTS outputs, not as many as a run's first ones need.
+        `answers`: the pilot's requests as the length model reads them, with their answers'
+        lengths; where the node's length model spreads requests, how much of that spread
+        holds on them scales it from now on."""
         lengths = self.node_lengths[node]
-        self.node_lengths[node] = replace(lengths, prior_outputs=min(lengths.prior_outputs, PILOT_PRIOR_OUTPUTS), _last=None)
+        self.node_lengths[node] = lengths = replace(lengths, prior_outputs=min(lengths.prior_outputs, PILOT_PRIOR_OUTPUTS), _last=None)
         self._version += 1
+        log_shift = self.log_shifts.get(node)
+        if log_shift is not None and answers:
+            prompts = [prompt for prompt, _ in answers]
+            self.spreads[node] = fitted_spread(lengths.posterior(), log_shift(prompts), [length for _, length in answers],
+                                               [p.max_tokens for p in prompts])
+        max_tokens = int(np.max(self.by_node[node].workload.max_tokens, initial=1))
+        mean_of = lambda distribution: float(RequestLengths.shared(distribution, 1, "pilot").expected(max_tokens)[0])  # noqa: E731
+        return PilotLearnt(mean_of(lengths.posterior()), mean_of(lengths.prior), max_tokens, self.spreads.get(node))
 
     def output_forecast(self, node: str) -> OutputForecast:
         """The node's answer lengths as calibrated now, for the runtime's split and order."""
         lengths = self.node_lengths[node]
         return OutputForecast(node, lengths.posterior(self._running_ages(node)), self.log_shifts.get(node),
-                              source="prior" if lengths.outputs == 0 else "pilot")
+                              source="prior" if lengths.outputs == 0 else "pilot", spread=self.spreads.get(node, 1.0))
 
     def machine_factors(self) -> SpeedFactors | None:
         """Speed factors over every model measured: for a model no engine ran yet."""
