@@ -133,3 +133,22 @@ def test_without_a_length_model_a_pilot_scales_nothing(workspace):
     commit(calibration, [40] * 64, 96)
     learnt = calibration.pilot_ended("gen", [])
     assert learnt.spread is None and round(learnt.mean_output_tokens) == 40
+
+
+def test_after_a_pilot_nothing_of_it_counts_as_still_running(workspace):
+    """The engines' last steps counted the pilot's last outputs as decoding (they ended in
+    that step); taken as still running, at their age, they made the rest's answers longer."""
+    from batchllm.engines.devices import Replica
+    from batchllm.engines.protocol import EngineConfig, StepRecord
+    from batchllm.runtime.step_result import EngineStep, StepResult
+
+    calibration = calibration_of(workspace, None)
+    commit(calibration, [30] * 64, 96)
+    prompt = calibration.calibrated_workload("gen").workload.prompt_tokens.mean()
+    last_step = StepRecord(0.05, 0, 0, 2, int(2 * (prompt + 90)), 0, 0)  # two outputs at age 90 in the last step
+    calibration.observe(StepResult(0, (), (EngineStep("gen", EngineConfig("m", Replica("cpu", (0,))), last_step),), (), ()))
+    stale = calibration.output_forecast("gen").level.mean()
+    assert stale > 31  # taken as two outputs of at least 90 still running
+    calibration.pilot_ended("gen")
+    level = calibration.calibrated_workload("gen").profile.lengths
+    assert level.mean() == pytest.approx(30, abs=0.5) and calibration.output_forecast("gen").level.mean() == pytest.approx(30, abs=0.5)

@@ -46,7 +46,7 @@ from batchllm.runtime.output_forecast import LogShift, OutputForecast
 from batchllm.runtime.stage_chooser import NodeProgress
 from batchllm.runtime.step_result import StepResult
 
-PILOT_PRIOR_OUTPUTS = 2.0  # the prior's weight in outputs once a node's pilot has ended
+PILOT_PRIOR_OUTPUTS = 0.5  # the prior's weight in outputs once a node's pilot has ended (a random sample of the set)
 PROMPT_PRIOR_UNITS = 8.0  # the planner's prompt estimate counts as this many measured prompts
 MIN_STEPS_TO_SAVE = 30  # fewer measured steps than this teach the store nothing
 SNAPSHOT_MAX_AGE_S = 10.0  # an engine's last step older than this says nothing about what runs now
@@ -187,6 +187,9 @@ class RunCalibration(RunObserver):
         holds on them scales it from now on."""
         lengths = self.node_lengths[node]
         self.node_lengths[node] = lengths = replace(lengths, prior_outputs=min(lengths.prior_outputs, PILOT_PRIOR_OUTPUTS), _last=None)
+        for engine, snapshot in self._snapshots.items():  # an engine's last step counts the outputs that ended in it: none runs now
+            if snapshot.node == node:
+                self._snapshots[engine] = replace(snapshot, decode_seqs=0, decode_context=0)
         self._version += 1
         log_shift = self.log_shifts.get(node)
         if log_shift is not None and answers:
