@@ -442,3 +442,37 @@ def test_a_run_files_answer_lengths_and_a_prompt_set_the_store_has_seen_gets_no_
     again = FakeEngineFactory()  # the same data in a new folder: its lengths are known, so it starts in row order
     run(workspace, again, schedule="plan", profiles=profiles, out=tmp_path / "again")
     assert sent_rows(again, "a")[:5] == [0, 1, 2, 3, 4]
+
+
+def test_after_its_pilot_a_node_has_run_only_since_the_rest_began(workspace, profiles, monkeypatch):
+    """The rest of a node after its pilot is timed from its own start: the pilot's time on the
+    same plan, counted as time along the whole node's run, made the time left too short."""
+    import batchllm.runtime.calibrated_stages as calibrated_stages
+
+    many_questions(workspace, 300)
+    monkeypatch.setattr(calibrated_stages, "ETA_INTERVAL_S", 0.0)
+    seen = []  # (run clock, a's running_s) at every re-estimate
+    original = calibrated_stages.RunEstimates.tick
+
+    def tick(self, now_s, progress, state):
+        nodes, _ = state()
+        if "a" in nodes:
+            seen.append((now_s, nodes["a"].running_s))
+        return original(self, now_s, progress, state)
+
+    monkeypatch.setattr(calibrated_stages.RunEstimates, "tick", tick)
+    run(workspace, FakeEngineFactory(), schedule="plan", profiles=profiles, dag_text="""
+        inputs:
+          questions: {path: questions.parquet, id_column: id}
+        nodes:
+          a:
+            model: ./tiny-model
+            prompt: "A {{ question }}"
+        outputs:
+          out: {columns: {a: a}}
+    """)
+    stages = json.loads((workspace.out / "run.json").read_text())["stages"]
+    assert [s["nodes"]["a"]["plan"] for s in stages[:2]] == [stages[0]["nodes"]["a"]["plan"]] * 2  # the plan was kept
+    rest_start_s = stages[1]["start_s"]
+    after = [(now_s, running_s) for now_s, running_s in seen if now_s >= rest_start_s]
+    assert after and after[0][1] <= after[0][0] - rest_start_s + 1e-3  # not the pilot's time on top

@@ -112,7 +112,7 @@ class Executor:
         self.assigned: dict[str, list[EngineConfig]] = {}  # node -> its replicas in the current stage
         self.stage_nodes: tuple[str, ...] = ()  # the current stage's nodes
         self.running_plans: dict[str, RunningPlan] = {}
-        self.plan_since_s: dict[str, float] = {}  # node -> clock when its current plan's engines were ready
+        self.plan_since_s: dict[str, float] = {}  # node -> clock when its current plan's engines were ready (or its pilot ended)
         self.backlogs = {n: Backlog() for n in dag.nodes}
         self.preparing: dict[str, tuple[Future, bool]] = {}  # node -> window being prepared, fresh units?
         self.windows_taken: set[str] = set()  # nodes that took a window in this run
@@ -181,6 +181,7 @@ class Executor:
         self._pilot_ended = self._pilot_ended or bool(ended)
         calibration = self.planning.calibration
         for pilot in ended:
+            self.plan_since_s.pop(pilot.node, None)  # the rest is a run of its own from the next stage on, not a pilot's sequel
             if calibration is None:
                 continue
             answers = self.length_sampler.answers(pilot.node) if self.length_sampler is not None else []
@@ -308,7 +309,8 @@ class Executor:
         kept = {n for n, p in plans.items() if self.running_plans.get(n) == RunningPlan(p, placement[n])}
         self.running_plans = {n: RunningPlan(p, placement[n]) for n, p in plans.items()}
         self._reconcile(log)
-        self.plan_since_s = {n: self.plan_since_s[n] if n in kept else self._clock_s() for n in plans}
+        now_s = self._clock_s()
+        self.plan_since_s = {n: self.plan_since_s.get(n, now_s) if n in kept else now_s for n in plans}
         if self._ready_at_s is None:
             self._ready_at_s = time.monotonic()
         for name in self.assigned:
@@ -366,7 +368,7 @@ class Executor:
         """Each unfinished node's units done, and how long it has run on its current plan."""
         return {n: NodeProgress(self.ledger[n].committed_units, self.ledger[n].total_units,
                                 all(u in self.finished for u in self.dag.nodes[n].upstream),
-                                now_s - self.plan_since_s[n] if n in self.running_plans else 0.0)
+                                now_s - self.plan_since_s.get(n, now_s) if n in self.running_plans else 0.0)
                 for n in self._unfinished()}
 
     def _reconcile(self, log: StageLog) -> None:
