@@ -307,6 +307,9 @@ def test_a_running_node_whose_requests_end_together_is_judged_by_the_time_it_has
     # 8 s of its 11 s run: 3 s are left although none of its requests has finished yet
     assert planner.choose({"x": NodeProgress(0, 100, True, running_s=8.0)}, running).rest_s == pytest.approx(3.0)
     assert planner.choose({"x": NodeProgress(0, 100, True, running_s=10.5)}, running).rest_s == pytest.approx(0.5)  # in its drain
+    # the rest after a pilot of 20: 8 s of work and the drain from where it began, 2 s of it run
+    assert planner.choose({"x": NodeProgress(20, 100, True, running_s=2.0, done_units_before=20)}, running).rest_s == \
+        pytest.approx(7.0)
 
 
 TP2 = ExecutionPlan(1, W2)  # one replica on two devices

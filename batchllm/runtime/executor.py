@@ -58,7 +58,7 @@ from batchllm.runtime.progress import NodeStats, RunProgress
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_gantt import write_run_html
 from batchllm.runtime.run_report import RunReport, StageLog, engine_label
-from batchllm.runtime.stage_chooser import DeviceLossReplanner, NodeProgress, RunningPlan, RunPlanning
+from batchllm.runtime.stage_chooser import DeviceLossReplanner, NodeProgress, RunningPlan, RunningSince, RunPlanning
 from batchllm.runtime.step_result import EngineStep, NodeCommit, StepResult
 
 POLL_S = 0.05
@@ -112,7 +112,7 @@ class Executor:
         self.assigned: dict[str, list[EngineConfig]] = {}  # node -> its replicas in the current stage
         self.stage_nodes: tuple[str, ...] = ()  # the current stage's nodes
         self.running_plans: dict[str, RunningPlan] = {}
-        self.plan_since_s: dict[str, float] = {}  # node -> clock when its current plan's engines were ready (or its pilot ended)
+        self.running_since: dict[str, RunningSince] = {}  # node -> when its current plan's engines were ready (or its pilot ended)
         self.backlogs = {n: Backlog() for n in dag.nodes}
         self.preparing: dict[str, tuple[Future, bool]] = {}  # node -> window being prepared, fresh units?
         self.windows_taken: set[str] = set()  # nodes that took a window in this run
@@ -181,7 +181,7 @@ class Executor:
         self._pilot_ended = self._pilot_ended or bool(ended)
         calibration = self.planning.calibration
         for pilot in ended:
-            self.plan_since_s.pop(pilot.node, None)  # the rest is a run of its own from the next stage on, not a pilot's sequel
+            self.running_since.pop(pilot.node, None)  # the rest is a run of its own from the next stage on, not a pilot's sequel
             if calibration is None:
                 continue
             answers = self.length_sampler.answers(pilot.node) if self.length_sampler is not None else []
@@ -309,8 +309,8 @@ class Executor:
         kept = {n for n, p in plans.items() if self.running_plans.get(n) == RunningPlan(p, placement[n])}
         self.running_plans = {n: RunningPlan(p, placement[n]) for n, p in plans.items()}
         self._reconcile(log)
-        now_s = self._clock_s()
-        self.plan_since_s = {n: self.plan_since_s.get(n, now_s) if n in kept else now_s for n in plans}
+        since = {n: RunningSince(self._clock_s(), self.ledger[n].committed_units) for n in plans}
+        self.running_since = {n: self.running_since.get(n, since[n]) if n in kept else since[n] for n in plans}
         if self._ready_at_s is None:
             self._ready_at_s = time.monotonic()
         for name in self.assigned:
@@ -365,11 +365,15 @@ class Executor:
         return {n: r for n, r in self.running_plans.items() if n not in self.failed}
 
     def _progress(self, now_s: float) -> dict[str, NodeProgress]:
-        """Each unfinished node's units done, and how long it has run on its current plan."""
-        return {n: NodeProgress(self.ledger[n].committed_units, self.ledger[n].total_units,
-                                all(u in self.finished for u in self.dag.nodes[n].upstream),
-                                now_s - self.plan_since_s.get(n, now_s) if n in self.running_plans else 0.0)
-                for n in self._unfinished()}
+        """Each unfinished node's units done, and how long it has run on its current plan (from
+        how many units done)."""
+        progress = {}
+        for n in self._unfinished():
+            done = self.ledger[n].committed_units
+            since = self.running_since.get(n, RunningSince(now_s, done)) if n in self.running_plans else RunningSince(now_s, done)
+            progress[n] = NodeProgress(done, self.ledger[n].total_units, all(u in self.finished for u in self.dag.nodes[n].upstream),
+                                       now_s - since.at_s, since.done_units)
+        return progress
 
     def _reconcile(self, log: StageLog) -> None:
         """Bring the engines to what the stage assigns; engines that fail to start count

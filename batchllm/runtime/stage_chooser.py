@@ -16,7 +16,7 @@ devices and a new `RunPlanning` for them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from batchllm.costmodel.estimator import ExecutionPlan
 from batchllm.runtime.observer import RunObserver
@@ -37,6 +37,14 @@ class NodeProgress:
     total_units: int  # (row, step) units taking part so far
     total_known: bool  # every producer has finished, so total_units is final
     running_s: float = 0.0  # served on its current plan and devices, engine start aside
+    done_units_before: int = 0  # units committed when that began (a pilot's, when the rest began after it)
+
+
+class RunningSince(NamedTuple):
+    """When a node began to run on its current plan (or began its rest after its pilot)."""
+
+    at_s: float
+    done_units: int
 
 
 @dataclass(frozen=True)

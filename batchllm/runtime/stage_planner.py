@@ -65,10 +65,12 @@ class StagePlanner:
                 done = min(float(p.done_units * node.requests_per_unit), node.requests * 0.99)
             state = NodeState(len(node.rounds), 0.0, 1.0).capped(node, min(done, node.requests * 0.999))
             speed = node.speeds.get(running[name].plan) if name in running else None
-            if speed is not None and speed.output_curve and p.total_known and len(node.rounds) == 1:
-                # as far as the time it has run takes it along its run (its drain included): what is
-                # left is its run's time less that, not its share of the requests' time
-                timed = NodeState().advanced(node, speed, min(p.running_s, 0.99 * speed.run_s(node.rounds)))
+            if speed is not None and speed.output_curve and p.total_known and p.total_units and len(node.rounds) == 1:
+                # as far as the time it has run takes it along its run (its drain included), from
+                # where that run began: what is left is that run's time less it, not its share of
+                # the requests' time
+                began = NodeState(len(node.rounds), 0.0, 1.0).capped(node, p.done_units_before / p.total_units * node.requests)
+                timed = began.advanced(node, speed, min(p.running_s, 0.99 * began.remaining_s(node, speed)))
                 if timed.remaining_s(node, speed) < state.remaining_s(node, speed):
                     state = timed
             states[name] = state
