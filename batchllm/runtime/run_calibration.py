@@ -197,8 +197,11 @@ class RunCalibration(RunObserver):
             self.spreads[node] = fitted_spread(lengths.posterior(), log_shift(prompts), [length for _, length in answers],
                                                [p.max_tokens for p in prompts])
         max_tokens = int(np.max(self.by_node[node].workload.max_tokens, initial=1))
-        mean_of = lambda distribution: float(RequestLengths.shared(distribution, 1, "pilot").expected(max_tokens)[0])  # noqa: E731
-        return PilotLearnt(mean_of(lengths.posterior()), mean_of(lengths.prior), max_tokens, self.spreads.get(node))
+
+        def capped_mean(distribution) -> float:
+            return float(RequestLengths.shared(distribution, 1, "pilot").expected(max_tokens)[0])
+
+        return PilotLearnt(capped_mean(lengths.posterior()), capped_mean(lengths.prior), max_tokens, self.spreads.get(node))
 
     def output_forecast(self, node: str) -> OutputForecast:
         """The node's answer lengths as calibrated now, for the runtime's split and order."""
