@@ -8,8 +8,14 @@ again over the new replicas. Without this, a node that grows keeps all its work 
 in its old engines and the added replicas idle.
 
 A replica whose queue runs dry takes the back half of the queue with the most work waiting
-(what that replica would run last; its last request when one is left): replicas that run slower than predicted (a server busy
-with its own traffic, a slower machine) hand work to the faster ones, so they end together.
+(what that replica would run last), as long as more wait there than that replica's engine
+runs: replicas that run slower than predicted (a server busy with its own traffic, a slower
+machine, one the latency guard holds to a few requests) hand work to the faster ones, so they
+end together. What waits behind a full engine goes in as its running requests end, about as
+soon as another replica would start it; taken away, it made the taker end last. (Twin
+engines whose answers all run to max_tokens end their batches a step apart: the first to
+end took half of the other's last requests, and ran a second batch a third larger than the
+other's.)
 
 Invariant: what waits here are the payloads (rendered, tokenized requests) of units the
 ledger has QUEUED, each once; the ledger, not this queue, says where a unit is.
@@ -18,7 +24,7 @@ ledger has QUEUED, each once; the ledger, not this queue, says where a unit is.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from batchllm.core.requests import EngineRequest
 from batchllm.ordering.balance import balance
@@ -60,22 +66,28 @@ class Backlog:
         self._queues = [deque(batch) for batch in lists]
         self._waiting_work = [sum(p.work for p in batch) for batch in lists]
 
-    def take(self, replica: int, count: int) -> list[EngineRequest]:
+    def take(self, replica: int, count: int, running: Sequence[int]) -> list[EngineRequest]:
+        """Up to `count` requests for the replica's engine; `running`: per replica, the requests
+        its engine runs now."""
+        if len(running) != len(self._queues):
+            raise ValueError(f"{len(running)} running counts for {len(self._queues)} replicas")
         queue = self._queues[replica]
         if count > 0 and not queue:
-            self._steal_for(replica)
+            self._steal_for(replica, running)
         taken = [queue.popleft() for _ in range(min(count, len(queue)))]
         self._waiting_work[replica] = self._waiting_work[replica] - sum(p.work for p in taken) if queue else 0.0
         return [p.request for p in taken]
 
-    def _steal_for(self, replica: int) -> None:
-        """Move the back half of the fullest other queue (by waiting work) to `replica`'s."""
-        victim = max((r for r in range(len(self._queues)) if r != replica and self._queues[r]),
+    def _steal_for(self, replica: int, running: Sequence[int]) -> None:
+        """Move the back half of the fullest other queue (by waiting work) to `replica`'s, but
+        no more than leaves as many waiting there as its engine runs."""
+        victim = max((r for r in range(len(self._queues)) if r != replica and len(self._queues[r]) > running[r]),
                      key=lambda r: self._waiting_work[r], default=None)
         if victim is None:
             return
         source = self._queues[victim]
-        moved = [source.pop() for _ in range(max(1, len(source) // 2))][::-1]
+        count = min(max(1, len(source) // 2), len(source) - running[victim])
+        moved = [source.pop() for _ in range(count)][::-1]
         work = sum(p.work for p in moved)
         self._queues[replica].extend(moved)
         self._waiting_work[replica] += work

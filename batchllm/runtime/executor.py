@@ -370,9 +370,10 @@ class Executor:
         progress = {}
         for n in self._unfinished():
             done = self.ledger[n].committed_units
-            since = self.running_since.get(n, RunningSince(now_s, done)) if n in self.running_plans else RunningSince(now_s, done)
+            since = self.running_since.get(n) if n in self.running_plans else None
+            running_s, before = (now_s - since.at_s, since.done_units) if since is not None else (0.0, done)
             progress[n] = NodeProgress(done, self.ledger[n].total_units, all(u in self.finished for u in self.dag.nodes[n].upstream),
-                                       now_s - since.at_s, since.done_units)
+                                       running_s, before)
         return progress
 
     def _reconcile(self, log: StageLog) -> None:
@@ -523,16 +524,18 @@ class Executor:
         """Hand each of the node's engines waiting requests up to what it runs at once.
         Returns how many were handed over."""
         backlog, submitted = self.backlogs[name], 0
+        in_engine = [self.ledger.running_on[self.engines.of(c).slot] for c in self.assigned[name]]
         for index, config in enumerate(self.assigned[name]):
             if not len(backlog):
                 break
             running = self.engines.of(config)
-            batch = backlog.take(index, running.engine.in_flight_limit() - self.ledger.running_on[running.slot])
+            batch = backlog.take(index, running.engine.in_flight_limit() - in_engine[index], in_engine)
             if batch:
                 _, units = node_units(np.fromiter((r.request_id for r in batch), np.int64, len(batch)))
                 self.ledger.send(name, units, running.slot)
                 self.engines.submit(config, batch)
                 submitted += len(batch)
+                in_engine[index] += len(batch)
                 if self.report.first_request_s is None and self._ready_at_s is not None:
                     self.report.first_request_s = time.monotonic() - self._ready_at_s
         return submitted
