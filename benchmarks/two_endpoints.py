@@ -6,7 +6,8 @@ runs several times slower. `batchllm run` sends one node of real prompts to both
 (`endpoints:` with both URLs, no SLO: the latency guard's default). Each server's end is
 the last moment its `vllm:generation_tokens_total` grew (scraped every 0.5 s). Target: the
 two ends differ by at most 10 % of the run (the split by predicted work, then the faster
-server taking the back half of the slower one's queue when its own runs dry).
+server taking the back half of the slower one's queue when its own runs dry, as long as more
+wait there than the slower server runs).
 
 Last line: `ends differ by <x> % of the run (<a> s vs <b> s of <r> s); A answered <n> %`.
 
