@@ -66,7 +66,7 @@ class EndWatch:
 
     def __enter__(self) -> "EndWatch":
         self.started = time.monotonic()
-        self.first = {b: scrape_sync(b)["vllm:generation_tokens_total"] for b in self.bases}
+        self.first = {b: (scrape_sync(b).generation_tokens or 0.0) for b in self.bases}
         self._thread.start()
         return self
 
@@ -78,7 +78,7 @@ class EndWatch:
         while not self._stop.wait(SCRAPE_S):
             for base in self.bases:
                 try:
-                    tokens = scrape_sync(base)["vllm:generation_tokens_total"] - self.first[base]
+                    tokens = (scrape_sync(base).generation_tokens or 0.0) - self.first[base]
                 except Exception:  # noqa: BLE001  a scrape missed: the next one counts
                     continue
                 if tokens > self.tokens[base]:
