@@ -450,7 +450,8 @@ def test_after_its_pilot_a_node_has_run_only_since_the_rest_began(workspace, pro
     import batchllm.runtime.calibrated_stages as calibrated_stages
 
     many_questions(workspace, 300)
-    monkeypatch.setattr(calibrated_stages, "ETA_INTERVAL_S", 0.0)
+    monkeypatch.setattr(calibrated_stages, "ETA_INTERVAL_S", 0.0)  # re-estimate at every turn, however long it takes
+    monkeypatch.setattr(calibrated_stages, "ETA_BUDGET_SHARE", float("inf"))
     seen = []  # (run clock, a's running_s) at every re-estimate
     original = calibrated_stages.RunEstimates.tick
 
