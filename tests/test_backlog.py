@@ -97,6 +97,15 @@ def test_a_slow_replica_hands_over_what_waits_beyond_what_its_engine_runs():
     assert backlog.take(1, 10, [4, 2]) == [] and len(backlog) == 4
 
 
+def test_a_server_whose_guard_holds_its_calls_back_hands_over_its_queue():
+    """The executor passes what each engine may run: a server the latency guard cut to 0 runs
+    none of the 8 calls it holds, so what waits for it is there to take."""
+    backlog = Backlog()
+    backlog.regroup(2, halves)
+    backlog.add([requests(*[f"h{i}" for i in range(8)]), []], loads=[0.0, 0.0])
+    assert ids(backlog.take(1, 10, [0, 0])) == [f"h{i}" for i in range(4, 8)]
+
+
 def test_take_needs_a_running_count_per_replica():
     backlog = Backlog()
     backlog.regroup(2, halves)

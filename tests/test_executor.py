@@ -476,4 +476,50 @@ def test_after_its_pilot_a_node_has_run_only_since_the_rest_began(workspace, pro
     assert [s["nodes"]["a"]["plan"] for s in stages[:2]] == [stages[0]["nodes"]["a"]["plan"]] * 2  # the plan was kept
     rest_start_s = stages[1]["start_s"]
     after = [(now_s, running_s) for now_s, running_s in seen if now_s >= rest_start_s]
-    assert after and after[0][1] <= after[0][0] - rest_start_s + 1e-3  # not the pilot's time on top
+    assert after and after[0][1] <= after[0][0] - rest_start_s + stages[0]["duration_s"] / 2  # not the pilot's time on top
+
+
+def test_a_replica_holding_its_calls_back_hands_what_waits_for_it_to_the_other(workspace, profiles):
+    """A server whose latency guard cut it to 0 holds the calls it has (aborted, sent again
+    once allowed): they count as on it, but it runs none of them, so what waits for it goes
+    to the other replica instead of waiting for the guard."""
+    from tests.fakes import FakeEngine
+
+    class HoldingEngine(FakeEngine):
+        """Takes its first batch, then allows 0 and answers nothing for `hold_polls` polls."""
+
+        def __init__(self, config, hold_polls: int):
+            super().__init__(config)
+            self.hold_polls = hold_polls
+
+        def in_flight_limit(self) -> int:
+            return 0 if self.seen and self.hold_polls > 0 else super().in_flight_limit()
+
+        def poll(self, timeout_s: float):
+            if self.seen and self.hold_polls > 0:
+                self.hold_polls -= 1
+                return []
+            return super().poll(timeout_s)
+
+    class Factory(FakeEngineFactory):
+        def __call__(self, config):
+            engine = HoldingEngine(config, hold_polls=200) if config.replica.device_ids == (1,) else FakeEngine(config)
+            self.started.append(engine)
+            return engine
+
+    many_questions(workspace, 28)  # 14 a replica: 8 go into each engine, 6 wait
+    factory = Factory()
+    run(workspace, factory, schedule="max", profiles=profiles, dag_text="""
+        inputs:
+          questions: {path: questions.parquet, id_column: id}
+        nodes:
+          a:
+            model: ./tiny-model
+            prompt: "A {{ question }}"
+        outputs:
+          out: {columns: {a: a}}
+    """)
+    held = next(e for e in factory.started if isinstance(e, HoldingEngine))
+    free = next(e for e in factory.started if not isinstance(e, HoldingEngine))
+    assert len(held.seen) == 8 and len(free.seen) == 20  # the 6 that waited for the held one ran on the other
+    assert node_keys(workspace.out, "a") == [(f"r{i:03d}", 0) for i in range(28)]

@@ -68,7 +68,8 @@ class Backlog:
 
     def take(self, replica: int, count: int, running: Sequence[int]) -> list[EngineRequest]:
         """Up to `count` requests for the replica's engine; `running`: per replica, the requests
-        its engine runs now."""
+        its engine runs now (no more than it may run: a server whose latency guard holds its
+        calls back runs none of them)."""
         if len(running) != len(self._queues):
             raise ValueError(f"{len(running)} running counts for {len(self._queues)} replicas")
         queue = self._queues[replica]

@@ -524,12 +524,16 @@ class Executor:
         """Hand each of the node's engines waiting requests up to what it runs at once.
         Returns how many were handed over."""
         backlog, submitted = self.backlogs[name], 0
-        in_engine = [self.ledger.running_on[self.engines.of(c).slot] for c in self.assigned[name]]
-        for index, config in enumerate(self.assigned[name]):
+        if not len(backlog):
+            return 0
+        engines = [self.engines.of(c) for c in self.assigned[name]]
+        limits = [running.engine.in_flight_limit() for running in engines]  # a server's: what its latency guard allows now
+        in_engine = [self.ledger.running_on[running.slot] for running in engines]  # on a server also calls held back or retried
+        for index, (config, running) in enumerate(zip(self.assigned[name], engines)):
             if not len(backlog):
                 break
-            running = self.engines.of(config)
-            batch = backlog.take(index, running.engine.in_flight_limit() - in_engine[index], in_engine)
+            serving = [min(count, limit) for count, limit in zip(in_engine, limits)]
+            batch = backlog.take(index, limits[index] - in_engine[index], serving)
             if batch:
                 _, units = node_units(np.fromiter((r.request_id for r in batch), np.int64, len(batch)))
                 self.ledger.send(name, units, running.slot)
