@@ -11,7 +11,9 @@ from batchllm.core.requests import EngineResult, FinishReason
 from batchllm.costmodel.length_spread import fitted_spread
 from batchllm.costmodel.lengths import LengthDistribution
 
-RNG = np.random.default_rng(7)
+def rng(seed: int = 7) -> np.random.Generator:
+    """Each test its own draws, whatever runs before it."""
+    return np.random.default_rng(seed)
 
 
 def level_of(lengths, cap: int) -> LengthDistribution:
@@ -20,27 +22,31 @@ def level_of(lengths, cap: int) -> LengthDistribution:
 
 
 def test_a_spread_that_holds_on_the_pilot_is_kept_whole():
-    shifts = RNG.normal(0.0, 0.8, 200)
-    lengths = np.minimum(np.rint(60 * np.exp(shifts + RNG.normal(0, 0.1, 200))), 1000)  # the model is right, up to noise
+    draw = rng()
+    shifts = draw.normal(0.0, 0.8, 200)
+    lengths = np.minimum(np.rint(60 * np.exp(shifts + draw.normal(0, 0.1, 200))), 1000)  # the model is right, up to noise
     assert fitted_spread(level_of(lengths, 1000), shifts, lengths, np.full(200, 1000)) == 1.0
 
 
 def test_a_spread_that_says_nothing_of_the_set_is_dropped():
-    shifts = RNG.normal(0.0, 0.8, 200)
-    lengths = np.rint(60 * np.exp(RNG.normal(0.0, 0.5, 200)))  # lengths unrelated to what the model says
+    draw = rng()
+    shifts = draw.normal(0.0, 0.8, 200)
+    lengths = np.rint(60 * np.exp(draw.normal(0.0, 0.5, 200)))  # lengths unrelated to what the model says
     assert fitted_spread(level_of(lengths, 1000), shifts, lengths, np.full(200, 1000)) == 0.0
 
 
 def test_answers_all_cut_at_max_tokens_keep_no_spread():
     """A conversation set where every answer runs to max_tokens: a model learnt on first turns
     reads the short follow-ups as short answers, and every one of them is as long as the rest."""
-    shifts = RNG.normal(0.0, 1.0, 64)
+    draw = rng()
+    shifts = draw.normal(0.0, 1.0, 64)
     lengths = np.full(64, 96)
-    assert fitted_spread(level_of(RNG.integers(100, 400, 64), 96), shifts, lengths, np.full(64, 96)) == 0.0
+    assert fitted_spread(level_of(draw.integers(100, 400, 64), 96), shifts, lengths, np.full(64, 96)) == 0.0
 
 
 def test_half_a_spread_is_kept_when_half_of_it_holds():
-    shifts = RNG.normal(0.0, 1.0, 400)
+    draw = rng()
+    shifts = draw.normal(0.0, 1.0, 400)
     lengths = np.rint(60 * np.exp(0.5 * shifts))
     assert fitted_spread(level_of(lengths, 10_000), shifts, lengths, np.full(400, 10_000)) == 0.5
 
@@ -92,10 +98,11 @@ def commit(calibration, lengths: list[int], cap: int) -> None:
 
 
 def test_a_pilot_whose_answers_the_length_model_misreads_makes_every_request_alike_in_split_and_plan(workspace):
+    draw = rng()
     from batchllm.core.requests import EngineRequest
     from batchllm.core.sampling import SamplingSpec
 
-    said = {f"q{i}": shift for i, shift in enumerate(RNG.normal(0.0, 1.0, 64))}  # what the model reads of each prompt
+    said = {f"q{i}": shift for i, shift in enumerate(draw.normal(0.0, 1.0, 64))}  # what the model reads of each prompt
     calibration = calibration_of(workspace, lambda prompts: np.array([said.get(p.last_user, len(p.last_user) % 5 / 2)
                                                                       for p in prompts]))
     assert calibration.calibrated_workload("gen").workload.output_lengths.log_shift.any()  # the plan's spread, before
@@ -113,10 +120,11 @@ def test_a_pilot_whose_answers_the_length_model_misreads_makes_every_request_ali
 
 
 def test_a_pilot_the_length_model_reads_well_keeps_its_spread(workspace):
+    draw = rng()
     from batchllm.core.requests import EngineRequest
     from batchllm.core.sampling import SamplingSpec
 
-    shifts = RNG.normal(0.0, 0.7, 64)
+    shifts = draw.normal(0.0, 0.7, 64)
     said = {f"q{i}": shift for i, shift in enumerate(shifts)}
     calibration = calibration_of(workspace, lambda prompts: np.array([said.get(p.last_user, 0.0) for p in prompts]))
     lengths = np.minimum(np.rint(30 * np.exp(shifts)), 96).astype(int).tolist()

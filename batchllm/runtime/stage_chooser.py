@@ -36,7 +36,7 @@ class NodeProgress:
     done_units: int  # (row, step) units committed
     total_units: int  # (row, step) units taking part so far
     total_known: bool  # every producer has finished, so total_units is final
-    running_s: float = 0.0  # served on its current plan and devices, engine start aside
+    running_s: float = 0.0  # served on its current plan and devices, engine start aside (after its pilot: since the rest began)
     done_units_before: int = 0  # units committed when that began (a pilot's, when the rest began after it)
 
 

@@ -6,7 +6,8 @@ is rebuilt from the runtime's facts: requests each node has finished (scaled to 
 planner's estimate of its total), and which engines run where. A node whose requests
 all run at once finishes few of them until near its end, so for it the time it has run
 on its plan counts too: it is at least that far along its estimated run (drain included),
-so what is left is at most the run's estimate less the time it has run.
+so what is left is at most the run's estimate less the time it has run. That run begins
+where the node's running began: after its pilot, at the units the pilot left done.
 Then the chosen method (batchllm's search, or the Max / Min heuristic for comparison)
 plans from there. This includes SamuLLM's dynamic rule as a special case: a node whose
 (model, plan, devices) is also in the new stage keeps its engine, because the timeline
