@@ -444,6 +444,18 @@ def test_a_run_files_answer_lengths_and_a_prompt_set_the_store_has_seen_gets_no_
     assert sent_rows(again, "a")[:5] == [0, 1, 2, 3, 4]
 
 
+ONE_NODE_DAG = """
+    inputs:
+      questions: {path: questions.parquet, id_column: id}
+    nodes:
+      a:
+        model: ./tiny-model
+        prompt: "A {{ question }}"
+    outputs:
+      out: {columns: {a: a}}
+"""
+
+
 def test_after_its_pilot_a_node_has_run_only_since_the_rest_began(workspace, profiles, monkeypatch):
     """The rest of a node after its pilot is timed from its own start: the pilot's time on the
     same plan, counted as time along the whole node's run, made the time left too short."""
@@ -462,16 +474,7 @@ def test_after_its_pilot_a_node_has_run_only_since_the_rest_began(workspace, pro
         return original(self, now_s, progress, state)
 
     monkeypatch.setattr(calibrated_stages.RunEstimates, "tick", tick)
-    run(workspace, FakeEngineFactory(), schedule="plan", profiles=profiles, dag_text="""
-        inputs:
-          questions: {path: questions.parquet, id_column: id}
-        nodes:
-          a:
-            model: ./tiny-model
-            prompt: "A {{ question }}"
-        outputs:
-          out: {columns: {a: a}}
-    """)
+    run(workspace, FakeEngineFactory(), schedule="plan", profiles=profiles, dag_text=ONE_NODE_DAG)
     stages = json.loads((workspace.out / "run.json").read_text())["stages"]
     assert [s["nodes"]["a"]["plan"] for s in stages[:2]] == [stages[0]["nodes"]["a"]["plan"]] * 2  # the plan was kept
     rest_start_s = stages[1]["start_s"]
@@ -509,16 +512,7 @@ def test_a_replica_holding_its_calls_back_hands_what_waits_for_it_to_the_other(w
 
     many_questions(workspace, 28)  # 14 a replica: 8 go into each engine, 6 wait
     factory = Factory()
-    run(workspace, factory, schedule="max", profiles=profiles, dag_text="""
-        inputs:
-          questions: {path: questions.parquet, id_column: id}
-        nodes:
-          a:
-            model: ./tiny-model
-            prompt: "A {{ question }}"
-        outputs:
-          out: {columns: {a: a}}
-    """)
+    run(workspace, factory, schedule="max", profiles=profiles, dag_text=ONE_NODE_DAG)
     held = next(e for e in factory.started if isinstance(e, HoldingEngine))
     free = next(e for e in factory.started if not isinstance(e, HoldingEngine))
     assert len(held.seen) == 8 and len(free.seen) == 20  # the 6 that waited for the held one ran on the other
