@@ -88,6 +88,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from batchllm.core.latency_slo import BASELINE_MARGIN, LatencySlo  # noqa: E402
+from batchllm.engines.endpoint.latency_window import server_latency  # noqa: E402
 from batchllm.engines.endpoint.server_metrics import MetricsSnapshot, parse_metrics  # noqa: E402
 
 MODEL = "smollm2-135m"
@@ -100,6 +101,7 @@ MAX_NUM_SEQS = 128  # vLLM's default for the OpenAI server on CPUs
 KV_CACHE_BYTES = 1_000_000_000
 CHUNK_TOKENS = 256  # the server's prefill chunk: a step of a long batch prompt stays short beside online decodes
 SCRAPE_EVERY_S = 2.0
+LAG_PROBE_EVERY_S = 0.01  # the load generator's own event loop: how late a sleep of this length wakes
 REQUEST_TIMEOUT_S = 300.0
 SERVER_START_TIMEOUT_S = 240.0
 BATCH_START_TIMEOUT_S = 300.0  # batchllm imports, reads the DAG and plans before its first request
@@ -140,6 +142,7 @@ class SideRun:
     online: list[OnlineResult]
     scrapes: list[tuple[float, MetricsSnapshot]]  # (seconds since the phases began, what the server showed)
     bounds: list[tuple[float, MetricsSnapshot]]  # the scrapes at the phase bounds
+    loop_lags: list[tuple[float, float]] = field(default_factory=list)  # (at, seconds a probe woke late): the client's own delay
     note: str = ""
 
 
@@ -342,14 +345,22 @@ async def run_online(base: str, phases: list[Phase], arrivals: list[Arrival], at
                 if at == end_s and at_end is not None:
                     at_end()
 
-        sampling = asyncio.create_task(sampler())
+        async def lag_probe() -> None:
+            while time.monotonic() - t0 < end_s:
+                before = time.monotonic()
+                await asyncio.sleep(LAG_PROBE_EVERY_S)
+                lags.append((time.monotonic() - t0, time.monotonic() - before - LAG_PROBE_EVERY_S))
+
+        lags: list[tuple[float, float]] = []
+        sampling, probing = asyncio.create_task(sampler()), asyncio.create_task(lag_probe())
         tasks = []
         for arrival in arrivals:
             await asyncio.sleep(max(0.0, t0 + arrival.at_s - time.monotonic()))
             tasks.append(asyncio.create_task(online_request(client, base, arrival, t0)))
         await sampling
+        await probing
         results = await asyncio.gather(*tasks)
-    return list(results), scrapes, bounds
+    return list(results), scrapes, bounds, lags
 
 
 # ---------------------------------------------------------------- batch sides
@@ -414,7 +425,7 @@ def run_side(name: str, base: str, phases: list[Phase], arrivals: list[Arrival],
                 os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C at the end of the last phase
                 interrupted.append(True)
 
-        online, scrapes, bounds = asyncio.run(run_online(base, phases, arrivals, at_end))
+        online, scrapes, bounds, lags = asyncio.run(run_online(base, phases, arrivals, at_end))
     finally:
         code = stop_process(proc, None if interrupted else signal.SIGINT)
         busy = reset_server(base)
@@ -422,7 +433,7 @@ def run_side(name: str, base: str, phases: list[Phase], arrivals: list[Arrival],
         note += f"; exit {code}"
         if code not in (0, 130, -signal.SIGINT):
             note += f" (log {log})"
-    return SideRun(name, phases, online, scrapes, bounds, "; ".join(x for x in (note, busy) if x))
+    return SideRun(name, phases, online, scrapes, bounds, lags, "; ".join(x for x in (note, busy) if x))
 
 
 # ---------------------------------------------------------------- fixed client process
@@ -525,7 +536,13 @@ def window_stats(run: SideRun, window_s: float) -> list[dict]:
     lo = window_s
     while lo + window_s / 2 <= end_s:
         hi = min(lo + window_s, end_s)
-        rows.append({"lo": lo, "hi": hi, "ttft_p99": pct(ttfts(run, lo, hi), 99), "itl_p99": pct(itls(run, lo, hi), 99)})
+        inside = [(t, v) for t, v in run.scrapes if lo <= t < hi]
+        gauges = [v.running - online_running(run, t) for t, v in inside]
+        server_itl = server_latency(inside[0][1], inside[-1][1]).itl_p99_s if len(inside) > 1 else None
+        lags = np.array([lag for at, lag in run.loop_lags if lo <= at < hi])
+        rows.append({"lo": lo, "hi": hi, "ttft_p99": pct(ttfts(run, lo, hi), 99), "itl_p99": pct(itls(run, lo, hi), 99),
+                     "batch_running": float(np.mean(gauges)) if gauges else float("nan"),
+                     "server_itl_p99": float("nan") if server_itl is None else server_itl, "loop_lag_p99": pct(lags, 99)})
         lo += window_s
     return rows
 
@@ -616,6 +633,9 @@ def planned_seconds(args: argparse.Namespace, sweep: list[int]) -> tuple[float, 
 
 
 def main() -> None:
+    # The batch sides are stopped with SIGINT, as Ctrl-C; started in the background, this process ignores SIGINT
+    # and its children would inherit that (a handler of its own is reset in them to the default, which stops them).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--phase-s", type=float, default=None, help="length of each of the three phases (default 60; --quick: 15)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 15 s phases, 10 s windows, sweep 1, 2, 4 of 15 s")
@@ -766,10 +786,16 @@ def summary(args, say: Report, runs: dict[str, SideRun], reference: LatencySlo, 
         ttft, itl, kept, total = worsts[name]
         say(f"{run.name:<10} {ttft:5.2f}x {itl:5.2f}x {kept:>6}/{total:<6} {batch_rate(run):25.1f}")
     say()
-    say("per window (p99 over alone's heavy-phase p99, TTFT/ITL; * breaks the SLO):")
+    say("per window (p99 over alone's heavy-phase p99, TTFT/ITL; * breaks the SLO; then the batch requests the server ran):")
     for name, run in runs.items():
         cells = [f"{w['ttft_p99'] / reference.ttft_p99_s:.2f}/{w['itl_p99'] / reference.itl_p99_s:.2f}"
                  f"{'' if kept_window(w, reference) else '*'}" for w in windows[name]]
+        running = [f"{w['batch_running']:.1f}" for w in windows[name]]
+        say(f"{run.name:<10} " + " ".join(f"{c:>11}" for c in cells) + "   " + " ".join(f"{r:>5}" for r in running))
+    say("per window, what the client's inter-token p99 above rests on: the server's own (all requests, from its histogram, ms) / "
+        "how late this process's event loop woke (p99, ms):")
+    for name, run in runs.items():
+        cells = [f"{1000 * w['server_itl_p99']:.0f}/{1000 * w['loop_lag_p99']:.0f}" for w in windows[name]]
         say(f"{run.name:<10} " + " ".join(f"{c:>11}" for c in cells))
     gain = None
     if "batchllm" in runs and "oracle" in runs:
