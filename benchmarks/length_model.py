@@ -10,6 +10,10 @@ Per set:
   tau          Kendall tau between predicted shift and actual length, the model fit on a
                random half of the set and tested on the other half (cut outputs count at
                their cap: a tie-aware rank of what was seen)
+  halves       the same over HALVES random halves: mean (lowest-highest), how much one
+               half's tau is luck
+  tokens       prompt tokens alone as the ranking, mean over the same halves: what a set
+               ranks on without its content
   new set      the set as never seen: fit on the other four sets only, then the error of the
                predicted mean (capped) length of the set's rows outside the pilot:
                  cdf      the per-model CDF (Kaplan-Meier of the other sets' lengths), shift 0
@@ -57,6 +61,7 @@ from batchllm.costmodel.request_lengths import RequestLengths  # noqa: E402
 
 DATA = REPO / "benchmarks" / "data" / "length_sets.parquet"
 PILOT_DRAWS = 10
+HALVES = 10
 
 
 def pilot_size(rows: int) -> int:
@@ -92,12 +97,27 @@ def with_pilot_of(model: LengthModel, prompts, lengths, finished, pilot_prompts,
     return refit.scaled_to(pilot_prompts, pilot_lengths)
 
 
+def half_taus(data) -> tuple[list[float], list[float]]:
+    """Kendall tau of the model fit on a random half against the other half, and of prompt
+    tokens alone on that other half, for HALVES random halves."""
+    prompts, lengths, _ = data
+    count = len(prompts)
+    model_taus, token_taus = [], []
+    for draw in range(HALVES):
+        order = np.random.default_rng(1000 + draw).permutation(count)
+        train, test = order[: count // 2], order[count // 2:]
+        test_prompts = take(data, test)[0]
+        model_taus.append(float(kendalltau(LengthModel.fit(*take(data, train)).log_shift(test_prompts), lengths[test]).statistic))
+        token_taus.append(float(kendalltau([p.prompt_tokens for p in test_prompts], lengths[test]).statistic))
+    return model_taus, token_taus
+
+
 def main() -> int:
     if not DATA.exists():
         raise SystemExit(f"{DATA} is missing: run benchmarks/length_sets.py first (it needs the engine)")
     sets = load()
     print(f"{sum(len(s[0]) for s in sets.values()):,} outputs of smollm2-135m (greedy, max_tokens 256) in {len(sets)} sets")
-    print(f"{'set':13} {'rows':>5} {'mean':>5} {'cut':>4} {'tau':>6} | new set, mean length error: {'cdf':>7} {'model':>7} "
+    print(f"{'set':13} {'rows':>5} {'mean':>5} {'cut':>4} {'tau':>6} {'halves':>18} {'tokens':>6} | new set, mean length error: {'cdf':>7} {'model':>7} "
           f"{'+pilot':>7} {'worst':>7} {'pilot':>7} | gate (model vs cdf log error), k")
     taus, with_pilot, ratios, transfers = {}, {}, {}, {}
     for name, data in sets.items():
@@ -107,6 +127,8 @@ def main() -> int:
         train, test = order[: count // 2], order[count // 2:]
         half = LengthModel.fit(*take(data, train))
         taus[name] = float(kendalltau(half.log_shift(take(data, test)[0]), lengths[test]).statistic)
+        model_taus, token_taus = half_taus(data)
+        halves = f"{np.mean(model_taus):.2f} ({min(model_taus):.2f}-{max(model_taus):.2f})"
 
         others = [s for s in sets if s != name]
         pooled = tuple(zip(*[sets[s] for s in others]))
@@ -139,7 +161,8 @@ def main() -> int:
         transfers[name] = model.new_set.transfer if model.new_set else 1.0
         mean = {key: float(np.mean(values)) for key, values in errors.items()}
         with_pilot[name], ratios[name] = mean["+pilot"], mean["model"] / mean["cdf"]
-        print(f"{name:13} {count:5} {lengths.mean():5.0f} {(~finished).mean():4.0%} {taus[name]:6.3f} | "
+        print(f"{name:13} {count:5} {lengths.mean():5.0f} {(~finished).mean():4.0%} {taus[name]:6.3f} {halves:>18} "
+              f"{np.mean(token_taus):6.2f} | "
               f"{'':27} {mean['cdf']:7.1%} {mean['model']:7.1%} {mean['+pilot']:7.1%} {max(errors['+pilot']):7.1%} "
               f"{mean['pilot']:7.1%} | {'use' if verdict.use else 'keep cdf'} ({verdict.model_score:.3f} vs "
               f"{verdict.cdf_score:.3f}), k {transfers[name]:.1f}", flush=True)
