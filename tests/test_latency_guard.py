@@ -10,6 +10,7 @@ import math
 import pytest
 
 from batchllm.core.latency_slo import LatencySlo
+from batchllm.engines.endpoint.guard_targets import GuardTargets
 from batchllm.engines.endpoint.latency_guard import GuardReading, LatencyGuard
 from batchllm.engines.endpoint.latency_window import OwnTimings, online_latency, p99_of
 from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
@@ -110,11 +111,30 @@ def test_growth_is_one_a_snapshot_then_ten_percent_and_stops_at_max_in_flight():
     assert allowed[20:] == [22, 24, 25, 25]
 
 
-def test_between_six_tenths_of_a_target_and_the_target_it_holds():
+def test_inside_the_band_it_holds():
     guard, server, batch = guarded()
     assert [tick(guard, server, batch, float(t)) for t in range(0, 3)] == [1, 2, 3]
-    # online TTFTs in (0.1, 0.2]: a p99 of about 0.2 s, over 0.6 x 0.25 s and under the target
+    # online TTFTs in (0.1, 0.2]: a p99 of about 0.2 s, over 0.75 x 0.25 s and under 0.9 x 0.25 s
     assert [tick(guard, server, batch, float(t), online_ttft_s=0.19) for t in range(3, 8)] == [3, 3, 3, 3, 3]
+
+
+def test_over_the_band_and_under_the_target_it_eases_off_by_one_down_to_one():
+    guard, server, batch = guarded()
+    assert [tick(guard, server, batch, float(t)) for t in range(0, 3)] == [1, 2, 3]
+    # online gaps in (0.03, 0.04]: a p99 of about 0.04 s, over 0.9 x the 0.04 s target and not over it
+    assert [tick(guard, server, batch, float(t), online_itl_s=0.035) for t in range(3, 7)] == [2, 1, 1, 1]
+    assert 0.9 * 0.04 < guard.reading(6.0).online_itl_p99_s <= 0.04
+    # it grows again once the last excess (at 6) is out of the 10 s window
+    assert [tick(guard, server, batch, float(t)) for t in range(7, 18)] == [1] * 9 + [2, 3]
+
+
+def test_one_excess_eases_off_once_as_the_new_level_is_judged_on_itself():
+    guard, server, batch = guarded(grow_every_s=2.0)
+    assert [tick(guard, server, batch, float(t)) for t in range(0, 7)] == [1, 1, 2, 2, 3, 3, 4]
+    assert tick(guard, server, batch, 7.0) == 4
+    assert tick(guard, server, batch, 8.0, online_itl_s=0.035) == 3
+    # the window of the last 10 s still holds the excess; the level of 3 does not show it
+    assert [tick(guard, server, batch, float(t)) for t in range(9, 14)] == [3, 4, 4, 5, 5]
 
 
 def test_a_slow_start_doubles_until_the_first_cut_then_grows_by_one():
@@ -128,8 +148,9 @@ def test_a_slow_start_doubles_until_the_first_cut_then_grows_by_one():
 
 def test_growth_waits_grow_every_s_so_the_window_shows_the_new_level_first():
     guard, server, batch = guarded(grow_every_s=2.0)
-    assert [tick(guard, server, batch, float(t)) for t in range(0, 7)] == [1, 2, 2, 3, 3, 4, 4]
-    # the level grown to at 5 is too much: seen at 7, cut at once (cuts do not wait)
+    # a level is judged on 2 s of its own: the first growth too
+    assert [tick(guard, server, batch, float(t)) for t in range(0, 7)] == [1, 1, 2, 2, 3, 3, 4]
+    # the level grown to at 6 is too much: seen at 7, cut at once (cuts do not wait)
     assert tick(guard, server, batch, 7.0, online_ttft_s=0.4) == 2
 
 
@@ -137,7 +158,7 @@ def test_by_default_growth_is_paced_and_starts_slow():
     guard = LatencyGuard(SLO, 64)
     server = FakeServer()
     batch = Batch(guard, server)
-    assert [tick(guard, server, batch, float(t)) for t in range(0, 9)] == [1, 2, 2, 4, 4, 8, 8, 16, 16]
+    assert [tick(guard, server, batch, float(t)) for t in range(0, 9)] == [1, 1, 2, 2, 4, 4, 8, 8, 16]
 
 
 def test_no_growth_while_the_batch_does_not_use_what_it_is_allowed():
@@ -205,6 +226,31 @@ def test_the_batchs_own_long_ttfts_are_taken_out_so_it_does_not_starve_itself():
     assert counted[0].reading(11.0).online_ttft_p99_s == pytest.approx(0.0995)
     # the same server seen without the batch's own timings: its 2 s TTFTs look like online ones over target
     assert allowed["blind"] == [1] + [0] * 10 + [1]  # cut to 0 at its first request, a probe after 10 s
+
+
+def own_gaps_beside(server: FakeServer, others: float, gap_s: float, seconds: range) -> LatencyGuard:
+    """A guard whose batch runs 2 requests that stream 60 gaps of `gap_s` a second; the server runs
+    `others` requests besides and counts 5 online requests a second, their gaps 15 ms."""
+    guard = LatencyGuard(SLO, 64, slow_start=False, grow_every_s=0.0)
+    for t in seconds:
+        guard.allowed(float(t), 2)
+        server.running = 2 + others
+        server.serve(5, 0.1, 0.015)
+        guard.observe_own(float(t), None, [gap_s] * 60)
+        guard.observe_server(server.snapshot(float(t)))
+    return guard
+
+
+def test_the_inter_token_p99_is_the_batchs_own_gaps_while_online_requests_run():
+    # the histogram's buckets put the online gaps at <= 20 ms; the batch, decoding in the same steps, saw 45 ms exactly
+    reading = own_gaps_beside(FakeServer(), others=3, gap_s=0.045, seconds=range(0, 6)).reading(5.0)
+    assert reading.online_itl_p99_s == pytest.approx(0.045)
+    # the server ran only the batch's requests at every scrape: its gaps say nothing of the online ones
+    reading = own_gaps_beside(FakeServer(), others=0, gap_s=0.045, seconds=range(0, 6)).reading(5.0)
+    assert reading.online_itl_p99_s == pytest.approx(0.0199, abs=1e-4)  # the histogram's, over all requests
+    # too few own gaps for a p99 (OWN_GAPS_MIN): the histogram's
+    reading = own_gaps_beside(FakeServer(), others=3, gap_s=0.045, seconds=range(0, 2)).reading(1.0)
+    assert reading.online_itl_p99_s == pytest.approx(0.0199, abs=1e-4)
 
 
 def test_a_preemption_cuts():
@@ -363,10 +409,22 @@ def test_online_latency_takes_out_only_the_own_timings_between_the_two_snapshots
     ({"max_in_flight": 0}, "0"),
     ({"max_in_flight": 4, "window_s": -1.0}, "-1.0"),
     ({"max_in_flight": 4, "cut_factor": 1.5}, "1.5"),
+    ({"max_in_flight": 4, "grow_below": 0.95}, "0.95"),  # over the ease bound, 0.9
 ])
 def test_bad_settings_are_refused_with_their_value(options, quoted):
     with pytest.raises(ValueError, match=quoted):
         LatencyGuard(SLO, **options)
+
+
+def test_the_band_of_an_slo_and_of_a_baseline():
+    band = GuardTargets.from_slo(LatencySlo(ttft_p99_s=1.0, itl_p99_s=None), 0.75, 0.9)
+    assert (band.ttft_grow_under_s, band.ttft_ease_over_s, band.ttft_target_s) == (0.75, 0.9, 1.0)
+    assert (band.itl_grow_under_s, band.itl_ease_over_s, band.itl_target_s) == (None, None, None)
+    baseline = GuardTargets.from_baseline(0.2, 0.04)  # targets 1.25x: half-way up the margin, then three quarters
+    assert (baseline.ttft_grow_under_s, baseline.ttft_ease_over_s, baseline.ttft_target_s) == pytest.approx((0.225, 0.2375, 0.25))
+    assert (baseline.itl_grow_under_s, baseline.itl_ease_over_s, baseline.itl_target_s) == pytest.approx((0.045, 0.0475, 0.05))
+    with pytest.raises(ValueError, match="0.3, 0.2, 1.0"):
+        GuardTargets(1.0, None, 0.3, None, 0.2, None)
 
 
 def test_snapshots_out_of_order_and_negative_in_flight_are_refused():

@@ -1,8 +1,9 @@
-"""What the latency guard aims at and what it shows: the p99 targets with the p99s under which
-the batch may grow, and a reading for progress and status.
+"""What the latency guard aims at and what it shows: the p99 targets, each with the band the batch
+aims inside (it may grow under the band, and eases off over it), and a reading for progress and
+status.
 
 Invariant: a target is None only when it has no bound (an SLO without it, or a baseline that saw
-no observation of it); a growth bound is below its target.
+no observation of it), and then so is its band; growth bound <= ease bound <= target.
 """
 
 from __future__ import annotations
@@ -47,23 +48,41 @@ class GuardReading:
 
 @dataclass(frozen=True)
 class GuardTargets:
-    """The p99 targets and the p99s under which the batch may grow (None: no bound)."""
+    """The p99 targets, the p99s under which the batch may grow and those over which it eases off
+    (None: no bound)."""
 
     ttft_target_s: float | None
     itl_target_s: float | None
     ttft_grow_under_s: float | None
     itl_grow_under_s: float | None
+    ttft_ease_over_s: float | None
+    itl_ease_over_s: float | None
+
+    def __post_init__(self) -> None:
+        for target, grow, ease in ((self.ttft_target_s, self.ttft_grow_under_s, self.ttft_ease_over_s),
+                                   (self.itl_target_s, self.itl_grow_under_s, self.itl_ease_over_s)):
+            if target is None:
+                if grow is not None or ease is not None:
+                    raise ValueError(f"a latency without a target has no band, got {grow!r} and {ease!r}")
+            elif grow is None or ease is None or not 0 <= grow <= ease <= target:
+                raise ValueError(f"need 0 <= growth bound <= ease bound <= target, got {grow!r}, {ease!r}, {target!r}")
 
     @classmethod
-    def from_slo(cls, slo: LatencySlo, grow_below: float) -> GuardTargets:
-        return cls(slo.ttft_p99_s, slo.itl_p99_s, None if slo.ttft_p99_s is None else grow_below * slo.ttft_p99_s,
-                   None if slo.itl_p99_s is None else grow_below * slo.itl_p99_s)
+    def from_slo(cls, slo: LatencySlo, grow_below: float, ease_above: float) -> GuardTargets:
+        """The band as shares of each target: grow under `grow_below` x target, ease off over `ease_above` x target."""
+        def share(p99_s: float | None, factor: float) -> float | None:
+            return None if p99_s is None else factor * p99_s
+
+        return cls(slo.ttft_p99_s, slo.itl_p99_s, share(slo.ttft_p99_s, grow_below), share(slo.itl_p99_s, grow_below),
+                   share(slo.ttft_p99_s, ease_above), share(slo.itl_p99_s, ease_above))
 
     @classmethod
     def from_baseline(cls, ttft_p99_s: float | None, itl_p99_s: float | None) -> GuardTargets:
         """BASELINE_MARGIN x the baseline; growth in the lower half of the margin (at the baseline itself
-        the batch grows: 0.8 x target would be the baseline, where a batch of 1 already is)."""
+        the batch grows: 0.8 x target would be the baseline, where a batch of 1 already is), easing off
+        in its last quarter."""
         def margin(p99_s: float | None, share: float) -> float | None:
             return None if p99_s is None else p99_s * (1 + (BASELINE_MARGIN - 1) * share)
 
-        return cls(margin(ttft_p99_s, 1.0), margin(itl_p99_s, 1.0), margin(ttft_p99_s, 0.5), margin(itl_p99_s, 0.5))
+        return cls(margin(ttft_p99_s, 1.0), margin(itl_p99_s, 1.0), margin(ttft_p99_s, 0.5), margin(itl_p99_s, 0.5),
+                   margin(ttft_p99_s, 0.75), margin(itl_p99_s, 0.75))

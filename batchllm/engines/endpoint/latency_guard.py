@@ -12,22 +12,27 @@ Targets, p99 time to first token (TTFT) and inter-token latency (ITL), as `Guard
 
 Control, on the server's metrics while a snapshot with latency histograms is at most `window_s` old
 (basis "server metrics"), else on the batch's own timings ("own requests"). The p99s are over the
-last `window_s`, not before the last cut took effect: the online ones are the histograms' growth
-minus the batch's own observations for TTFT, the server's over all requests for ITL while online
-requests are there (see `_online`); with no online request in the window there is no latency to
-keep (the batch may have an idle server to itself). One decision per new
-snapshot (own requests: per new timing, at most once a second):
-- cut: allowed x `cut_factor`, rounded down, to 0 at the least, when a p99 is over its target, the
-  server preempted a request, KV use is over `kv_usage_cut`, or requests waited in two snapshots in
-  a row (the server is full: an online request would wait for a batch one to finish, and a batch
-  request waiting there cannot go to another server; its running count then is kept as the
-  server's capacity);
-- grow: x2 until the first cut (a slow start, as TCP's), then +1 (+10 % from 20 up), up to `max_in_flight`,
-  at most once per `grow_every_s` (the window shows a new level's latency only after it ran a
-  while: growing every snapshot on a window still full of the old level overshoots), when each p99 is under its growth bound
-  (`grow_below`, 0.6, x an SLO target; half-way from a baseline to its target), nothing waits, KV use is
-  at most `kv_usage_grow`, the batch had all it was allowed in flight since the last decision, and
-  one more would leave 10 % of the server's capacity (at least 1) free;
+last `window_s`: for TTFT the histogram's growth minus the batch's own observations, for ITL the
+batch's own token gaps while online requests were there (see `_online`); with no online request in
+the window there is no latency to keep (the batch may have an idle server to itself). One decision
+per new snapshot (own requests: per new timing, at most once a second), aiming at a band below
+each target:
+- cut: allowed x `cut_factor`, rounded down, to 0 at the least, when a p99 since the last cut took
+  effect is over its target, the server preempted a request, KV use is over `kv_usage_cut`, or
+  requests waited in two snapshots in a row (the server is full: an online request would wait for
+  a batch one to finish, and a batch request waiting there cannot go to another server; its
+  running count then is kept as the server's capacity);
+- otherwise on what the present level showed, the stretch since `allowed` last changed, once it is
+  `grow_every_s` long (a window still full of the old level shows little of a new one: judged on
+  it, the guard grows on past the right level, or eases off twice for one excess):
+  - ease off: one less (not under 1) when a p99 is over its ease bound (`ease_above`, 0.9, x an SLO
+    target; three quarters of the way from a baseline to its target): the level sits too close to
+    the target for the next burst of online work;
+  - grow: x2 until the first cut (a slow start, as TCP's), then +1 (+10 % from 20 up), up to
+    `max_in_flight`, when each p99 is under its growth bound (`grow_below`, 0.75, x an SLO target;
+    half-way from a baseline to its target), nothing waits, KV use is at most `kv_usage_grow`, the
+    batch had all it was allowed in flight since the last decision, and one more would leave 10 %
+    of the server's capacity (at least 1) free;
 - else hold. After a cut no decision until the batch's in-flight count is down to the new allowance
   (at the caller's next look, or `window_s` passed), then `hold_s` more. At 0: back to 1 once `window_s` passed since the cut
   took effect and the window shows no reason to cut.
@@ -45,15 +50,17 @@ from dataclasses import dataclass, replace
 
 from batchllm.core.latency_slo import LatencySlo
 from batchllm.engines.endpoint.guard_targets import GUARDING, MEASURING_BASELINE, OWN_REQUESTS, SERVER_METRICS, GuardReading, GuardTargets
-from batchllm.engines.endpoint.latency_window import OwnTimings, WindowLatency, online_latency, own_latency, server_latency
+from batchllm.engines.endpoint.latency_window import OwnTimings, WindowLatency, online_latency, own_latency, p99_of, server_latency
 from batchllm.engines.endpoint.server_metrics import MetricsSnapshot
 
 OWN_DECISION_EVERY_S = 1.0  # on its own requests' timings, the guard decides at most once a second
+OWN_GAPS_MIN = 100  # the batch's own token gaps beside online requests that make their inter-token p99
 
 
 @dataclass(frozen=True)
 class _Evidence:
     basis: str
+    span_s: float  # how long a stretch the p99s are over
     latency: WindowLatency  # the controlled p99s: online (server metrics) or own
     preempted: bool
     kv_usage: float | None
@@ -68,9 +75,9 @@ class LatencyGuard:
     asks `allowed(now_s, in_flight)`: it starts one while fewer than that are in flight."""
 
     def __init__(self, slo: LatencySlo | None, max_in_flight: int, *, window_s: float = 10.0, baseline_s: float = 8.0,
-                 hold_s: float = 2.0, cut_factor: float = 0.5, grow_below: float = 0.6, kv_usage_cut: float = 0.95,
-                 kv_usage_grow: float = 0.9, baseline_min_requests: int = 5, slow_start: bool = True,
-                 grow_every_s: float = 2.0):
+                 hold_s: float = 2.0, cut_factor: float = 0.5, grow_below: float = 0.75, ease_above: float = 0.9,
+                 kv_usage_cut: float = 0.95, kv_usage_grow: float = 0.9, baseline_min_requests: int = 5,
+                 slow_start: bool = True, grow_every_s: float = 2.0):
         """`slow_start`: double until the first cut, then grow by one (else by one from the start)."""
         self.slow_start = slow_start
         if max_in_flight < 1:
@@ -80,8 +87,8 @@ class LatencyGuard:
                 raise ValueError(f"{name} must be > 0, got {value!r}")
         if not 0 < cut_factor < 1:
             raise ValueError(f"cut_factor must be in (0, 1), got {cut_factor!r}")
-        if not 0 < grow_below <= 1:
-            raise ValueError(f"grow_below must be in (0, 1], got {grow_below!r}")
+        if not 0 < grow_below <= ease_above <= 1:
+            raise ValueError(f"need 0 < grow_below <= ease_above <= 1, got grow_below {grow_below!r}, ease_above {ease_above!r}")
         if not grow_every_s >= 0:
             raise ValueError(f"grow_every_s must be >= 0, got {grow_every_s!r}")
         if not (hold_s >= 0 and kv_usage_grow <= kv_usage_cut and baseline_min_requests >= 1):
@@ -89,11 +96,12 @@ class LatencyGuard:
                              f"kv_usage_grow {kv_usage_grow!r}, kv_usage_cut {kv_usage_cut!r}, baseline_min_requests {baseline_min_requests!r}")
         self.max_in_flight = max_in_flight
         self.window_s, self.baseline_s, self.hold_s, self.grow_every_s = window_s, baseline_s, hold_s, grow_every_s
-        self.cut_factor, self.grow_below = cut_factor, grow_below
+        self.cut_factor, self.grow_below, self.ease_above = cut_factor, grow_below, ease_above
         self.kv_usage_cut, self.kv_usage_grow, self.baseline_min_requests = kv_usage_cut, kv_usage_grow, baseline_min_requests
-        self._targets: GuardTargets | None = None if slo is None else GuardTargets.from_slo(slo, grow_below)
+        self._targets: GuardTargets | None = None if slo is None else GuardTargets.from_slo(slo, grow_below, ease_above)
         self._allowed = 1
         self._snapshots: deque[MetricsSnapshot] = deque()
+        self._in_flight_at: dict[float, int] = {}  # the batch's requests in flight when a kept snapshot was taken
         self._snapshots_seen = 0
         self._first: MetricsSnapshot | None = None  # the first snapshot with latency histograms: the baseline starts there
         self._calibrating_from: MetricsSnapshot | None = None  # the baseline saw no online request: concurrency 1 from here
@@ -102,7 +110,7 @@ class LatencyGuard:
         self._decided = (0, 0, -math.inf)  # (snapshots seen, own reports, at_s) at the last decision
         self._draining_since_s: float | None = None  # a cut waits for the in-flight count to come down
         self._settled_at_s: float | None = None  # when the last cut took effect
-        self._grown_at_s = -math.inf  # when `allowed` last went up
+        self._changed_at_s = -math.inf  # when `allowed` last changed (a cut: when it took effect)
         self._capacity_running: float | None = None  # running requests when the server was last seen full
 
     # -- what the caller tells and asks
@@ -112,6 +120,7 @@ class LatencyGuard:
         if self._snapshots and snapshot.at_s < self._snapshots[-1].at_s:
             raise ValueError(f"snapshot at_s {snapshot.at_s!r} is before the previous one's, {self._snapshots[-1].at_s!r}")
         self._snapshots.append(snapshot)
+        self._in_flight_at[snapshot.at_s] = self._in_flight
         self._snapshots_seen += 1
         if self._first is None and snapshot.ttft is not None:
             self._first = snapshot
@@ -156,7 +165,7 @@ class LatencyGuard:
         else:
             if self._draining_since_s is not None and (self._in_flight <= self._allowed
                                                        or now_s - self._draining_since_s >= self.window_s):
-                self._draining_since_s, self._settled_at_s = None, now_s
+                self._settle(now_s)
             if self._draining_since_s is None and (self._settled_at_s is None or now_s >= self._settled_at_s + self.hold_s):
                 self._decide(now_s)
         self._forget(now_s)
@@ -185,15 +194,15 @@ class LatencyGuard:
     def _start_guarding(self, baseline: WindowLatency, now_s: float) -> None:
         itl = baseline.itl_p99_s if baseline.itl_count >= self.baseline_min_requests else None
         self._targets = GuardTargets.from_baseline(baseline.ttft_p99_s, itl)
-        self._allowed = 1
+        self._allowed, self._changed_at_s = 1, now_s
         self._mark_decided(now_s)
 
     def _decide(self, now_s: float) -> None:
+        since_cut_s = -math.inf if self._settled_at_s is None else self._settled_at_s
         if self._allowed == 0:  # a probe: 1 again once a window passed since the cut took effect, without a reason to cut
-            assert self._settled_at_s is not None  # 0 only by a cut
-            evidence = self._evidence(now_s)
-            if now_s >= self._settled_at_s + self.window_s and evidence is not None and not self._over(evidence):
-                self._allowed, self._grown_at_s = 1, now_s
+            evidence = self._evidence(now_s, since_cut_s)
+            if now_s >= since_cut_s + self.window_s and evidence is not None and not self._over(evidence):
+                self._allowed, self._changed_at_s = 1, now_s
                 self._mark_decided(now_s)
             return
         seen, reports, at_s = self._decided
@@ -201,7 +210,7 @@ class LatencyGuard:
             new = self._snapshots_seen > seen
         else:
             new = (self._own.reports > reports or self._snapshots_seen > seen) and now_s >= at_s + OWN_DECISION_EVERY_S
-        evidence = self._evidence(now_s) if new else None
+        evidence = self._evidence(now_s, since_cut_s) if new else None
         if evidence is None:
             return
         used_all = self._peak_in_flight >= self._allowed
@@ -212,10 +221,20 @@ class LatencyGuard:
             self._allowed = math.floor(self._allowed * self.cut_factor)
             self._draining_since_s = now_s
             if self._in_flight <= self._allowed:
-                self._draining_since_s, self._settled_at_s = None, now_s
-        elif now_s >= self._grown_at_s + self.grow_every_s and self._under(evidence) and used_all and self._has_room(evidence):
+                self._settle(now_s)
+            return
+        level = self._evidence(now_s, self._changed_at_s)  # what the present level showed
+        if level is None or level.span_s < self.grow_every_s:
+            return
+        if self._near(level) and self._allowed > 1:
+            self._allowed, self._changed_at_s = self._allowed - 1, now_s
+        elif self._under(level) and used_all and self._has_room(level):
             step = self._allowed if self.slow_start and self._settled_at_s is None else max(1, self._allowed // 10)
-            self._allowed, self._grown_at_s = min(self.max_in_flight, self._allowed + step), now_s
+            self._allowed, self._changed_at_s = min(self.max_in_flight, self._allowed + step), now_s
+
+    def _settle(self, now_s: float) -> None:
+        """A cut took effect: the batch is down to what it is allowed."""
+        self._draining_since_s, self._settled_at_s, self._changed_at_s = None, now_s, now_s
 
     def _mark_decided(self, now_s: float) -> None:
         self._decided = (self._snapshots_seen, self._own.reports, now_s)
@@ -226,6 +245,11 @@ class LatencyGuard:
         assert bounds is not None  # guarding
         return (_above(latency.ttft_p99_s, bounds.ttft_target_s) or _above(latency.itl_p99_s, bounds.itl_target_s) or evidence.preempted
                 or evidence.queue_held or (evidence.kv_usage is not None and evidence.kv_usage > self.kv_usage_cut))
+
+    def _near(self, evidence: _Evidence) -> bool:
+        latency, bounds = evidence.latency, self._targets
+        assert bounds is not None  # guarding
+        return _above(latency.ttft_p99_s, bounds.ttft_ease_over_s) or _above(latency.itl_p99_s, bounds.itl_ease_over_s)
 
     def _under(self, evidence: _Evidence) -> bool:
         latency, bounds = evidence.latency, self._targets
@@ -268,33 +292,45 @@ class LatencyGuard:
     def _online(self, start: MetricsSnapshot, end: MetricsSnapshot) -> WindowLatency:
         """The online p99s of the window. TTFT: the server's minus the batch's own (one each per
         request, and the client sees its own later than the server: they subtract one for one).
-        Inter-token: the server's over all requests while online requests are there (they decode
-        in the same steps as the batch's, so they see the same gaps; the batch's own gaps cannot
-        be taken out one for one, as the client gets several tokens in one chunk after a stall);
-        none without them (the batch may have an idle server to itself)."""
+        Inter-token: the batch's own gaps between snapshots that showed online requests, when there
+        are OWN_GAPS_MIN of them: they decode in the same steps as the online ones, so they see the
+        same gaps, measured exactly (vLLM's histogram has one bucket from 100 to 150 ms, where a
+        target often is), and without the stretches the batch ran alone. Else the server's over all
+        requests while online requests are there; none without them (the batch may have an idle
+        server to itself)."""
         online = online_latency(start, end, self._own)
-        if online.ttft_count > 0 or end.running + end.waiting > self._in_flight:
-            everyone = server_latency(start, end)
-            return replace(online, itl_p99_s=everyone.itl_p99_s, itl_count=everyone.itl_count)
-        return replace(online, itl_p99_s=None, itl_count=0)
+        if not (online.ttft_count > 0 or self._online_seen(end)):
+            return replace(online, itl_p99_s=None, itl_count=0)
+        shown = [s for s in self._snapshots if start.at_s <= s.at_s <= end.at_s]
+        gaps = [gap for before, after in zip(shown, shown[1:]) if self._online_seen(before) or self._online_seen(after)
+                for gap in self._own.gaps_s(before.at_s, after.at_s)]
+        if len(gaps) >= OWN_GAPS_MIN:
+            return replace(online, itl_p99_s=p99_of(gaps), itl_count=len(gaps))
+        everyone = server_latency(start, end)
+        return replace(online, itl_p99_s=everyone.itl_p99_s, itl_count=everyone.itl_count)
 
-    def _evidence(self, now_s: float) -> _Evidence | None:
-        since_s = -math.inf if self._settled_at_s is None else self._settled_at_s
+    def _online_seen(self, snapshot: MetricsSnapshot) -> bool:
+        """The server held requests that were not the batch's when it was scraped."""
+        return snapshot.running + snapshot.waiting > self._in_flight_at.get(snapshot.at_s, self._in_flight)
+
+    def _evidence(self, now_s: float, since_s: float) -> _Evidence | None:
+        """What the last `window_s`, from `since_s` at the earliest, showed."""
         newest = self._fresh_snapshot(now_s)
         start = None if newest is None else self._window_start(newest, since_s)
         basis = self._basis(now_s)
         if basis == SERVER_METRICS:
             if newest is None or start is None:
                 return None
-            latency = self._online(start, newest)
+            latency, span_s = self._online(start, newest), newest.at_s - start.at_s
         else:
-            latency = own_latency(self._own, max(now_s - self.window_s, since_s), now_s)
+            from_s = max(now_s - self.window_s, since_s)
+            latency, span_s = own_latency(self._own, from_s, now_s), now_s - from_s
         if newest is None:
-            return _Evidence(basis, latency, preempted=False, kv_usage=None, waiting=None, queue_held=False, running=None)
+            return _Evidence(basis, span_s, latency, preempted=False, kv_usage=None, waiting=None, queue_held=False, running=None)
         previous = [s for s in self._snapshots if start is not None and start.at_s <= s.at_s < newest.at_s]
         preempted = (start is not None and newest.preemptions is not None and start.preemptions is not None
                      and newest.preemptions > start.preemptions)
-        return _Evidence(basis, latency, preempted=preempted, kv_usage=newest.kv_usage, waiting=newest.waiting,
+        return _Evidence(basis, span_s, latency, preempted=preempted, kv_usage=newest.kv_usage, waiting=newest.waiting,
                          queue_held=newest.waiting > 0 and bool(previous) and previous[-1].waiting > 0, running=newest.running)
 
     def _forget(self, now_s: float) -> None:
@@ -303,7 +339,7 @@ class LatencyGuard:
         else:
             newest = self._snapshots[-1]
             while len(self._snapshots) > 1 and self._snapshots[1].at_s <= newest.at_s - self.window_s:
-                self._snapshots.popleft()
+                self._in_flight_at.pop(self._snapshots.popleft().at_s, None)
             keep_from_s = min(now_s - 2 * self.window_s, self._snapshots[0].at_s)
         if self._targets is not None:  # the baseline counts the batch's own timings from the start
             self._own.forget_before(keep_from_s)
