@@ -92,7 +92,8 @@ def test_without_an_slo_it_measures_a_baseline_with_nothing_in_flight_then_guard
     # every online TTFT in (0.05, 0.1], every gap in (0.01, 0.02]: p99 0.05 + 0.05 x 0.99, 0.01 + 0.01 x 0.99
     assert reading.ttft_target_s == pytest.approx(1.25 * 0.0995)
     assert reading.itl_target_s == pytest.approx(1.25 * 0.0199)
-    # the same online latency with the batch beside it: under 0.8 x target, so the batch grows one a snapshot
+    # the same online latency with the batch beside it: at the baseline, 0.8 x target, under its growth bound
+    # (0.9 x target, half-way up the margin), so the batch grows one a snapshot
     assert [tick(guard, server, batch, float(t)) for t in range(9, 13)] == [2, 3, 4, 5]
 
 
@@ -116,6 +117,28 @@ def test_inside_the_band_it_holds():
     assert [tick(guard, server, batch, float(t)) for t in range(0, 3)] == [1, 2, 3]
     # online TTFTs in (0.1, 0.2]: a p99 of about 0.2 s, over 0.75 x 0.25 s and under 0.9 x 0.25 s
     assert [tick(guard, server, batch, float(t), online_ttft_s=0.19) for t in range(3, 8)] == [3, 3, 3, 3, 3]
+
+
+def test_under_three_quarters_of_a_target_it_grows():
+    guard, server, batch = guarded()
+    # online gaps in (0.02, 0.03]: a p99 of about 0.03 s, under 0.75 x the 0.04 s target
+    assert [tick(guard, server, batch, float(t), online_itl_s=0.025) for t in range(0, 4)] == [1, 2, 3, 4]
+    assert 0.02 < guard.reading(3.0).online_itl_p99_s < 0.75 * 0.04
+
+
+def test_at_max_in_flight_a_level_is_still_judged_on_all_it_showed():
+    guard, server, batch = guarded(max_in_flight=3, grow_every_s=2.0)
+    assert [tick(guard, server, batch, float(t)) for t in range(0, 9)] == [1, 1, 2, 2, 3, 3, 3, 3, 3]
+    # at the cap since 4: one excess at 9 eases off, whatever the growth the cap refused at 6 and 8
+    assert tick(guard, server, batch, 9.0, online_itl_s=0.035) == 2
+
+
+def test_after_easing_off_it_grows_by_one_not_by_doubling():
+    guard, server, batch = guarded(slow_start=True, grow_every_s=2.0)
+    assert [tick(guard, server, batch, float(t)) for t in range(0, 7)] == [1, 1, 2, 2, 4, 4, 8]
+    assert [tick(guard, server, batch, float(t), online_itl_s=0.035) for t in range(7, 9)] == [8, 7]
+    # the excess leaves the level's stretch: the next growth is one, not a double to 14
+    assert [tick(guard, server, batch, float(t)) for t in range(9, 13)] == [7, 8, 8, 9]
 
 
 def test_over_the_band_and_under_the_target_it_eases_off_by_one_down_to_one():
@@ -229,26 +252,30 @@ def test_the_batchs_own_long_ttfts_are_taken_out_so_it_does_not_starve_itself():
 
 
 def own_gaps_beside(server: FakeServer, others: float, gap_s: float, seconds: range) -> LatencyGuard:
-    """A guard whose batch runs 2 requests that stream 60 gaps of `gap_s` a second; the server runs
-    `others` requests besides and counts 5 online requests a second, their gaps 15 ms."""
+    """A guard whose batch runs 2 requests that report 20 gaps of `gap_s` each second (under a second
+    of them); the server runs `others` requests besides and counts 5 online requests a second, their
+    gaps 15 ms."""
     guard = LatencyGuard(SLO, 64, slow_start=False, grow_every_s=0.0)
     for t in seconds:
         guard.allowed(float(t), 2)
         server.running = 2 + others
         server.serve(5, 0.1, 0.015)
-        guard.observe_own(float(t), None, [gap_s] * 60)
+        guard.observe_own(float(t), None, [gap_s] * 20)
         guard.observe_server(server.snapshot(float(t)))
     return guard
 
 
 def test_the_inter_token_p99_is_the_batchs_own_gaps_while_online_requests_run():
-    # the histogram's buckets put the online gaps at <= 20 ms; the batch, decoding in the same steps, saw 45 ms exactly
-    reading = own_gaps_beside(FakeServer(), others=3, gap_s=0.045, seconds=range(0, 6)).reading(5.0)
-    assert reading.online_itl_p99_s == pytest.approx(0.045)
+    # the histogram's buckets put the online gaps at <= 20 ms; the batch, decoding in the same steps, saw 45 ms
+    guard = own_gaps_beside(FakeServer(), others=3, gap_s=0.045, seconds=range(0, 6))
+    assert guard.reading(5.0).online_itl_p99_s == pytest.approx(0.045)
+    # each scrape is judged by the batch's requests then: 5 in flight now would hide the 3 others seen at 2
+    guard.allowed(5.5, 5)
+    assert guard.reading(5.5).online_itl_p99_s == pytest.approx(0.045)
     # the server ran only the batch's requests at every scrape: its gaps say nothing of the online ones
     reading = own_gaps_beside(FakeServer(), others=0, gap_s=0.045, seconds=range(0, 6)).reading(5.0)
     assert reading.online_itl_p99_s == pytest.approx(0.0199, abs=1e-4)  # the histogram's, over all requests
-    # too few own gaps for a p99 (OWN_GAPS_MIN): the histogram's
+    # too few own gaps for a p99 (OWN_GAPS_MIN, 100; 20 between two scrapes): the histogram's
     reading = own_gaps_beside(FakeServer(), others=3, gap_s=0.045, seconds=range(0, 2)).reading(1.0)
     assert reading.online_itl_p99_s == pytest.approx(0.0199, abs=1e-4)
 
@@ -392,6 +419,13 @@ def test_own_timings_are_placed_when_the_client_saw_them():
         own.add(11.0, None, [-0.1])
 
 
+def test_own_gaps_within_stretches_are_those_seen_inside_any_of_them():
+    own = OwnTimings()
+    own.add(10.0, None, [1.0] * 10)  # gaps ended at 1, 2, ... 10
+    assert own.gaps_within([(0.0, 2.0), (4.0, 5.0), (8.5, 20.0)]) == [1.0] * 5  # at 1, 2, 5, 9 and 10
+    assert own.gaps_within([(2.0, 3.0)]) == [1.0] and own.gaps_within([]) == []
+
+
 def test_online_latency_takes_out_only_the_own_timings_between_the_two_snapshots():
     server = FakeServer()
     start = server.snapshot(0.0)
@@ -410,6 +444,7 @@ def test_online_latency_takes_out_only_the_own_timings_between_the_two_snapshots
     ({"max_in_flight": 4, "window_s": -1.0}, "-1.0"),
     ({"max_in_flight": 4, "cut_factor": 1.5}, "1.5"),
     ({"max_in_flight": 4, "grow_below": 0.95}, "0.95"),  # over the ease bound, 0.9
+    ({"max_in_flight": 4, "grow_every_s": 12.0}, "12.0"),  # over the window: no level would ever be judged
 ])
 def test_bad_settings_are_refused_with_their_value(options, quoted):
     with pytest.raises(ValueError, match=quoted):

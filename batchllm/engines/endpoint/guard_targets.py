@@ -20,8 +20,9 @@ GUARDING = "guarding"
 
 @dataclass(frozen=True)
 class GuardReading:
-    """The guard's state for progress and status. The p99s are the online traffic's (basis
-    "server metrics") or the batch's own (basis "own requests") over the last window."""
+    """The guard's state for progress and status. The p99s are the online traffic's as the guard
+    reads them (basis "server metrics"; inter-token from the batch's own gaps beside online
+    requests) or the batch's own (basis "own requests"), over the last window."""
 
     allowed: int
     online_ttft_p99_s: float | None

@@ -28,7 +28,7 @@ each target:
   - ease off: one less (not under 1) when a p99 is over its ease bound (`ease_above`, 0.9, x an SLO
     target; three quarters of the way from a baseline to its target): the level sits too close to
     the target for the next burst of online work;
-  - grow: x2 until the first cut (a slow start, as TCP's), then +1 (+10 % from 20 up), up to
+  - grow: x2 until the first cut or ease-off (a slow start, as TCP's), then +1 (+10 % from 20 up), up to
     `max_in_flight`, when each p99 is under its growth bound (`grow_below`, 0.75, x an SLO target;
     half-way from a baseline to its target), nothing waits, KV use is at most `kv_usage_grow`, the
     batch had all it was allowed in flight since the last decision, and one more would leave 10 %
@@ -38,8 +38,8 @@ each target:
   took effect and the window shows no reason to cut.
 
 Invariant: `allowed` is in [0, max_in_flight] and changes at most once per decision. The guard
-only says how many; its caller holds new requests back and aborts the youngest over a cut (the
-endpoint engine sends them again once allowed), so a cut takes effect at once.
+only says how many; its caller holds new requests back and aborts the youngest over a cut or an
+ease-off (the endpoint engine sends them again once allowed), so either takes effect at once.
 """
 from __future__ import annotations
 
@@ -78,8 +78,8 @@ class LatencyGuard:
                  hold_s: float = 2.0, cut_factor: float = 0.5, grow_below: float = 0.75, ease_above: float = 0.9,
                  kv_usage_cut: float = 0.95, kv_usage_grow: float = 0.9, baseline_min_requests: int = 5,
                  slow_start: bool = True, grow_every_s: float = 2.0):
-        """`slow_start`: double until the first cut, then grow by one (else by one from the start)."""
-        self.slow_start = slow_start
+        """`slow_start`: double until the first cut or ease-off, then grow by one (else by one from the start)."""
+        self._doubling = slow_start  # the slow start: until the first cut or ease-off
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight!r}")
         for name, value in (("window_s", window_s), ("baseline_s", baseline_s), ("kv_usage_grow", kv_usage_grow)):
@@ -89,8 +89,8 @@ class LatencyGuard:
             raise ValueError(f"cut_factor must be in (0, 1), got {cut_factor!r}")
         if not 0 < grow_below <= ease_above <= 1:
             raise ValueError(f"need 0 < grow_below <= ease_above <= 1, got grow_below {grow_below!r}, ease_above {ease_above!r}")
-        if not grow_every_s >= 0:
-            raise ValueError(f"grow_every_s must be >= 0, got {grow_every_s!r}")
+        if not 0 <= grow_every_s <= window_s:
+            raise ValueError(f"grow_every_s must be in [0, window_s {window_s!r}] (a level is judged inside the window), got {grow_every_s!r}")
         if not (hold_s >= 0 and kv_usage_grow <= kv_usage_cut and baseline_min_requests >= 1):
             raise ValueError(f"need hold_s >= 0, kv_usage_grow <= kv_usage_cut, baseline_min_requests >= 1; got hold_s {hold_s!r}, "
                              f"kv_usage_grow {kv_usage_grow!r}, kv_usage_cut {kv_usage_cut!r}, baseline_min_requests {baseline_min_requests!r}")
@@ -101,7 +101,7 @@ class LatencyGuard:
         self._targets: GuardTargets | None = None if slo is None else GuardTargets.from_slo(slo, grow_below, ease_above)
         self._allowed = 1
         self._snapshots: deque[MetricsSnapshot] = deque()
-        self._in_flight_at: dict[float, int] = {}  # the batch's requests in flight when a kept snapshot was taken
+        self._in_flight_at: deque[int] = deque()  # the batch's requests in flight when each kept snapshot came
         self._snapshots_seen = 0
         self._first: MetricsSnapshot | None = None  # the first snapshot with latency histograms: the baseline starts there
         self._calibrating_from: MetricsSnapshot | None = None  # the baseline saw no online request: concurrency 1 from here
@@ -120,7 +120,7 @@ class LatencyGuard:
         if self._snapshots and snapshot.at_s < self._snapshots[-1].at_s:
             raise ValueError(f"snapshot at_s {snapshot.at_s!r} is before the previous one's, {self._snapshots[-1].at_s!r}")
         self._snapshots.append(snapshot)
-        self._in_flight_at[snapshot.at_s] = self._in_flight
+        self._in_flight_at.append(self._in_flight)
         self._snapshots_seen += 1
         if self._first is None and snapshot.ttft is not None:
             self._first = snapshot
@@ -227,14 +227,14 @@ class LatencyGuard:
         if level is None or level.span_s < self.grow_every_s:
             return
         if self._near(level) and self._allowed > 1:
-            self._allowed, self._changed_at_s = self._allowed - 1, now_s
-        elif self._under(level) and used_all and self._has_room(level):
-            step = self._allowed if self.slow_start and self._settled_at_s is None else max(1, self._allowed // 10)
+            self._allowed, self._changed_at_s, self._doubling = self._allowed - 1, now_s, False
+        elif self._under(level) and used_all and self._has_room(level) and self._allowed < self.max_in_flight:
+            step = self._allowed if self._doubling else max(1, self._allowed // 10)
             self._allowed, self._changed_at_s = min(self.max_in_flight, self._allowed + step), now_s
 
     def _settle(self, now_s: float) -> None:
         """A cut took effect: the batch is down to what it is allowed."""
-        self._draining_since_s, self._settled_at_s, self._changed_at_s = None, now_s, now_s
+        self._draining_since_s, self._settled_at_s, self._changed_at_s, self._doubling = None, now_s, now_s, False
 
     def _mark_decided(self, now_s: float) -> None:
         self._decided = (self._snapshots_seen, self._own.reports, now_s)
@@ -293,25 +293,23 @@ class LatencyGuard:
         """The online p99s of the window. TTFT: the server's minus the batch's own (one each per
         request, and the client sees its own later than the server: they subtract one for one).
         Inter-token: the batch's own gaps between snapshots that showed online requests, when there
-        are OWN_GAPS_MIN of them: they decode in the same steps as the online ones, so they see the
-        same gaps, measured exactly (vLLM's histogram has one bucket from 100 to 150 ms, where a
-        target often is), and without the stretches the batch ran alone. Else the server's over all
+        are OWN_GAPS_MIN of them: they decode in the same steps as the online ones, so they wait the
+        same gaps, and the client measures them to its own delays (a chunk of k tokens counts as k
+        equal gaps), where vLLM's histogram has one bucket from 100 to 150 ms, often around a
+        target; the stretches the batch ran alone are left out. Else the server's over all
         requests while online requests are there; none without them (the batch may have an idle
         server to itself)."""
         online = online_latency(start, end, self._own)
-        if not (online.ttft_count > 0 or self._online_seen(end)):
+        shown = [(s, _others_seen(s, batch)) for s, batch in zip(self._snapshots, self._in_flight_at) if start.at_s <= s.at_s <= end.at_s]
+        if not (online.ttft_count > 0 or (shown and shown[-1][1])):
             return replace(online, itl_p99_s=None, itl_count=0)
-        shown = [s for s in self._snapshots if start.at_s <= s.at_s <= end.at_s]
-        gaps = [gap for before, after in zip(shown, shown[1:]) if self._online_seen(before) or self._online_seen(after)
-                for gap in self._own.gaps_s(before.at_s, after.at_s)]
+        beside = [(before.at_s, after.at_s) for (before, seen_before), (after, seen_after) in zip(shown, shown[1:])
+                  if seen_before or seen_after]
+        gaps = self._own.gaps_within(beside)
         if len(gaps) >= OWN_GAPS_MIN:
             return replace(online, itl_p99_s=p99_of(gaps), itl_count=len(gaps))
         everyone = server_latency(start, end)
         return replace(online, itl_p99_s=everyone.itl_p99_s, itl_count=everyone.itl_count)
-
-    def _online_seen(self, snapshot: MetricsSnapshot) -> bool:
-        """The server held requests that were not the batch's when it was scraped."""
-        return snapshot.running + snapshot.waiting > self._in_flight_at.get(snapshot.at_s, self._in_flight)
 
     def _evidence(self, now_s: float, since_s: float) -> _Evidence | None:
         """What the last `window_s`, from `since_s` at the earliest, showed."""
@@ -339,10 +337,16 @@ class LatencyGuard:
         else:
             newest = self._snapshots[-1]
             while len(self._snapshots) > 1 and self._snapshots[1].at_s <= newest.at_s - self.window_s:
-                self._in_flight_at.pop(self._snapshots.popleft().at_s, None)
+                self._snapshots.popleft()
+                self._in_flight_at.popleft()
             keep_from_s = min(now_s - 2 * self.window_s, self._snapshots[0].at_s)
         if self._targets is not None:  # the baseline counts the batch's own timings from the start
             self._own.forget_before(keep_from_s)
+
+
+def _others_seen(snapshot: MetricsSnapshot, batch_in_flight: int) -> bool:
+    """The server held requests that were not the batch's when it was scraped."""
+    return snapshot.running + snapshot.waiting > batch_in_flight
 
 
 def _above(p99_s: float | None, target_s: float | None) -> bool:

@@ -75,6 +75,21 @@ class OwnTimings:
     def gaps_s(self, after_s: float, until_s: float) -> list[float]:
         return [value for at_s, value in self._gaps if after_s < at_s <= until_s]
 
+    def gaps_within(self, stretches: Sequence[tuple[float, float]]) -> list[float]:
+        """The gaps seen inside any of the stretches (after_s, until_s], given in order of time and
+        not overlapping: one pass over the gaps kept."""
+        found: list[float] = []
+        stretch = iter(stretches)
+        current = next(stretch, None)
+        for at_s, value in self._gaps:
+            while current is not None and at_s > current[1]:
+                current = next(stretch, None)
+            if current is None:
+                break
+            if at_s > current[0]:
+                found.append(value)
+        return found
+
     def forget_before(self, at_s: float) -> None:
         for timings in (self._ttfts, self._gaps):
             while timings and timings[0][0] < at_s:
