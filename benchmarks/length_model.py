@@ -2,7 +2,7 @@
 max_tokens 256): how well it ranks a set's answers, how close it gets a new set's mean
 length, and how fast it predicts.
 
-    .venv/bin/python benchmarks/length_model.py        (~12 minutes on 2 busy cores; no engine)
+    .venv/bin/python benchmarks/length_model.py        (~5 minutes alone on 2 cores; no engine)
 
 Data: benchmarks/data/length_sets.parquet, five prompt sets of different kinds written by
 benchmarks/length_sets.py (run that first if the file is missing; it needs the engine).
