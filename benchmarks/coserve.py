@@ -499,6 +499,12 @@ def online_running(run: SideRun, at: float) -> int:
     return sum(1 for r in run.online if r.chunks and r.chunks[0][0] <= at <= r.chunks[-1][0])
 
 
+def mean_batch_running(run: SideRun, scrapes: list[tuple[float, MetricsSnapshot]]) -> float:
+    """The batch requests the server ran, on average over these scrapes (nan without any)."""
+    gauges = [v.running - online_running(run, t) for t, v in scrapes]
+    return float(np.mean(gauges)) if gauges else float("nan")
+
+
 def online_tokens(run: SideRun, lo: float, hi: float) -> int:
     return sum(tokens for r in run.online for at, tokens in r.chunks if lo <= at < hi)
 
@@ -518,13 +524,12 @@ def phase_stats(run: SideRun) -> list[dict]:
     for phase, (lo, begin), (hi, end) in zip(run.phases, run.bounds, run.bounds[1:]):
         generated = counted(end.generation_tokens) - counted(begin.generation_tokens)
         batch_tokens = generated - online_tokens(run, lo, hi)  # not clipped at 0: alone shows the method's error
-        gauges = [v.running - online_running(run, t) for t, v in run.scrapes if lo <= t <= hi]
         ttft, itl = ttfts(run, phase.start_s, phase.end_s), itls(run, phase.start_s, phase.end_s)
         stats.append({"phase": phase.name, "requests": sum(1 for r in run.online if phase.start_s <= r.sent_s < phase.end_s),
                       "errors": sum(1 for r in run.online if r.error and phase.start_s <= r.sent_s < phase.end_s),
                       "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99), "itl_p50": pct(itl, 50), "itl_p99": pct(itl, 99),
                       "batch_tps": batch_tokens / (hi - lo), "batch_tokens": batch_tokens, "seconds": hi - lo,
-                      "batch_running": float(np.mean(gauges)) if gauges else float("nan"),
+                      "batch_running": mean_batch_running(run, [(t, v) for t, v in run.scrapes if lo <= t <= hi]),
                       "preempted": counted(end.preemptions) - counted(begin.preemptions)})
     return stats
 
@@ -537,11 +542,10 @@ def window_stats(run: SideRun, window_s: float) -> list[dict]:
     while lo + window_s / 2 <= end_s:
         hi = min(lo + window_s, end_s)
         inside = [(t, v) for t, v in run.scrapes if lo <= t < hi]
-        gauges = [v.running - online_running(run, t) for t, v in inside]
         server_itl = server_latency(inside[0][1], inside[-1][1]).itl_p99_s if len(inside) > 1 else None
         lags = np.array([lag for at, lag in run.loop_lags if lo <= at < hi])
         rows.append({"lo": lo, "hi": hi, "ttft_p99": pct(ttfts(run, lo, hi), 99), "itl_p99": pct(itls(run, lo, hi), 99),
-                     "batch_running": float(np.mean(gauges)) if gauges else float("nan"),
+                     "batch_running": mean_batch_running(run, inside),
                      "server_itl_p99": float("nan") if server_itl is None else server_itl, "loop_lag_p99": pct(lags, 99)})
         lo += window_s
     return rows

@@ -97,19 +97,15 @@ def with_pilot_of(model: LengthModel, prompts, lengths, finished, pilot_prompts,
     return refit.scaled_to(pilot_prompts, pilot_lengths)
 
 
-def half_taus(data) -> tuple[list[float], list[float]]:
-    """Kendall tau of the model fit on a random half against the other half, and of prompt
-    tokens alone on that other half, for HALVES random halves."""
+def split_taus(data, seed: int) -> tuple[float, float]:
+    """Kendall tau of the model fit on a random half (drawn from `seed`) against the other half,
+    and of prompt tokens alone on that other half."""
     prompts, lengths, _ = data
-    count = len(prompts)
-    model_taus, token_taus = [], []
-    for draw in range(HALVES):
-        order = np.random.default_rng(1000 + draw).permutation(count)
-        train, test = order[: count // 2], order[count // 2:]
-        test_prompts = take(data, test)[0]
-        model_taus.append(float(kendalltau(LengthModel.fit(*take(data, train)).log_shift(test_prompts), lengths[test]).statistic))
-        token_taus.append(float(kendalltau([p.prompt_tokens for p in test_prompts], lengths[test]).statistic))
-    return model_taus, token_taus
+    order = np.random.default_rng(seed).permutation(len(prompts))
+    train, test = order[: len(prompts) // 2], order[len(prompts) // 2:]
+    test_prompts = take(data, test)[0]
+    model_tau = float(kendalltau(LengthModel.fit(*take(data, train)).log_shift(test_prompts), lengths[test]).statistic)
+    return model_tau, float(kendalltau([p.prompt_tokens for p in test_prompts], lengths[test]).statistic)
 
 
 def main() -> int:
@@ -123,11 +119,8 @@ def main() -> int:
     for name, data in sets.items():
         prompts, lengths, finished = data
         count = len(prompts)
-        order = np.random.default_rng(0).permutation(count)
-        train, test = order[: count // 2], order[count // 2:]
-        half = LengthModel.fit(*take(data, train))
-        taus[name] = float(kendalltau(half.log_shift(take(data, test)[0]), lengths[test]).statistic)
-        model_taus, token_taus = half_taus(data)
+        taus[name] = split_taus(data, 0)[0]
+        model_taus, token_taus = zip(*(split_taus(data, 1000 + draw) for draw in range(HALVES)))
         halves = f"{np.mean(model_taus):.2f} ({min(model_taus):.2f}-{max(model_taus):.2f})"
 
         others = [s for s in sets if s != name]

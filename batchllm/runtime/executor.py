@@ -529,10 +529,10 @@ class Executor:
         engines = [self.engines.of(c) for c in self.assigned[name]]
         limits = [running.engine.in_flight_limit() for running in engines]  # a server's: what its latency guard allows now
         in_engine = [self.ledger.running_on[running.slot] for running in engines]  # on a server also calls held back or retried
+        serving = [min(count, limit) for count, limit in zip(in_engine, limits)]
         for index, (config, running) in enumerate(zip(self.assigned[name], engines)):
             if not len(backlog):
                 break
-            serving = [min(count, limit) for count, limit in zip(in_engine, limits)]
             batch = backlog.take(index, limits[index] - in_engine[index], serving)
             if batch:
                 _, units = node_units(np.fromiter((r.request_id for r in batch), np.int64, len(batch)))
