@@ -178,6 +178,15 @@ def test_quantile_in_the_inf_bucket_is_the_last_finite_bound_and_none_when_empty
         Histogram(BOUNDS, (1, 1, 1, 1)).quantile(1.5)
 
 
+def test_the_bucket_of_a_quantile_is_all_the_histogram_knows_of_it():
+    histogram = Histogram(BOUNDS, (10, 20, 20, 20))
+    assert histogram.quantile_bucket(0.25) == (0.0, 0.1)
+    assert histogram.quantile_bucket(0.5) == (0.0, 0.1)  # rank 10: the top of the first bucket
+    assert histogram.quantile_bucket(0.99) == (0.1, 0.5)
+    assert Histogram(BOUNDS, (0, 0, 98, 100)).quantile_bucket(0.99) == (1.0, math.inf)
+    assert Histogram(BOUNDS, (0, 0, 0, 0)).quantile_bucket(0.99) is None
+
+
 def test_a_histogram_checks_its_shape_and_quotes_what_is_wrong():
     with pytest.raises(ValueError, match=r"\(0.5, 0.1, inf\)"):
         Histogram((0.5, 0.1, math.inf), (0, 0, 0))

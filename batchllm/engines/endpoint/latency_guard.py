@@ -30,7 +30,8 @@ each target:
     the target for the next burst of online work;
   - grow: x2 until the first cut or ease-off (a slow start, as TCP's), then +1 (+10 % from 20 up), up to
     `max_in_flight`, when each p99 is under its growth bound (`grow_below`, 0.75, x an SLO target;
-    half-way from a baseline to its target), nothing waits, KV use is at most `kv_usage_grow`, the
+    half-way from a baseline to its target; a p99 known only as a histogram bucket that holds the
+    growth bound and lies under the ease bound counts as under it), nothing waits, KV use is at most `kv_usage_grow`, the
     batch had all it was allowed in flight since the last decision, and one more would leave 10 %
     of the server's capacity (at least 1) free;
 - else hold. After a cut no decision until the batch's in-flight count is down to the new allowance
@@ -50,7 +51,7 @@ from dataclasses import dataclass, replace
 
 from batchllm.core.latency_slo import LatencySlo
 from batchllm.engines.endpoint.guard_targets import GUARDING, MEASURING_BASELINE, OWN_REQUESTS, SERVER_METRICS, GuardReading, GuardTargets
-from batchllm.engines.endpoint.latency_window import OwnTimings, WindowLatency, online_latency, own_latency, p99_of, server_latency
+from batchllm.engines.endpoint.latency_window import OwnTimings, WindowLatency, exactly, online_latency, own_latency, p99_of, server_latency
 from batchllm.engines.endpoint.server_metrics import MetricsSnapshot
 
 OWN_DECISION_EVERY_S = 1.0  # on its own requests' timings, the guard decides at most once a second
@@ -254,8 +255,10 @@ class LatencyGuard:
     def _under(self, evidence: _Evidence) -> bool:
         latency, bounds = evidence.latency, self._targets
         assert bounds is not None  # guarding
-        for p99_s, grow_under_s in ((latency.ttft_p99_s, bounds.ttft_grow_under_s), (latency.itl_p99_s, bounds.itl_grow_under_s)):
-            if grow_under_s is not None and p99_s is not None and p99_s >= grow_under_s:
+        for p99_s, bucket_s, grow_under_s, ease_over_s in (
+                (latency.ttft_p99_s, latency.ttft_p99_bucket_s, bounds.ttft_grow_under_s, bounds.ttft_ease_over_s),
+                (latency.itl_p99_s, latency.itl_p99_bucket_s, bounds.itl_grow_under_s, bounds.itl_ease_over_s)):
+            if not _under_growth_bound(p99_s, bucket_s, grow_under_s, ease_over_s):
                 return False
         if evidence.basis == OWN_REQUESTS and latency.ttft_count == 0:
             return False  # on its own requests, the guard grows on what it saw of them only
@@ -302,14 +305,15 @@ class LatencyGuard:
         online = online_latency(start, end, self._own)
         shown = [(s, _others_seen(s, batch)) for s, batch in zip(self._snapshots, self._in_flight_at) if start.at_s <= s.at_s <= end.at_s]
         if not (online.ttft_count > 0 or (shown and shown[-1][1])):
-            return replace(online, itl_p99_s=None, itl_count=0)
+            return replace(online, itl_p99_s=None, itl_count=0, itl_p99_bucket_s=None)
         beside = [(before.at_s, after.at_s) for (before, seen_before), (after, seen_after) in zip(shown, shown[1:])
                   if seen_before or seen_after]
         gaps = self._own.gaps_within(beside)
         if len(gaps) >= OWN_GAPS_MIN:
-            return replace(online, itl_p99_s=p99_of(gaps), itl_count=len(gaps))
+            p99_s = p99_of(gaps)
+            return replace(online, itl_p99_s=p99_s, itl_count=len(gaps), itl_p99_bucket_s=exactly(p99_s))
         everyone = server_latency(start, end)
-        return replace(online, itl_p99_s=everyone.itl_p99_s, itl_count=everyone.itl_count)
+        return replace(online, itl_p99_s=everyone.itl_p99_s, itl_count=everyone.itl_count, itl_p99_bucket_s=everyone.itl_p99_bucket_s)
 
     def _evidence(self, now_s: float, since_s: float) -> _Evidence | None:
         """What the last `window_s`, from `since_s` at the earliest, showed."""
@@ -347,6 +351,21 @@ class LatencyGuard:
 def _others_seen(snapshot: MetricsSnapshot, batch_in_flight: int) -> bool:
     """The server held requests that were not the batch's when it was scraped."""
     return snapshot.running + snapshot.waiting > batch_in_flight
+
+
+def _under_growth_bound(p99_s: float | None, bucket_s: tuple[float, float] | None, grow_under_s: float | None,
+                        ease_over_s: float | None) -> bool:
+    """A p99 is under its growth bound when its value is, or when all that is known of it is a
+    histogram bucket that holds the growth bound and lies wholly under the ease bound: vLLM's TTFT
+    buckets (100, 250] ms and inter-token (100, 150] ms are wider than the band, and the p99 of a
+    light load's few observations sits near the top of its bucket, so its interpolated value alone
+    would hold the batch back whenever one online request was a little slow."""
+    if grow_under_s is None or p99_s is None or p99_s < grow_under_s:
+        return True
+    if bucket_s is None or ease_over_s is None:
+        return False
+    lower_s, upper_s = bucket_s
+    return lower_s < grow_under_s and upper_s <= ease_over_s
 
 
 def _above(p99_s: float | None, target_s: float | None) -> bool:

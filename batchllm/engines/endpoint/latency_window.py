@@ -24,6 +24,11 @@ from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
 P99 = 0.99
 
 
+def exactly(p99_s: float | None) -> tuple[float, float] | None:
+    """What is known of a p99 of exact values: the value."""
+    return None if p99_s is None else (p99_s, p99_s)
+
+
 def p99_of(values_s: Sequence[float]) -> float | None:
     """The 99th percentile of exact values (nearest rank); None when there are none."""
     if not values_s:
@@ -34,13 +39,17 @@ def p99_of(values_s: Sequence[float]) -> float | None:
 
 @dataclass(frozen=True)
 class WindowLatency:
-    """p99 time to first token and inter-token latency over a stretch, and how many observations
-    each is of (None: no observation)."""
+    """p99 time to first token and inter-token latency over a stretch, how many observations each
+    is of (None: no observation), and what is known of each: the bucket (lower, upper] it lies in
+    when it comes from a histogram (the p99 itself is interpolated inside it), (p99, p99) when it is
+    of exact values."""
 
     ttft_p99_s: float | None
     itl_p99_s: float | None
     ttft_count: float
     itl_count: float
+    ttft_p99_bucket_s: tuple[float, float] | None
+    itl_p99_bucket_s: tuple[float, float] | None
 
 
 class OwnTimings:
@@ -116,7 +125,9 @@ def _delta(new: Histogram | None, old: Histogram | None) -> Histogram | None:
 
 def _latency(ttft: Histogram | None, itl: Histogram | None) -> WindowLatency:
     return WindowLatency(ttft_p99_s=None if ttft is None else ttft.quantile(P99), itl_p99_s=None if itl is None else itl.quantile(P99),
-                         ttft_count=0.0 if ttft is None else ttft.count, itl_count=0.0 if itl is None else itl.count)
+                         ttft_count=0.0 if ttft is None else ttft.count, itl_count=0.0 if itl is None else itl.count,
+                         ttft_p99_bucket_s=None if ttft is None else ttft.quantile_bucket(P99),
+                         itl_p99_bucket_s=None if itl is None else itl.quantile_bucket(P99))
 
 
 def server_latency(start: MetricsSnapshot, end: MetricsSnapshot) -> WindowLatency:
@@ -137,4 +148,6 @@ def online_latency(start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings
 def own_latency(own: OwnTimings, after_s: float, until_s: float) -> WindowLatency:
     """The batch's own latency in (after_s, until_s], as its client saw it."""
     ttfts, gaps = own.ttfts_s(after_s, until_s), own.gaps_s(after_s, until_s)
-    return WindowLatency(ttft_p99_s=p99_of(ttfts), itl_p99_s=p99_of(gaps), ttft_count=len(ttfts), itl_count=len(gaps))
+    ttft_p99_s, itl_p99_s = p99_of(ttfts), p99_of(gaps)
+    return WindowLatency(ttft_p99_s=ttft_p99_s, itl_p99_s=itl_p99_s, ttft_count=len(ttfts), itl_count=len(gaps),
+                         ttft_p99_bucket_s=exactly(ttft_p99_s), itl_p99_bucket_s=exactly(itl_p99_s))

@@ -90,20 +90,33 @@ class Histogram:
         """The q-quantile as Prometheus' histogram_quantile computes it: linear inside the bucket
         holding rank q * count (from 0 for the first bucket); the last finite bound when that bucket
         is +Inf. None when the histogram is empty."""
-        if not 0 <= q <= 1:
-            raise ValueError(f"a quantile is in [0, 1], got {q!r}")
-        if self.count <= 0:
+        i = self._bucket_of(q)
+        if i is None:
             return None
-        rank = q * self.count
-        i = bisect.bisect_left(self.cumulative, rank)
         if i >= len(self.upper_bounds_s) - 1:
             return self.upper_bounds_s[-2]
+        rank = q * self.count
         lower_s = self.upper_bounds_s[i - 1] if i else 0.0
         below = self.cumulative[i - 1] if i else 0.0
         in_bucket = self.cumulative[i] - below
         if in_bucket <= 0:
             return self.upper_bounds_s[i]
         return lower_s + (self.upper_bounds_s[i] - lower_s) * (rank - below) / in_bucket
+
+    def quantile_bucket(self, q: float) -> tuple[float, float] | None:
+        """The bucket (lower, upper] the q-quantile lies in: all the histogram knows of it (the upper
+        bound of the last is +Inf). None when the histogram is empty."""
+        i = self._bucket_of(q)
+        if i is None:
+            return None
+        return (self.upper_bounds_s[i - 1] if i else 0.0), self.upper_bounds_s[i]
+
+    def _bucket_of(self, q: float) -> int | None:
+        if not 0 <= q <= 1:
+            raise ValueError(f"a quantile is in [0, 1], got {q!r}")
+        if self.count <= 0:
+            return None
+        return min(bisect.bisect_left(self.cumulative, q * self.count), len(self.upper_bounds_s) - 1)
 
 
 @dataclass(frozen=True)
