@@ -12,7 +12,7 @@ import pytest
 from batchllm.core.latency_slo import LatencySlo
 from batchllm.engines.endpoint.guard_targets import GuardTargets
 from batchllm.engines.endpoint.latency_guard import GuardReading, LatencyGuard
-from batchllm.engines.endpoint.latency_window import OwnTimings, online_latency, p99_of
+from batchllm.engines.endpoint.latency_window import OwnTimings, online_latency, p99_of, weighted_p99
 from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
 
 TTFT_BOUNDS = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, math.inf)
@@ -438,11 +438,35 @@ def test_own_timings_are_placed_when_the_client_saw_them():
         own.add(11.0, None, [-0.1])
 
 
-def test_own_gaps_within_stretches_are_those_seen_inside_any_of_them():
+def test_own_gaps_within_stretches_are_those_seen_inside_any_of_them_with_the_stretchs_weight():
     own = OwnTimings()
     own.add(10.0, None, [1.0] * 10)  # gaps ended at 1, 2, ... 10
-    assert own.gaps_within([(0.0, 2.0), (4.0, 5.0), (8.5, 20.0)]) == [1.0] * 5  # at 1, 2, 5, 9 and 10
-    assert own.gaps_within([(2.0, 3.0)]) == [1.0] and own.gaps_within([]) == []
+    found = own.gaps_within([(0.0, 2.0, 1.0), (4.0, 5.0, 3.0), (8.5, 20.0, 0.5)])
+    assert found == [(1.0, 1.0), (1.0, 1.0), (1.0, 3.0), (1.0, 0.5), (1.0, 0.5)]  # at 1, 2, 5, 9 and 10
+    assert own.gaps_within([(2.0, 3.0, 1.0)]) == [(1.0, 1.0)] and own.gaps_within([]) == []
+
+
+def test_a_weighted_p99_is_where_99_percent_of_the_weight_lies():
+    assert weighted_p99([(0.02, 1.0)] * 99 + [(0.05, 1.0)]) == 0.02  # as p99_of: the 99th of 100
+    assert weighted_p99([(0.02, 1.0)] * 99 + [(0.05, 2.0)]) == 0.05
+    assert weighted_p99([(0.05, 0.0), (0.02, 1.0)]) == 0.02
+    assert weighted_p99([]) is None and weighted_p99([(0.02, 0.0)]) is None
+
+
+def test_the_batchs_own_gaps_weigh_the_online_requests_beside_them():
+    # 2 batch requests; 9 s beside 1 online request at 20 ms gaps, then a burst of 20 online requests
+    # whose second holds 3 gaps of 45 ms: under 1 % of the batch's gaps, but the online requests each
+    # saw those steps
+    guard = LatencyGuard(SLO, 64, slow_start=False, grow_every_s=0.0)
+    server = FakeServer()
+    for t in range(0, 11):
+        guard.allowed(float(t), 2)
+        server.running = 2 + (20 if t == 10 else 1)
+        server.serve(5, 0.1, 0.015)
+        guard.observe_own(float(t), None, [0.045] * 3 if t == 10 else [0.02] * 50)
+        guard.observe_server(server.snapshot(float(t)))
+    assert guard.reading(10.0).online_itl_p99_s == pytest.approx(0.045)
+    assert p99_of([0.02] * 450 + [0.045] * 3) == 0.02  # unweighted
 
 
 def test_online_latency_takes_out_only_the_own_timings_between_the_two_snapshots():

@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 
 from batchllm.core.latency_slo import LatencySlo
 from batchllm.engines.endpoint.guard_targets import GUARDING, MEASURING_BASELINE, OWN_REQUESTS, SERVER_METRICS, GuardReading, GuardTargets
-from batchllm.engines.endpoint.latency_window import OwnTimings, WindowLatency, exactly, online_latency, own_latency, p99_of, server_latency
+from batchllm.engines.endpoint.latency_window import OwnTimings, WindowLatency, exactly, online_latency, own_latency, server_latency, weighted_p99
 from batchllm.engines.endpoint.server_metrics import MetricsSnapshot
 
 OWN_DECISION_EVERY_S = 1.0  # on its own requests' timings, the guard decides at most once a second
@@ -299,18 +299,23 @@ class LatencyGuard:
         are OWN_GAPS_MIN of them: they decode in the same steps as the online ones, so they wait the
         same gaps, and the client measures them to its own delays (a chunk of k tokens counts as k
         equal gaps), where vLLM's histogram has one bucket from 100 to 150 ms, often around a
-        target; the stretches the batch ran alone are left out. Else the server's over all
+        target; the stretches the batch ran alone are left out. Each gap weighs the online requests
+        per batch request in its stretch (the mean of the two snapshots'): a step is one gap to each
+        request in it, and a burst of online work, with its slow steps, gives the online traffic
+        many gaps where the batch's few requests see each step once (unweighted, in one run the guard
+        read 87-89 ms in a heavy window whose online clients saw 114). Else the server's over all
         requests while online requests are there; none without them (the batch may have an idle
         server to itself)."""
         online = online_latency(start, end, self._own)
-        shown = [(s, _others_seen(s, batch)) for s, batch in zip(self._snapshots, self._in_flight_at) if start.at_s <= s.at_s <= end.at_s]
-        if not (online.ttft_count > 0 or (shown and shown[-1][1])):
+        shown = [(s.at_s, _others(s, batch), batch) for s, batch in zip(self._snapshots, self._in_flight_at) if start.at_s <= s.at_s <= end.at_s]
+        if not (online.ttft_count > 0 or (shown and shown[-1][1] > 0)):
             return replace(online, itl_p99_s=None, itl_count=0, itl_p99_bucket_s=None)
-        beside = [(before.at_s, after.at_s) for (before, seen_before), (after, seen_after) in zip(shown, shown[1:])
-                  if seen_before or seen_after]
+        beside = [(before_s, after_s, (others_before + others_after) / 2 / max(1.0, (batch_before + batch_after) / 2))
+                  for (before_s, others_before, batch_before), (after_s, others_after, batch_after) in zip(shown, shown[1:])
+                  if others_before > 0 or others_after > 0]
         gaps = self._own.gaps_within(beside)
         if len(gaps) >= OWN_GAPS_MIN:
-            p99_s = p99_of(gaps)
+            p99_s = weighted_p99(gaps)
             return replace(online, itl_p99_s=p99_s, itl_count=len(gaps), itl_p99_bucket_s=exactly(p99_s))
         everyone = server_latency(start, end)
         return replace(online, itl_p99_s=everyone.itl_p99_s, itl_count=everyone.itl_count, itl_p99_bucket_s=everyone.itl_p99_bucket_s)
@@ -348,9 +353,9 @@ class LatencyGuard:
             self._own.forget_before(keep_from_s)
 
 
-def _others_seen(snapshot: MetricsSnapshot, batch_in_flight: int) -> bool:
-    """The server held requests that were not the batch's when it was scraped."""
-    return snapshot.running + snapshot.waiting > batch_in_flight
+def _others(snapshot: MetricsSnapshot, batch_in_flight: int) -> float:
+    """The requests the server held that were not the batch's when it was scraped."""
+    return max(0.0, snapshot.running + snapshot.waiting - batch_in_flight)
 
 
 def _under_growth_bound(p99_s: float | None, bucket_s: tuple[float, float] | None, grow_under_s: float | None,

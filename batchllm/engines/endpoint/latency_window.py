@@ -24,6 +24,20 @@ from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
 P99 = 0.99
 
 
+def weighted_p99(values_s: Sequence[tuple[float, float]]) -> float | None:
+    """The 99th percentile of exact values, each (value, weight): the smallest value at or under
+    which 99 % of the weight lies; None when there is no weight."""
+    total = sum(weight for _, weight in values_s)
+    if not total > 0:
+        return None
+    running = 0.0
+    for value, weight in sorted(values_s):
+        running += weight
+        if running >= P99 * total:
+            return value
+    return max(value for value, weight in values_s if weight > 0)  # rounding: the last value with weight
+
+
 def exactly(p99_s: float | None) -> tuple[float, float] | None:
     """What is known of a p99 of exact values: the value."""
     return None if p99_s is None else (p99_s, p99_s)
@@ -84,10 +98,10 @@ class OwnTimings:
     def gaps_s(self, after_s: float, until_s: float) -> list[float]:
         return [value for at_s, value in self._gaps if after_s < at_s <= until_s]
 
-    def gaps_within(self, stretches: Sequence[tuple[float, float]]) -> list[float]:
-        """The gaps seen inside any of the stretches (after_s, until_s], given in order of time and
-        not overlapping: one pass over the gaps kept."""
-        found: list[float] = []
+    def gaps_within(self, stretches: Sequence[tuple[float, float, float]]) -> list[tuple[float, float]]:
+        """The gaps seen inside any of the stretches (after_s, until_s, weight], given in order of time
+        and not overlapping, each with its stretch's weight: one pass over the gaps kept."""
+        found: list[tuple[float, float]] = []
         stretch = iter(stretches)
         current = next(stretch, None)
         for at_s, value in self._gaps:
@@ -96,7 +110,7 @@ class OwnTimings:
             if current is None:
                 break
             if at_s > current[0]:
-                found.append(value)
+                found.append((value, current[2]))
         return found
 
     def forget_before(self, at_s: float) -> None:
