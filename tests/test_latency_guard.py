@@ -12,7 +12,7 @@ import pytest
 from batchllm.core.latency_slo import LatencySlo
 from batchllm.engines.endpoint.guard_targets import GuardTargets
 from batchllm.engines.endpoint.latency_guard import GuardReading, LatencyGuard
-from batchllm.engines.endpoint.latency_window import OwnTimings, online_latency, p99_of, weighted_p99
+from batchllm.engines.endpoint.latency_window import OwnTimings, WindowLatency, online_latency, p99_of, weighted_p99
 from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
 
 TTFT_BOUNDS = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, math.inf)
@@ -115,16 +115,18 @@ def test_growth_is_one_a_snapshot_then_ten_percent_and_stops_at_max_in_flight():
 def test_inside_the_band_it_holds():
     guard, server, batch = guarded()
     assert [tick(guard, server, batch, float(t)) for t in range(0, 4)] == [1, 2, 3, 4]
-    # the batch's own gaps beside the online requests (exact values, 4 x 29 a second): 0.032 s, over
+    # the batch's own gaps beside 5 online requests (exact values, 4 x 29 a second): 0.032 s, over
     # 0.75 x the 0.04 s target and under 0.9 x it
     held = []
     for t in range(4, 9):
+        server.running = batch.in_flight + 5
         server.serve(5, 0.1, 0.015)
         batch.finish(float(t), batch.in_flight, 0.1, 0.032, tokens=30)
         guard.observe_server(server.snapshot(float(t)))
         held.append(batch.fill(float(t)))
     assert held == [4, 4, 4, 4, 4]
-    assert guard.reading(8.0).online_itl_p99_s == pytest.approx(0.032)
+    reading = guard.reading(8.0)
+    assert reading.online_itl_p99_s == pytest.approx(0.032)
 
 
 def test_a_p99_known_only_to_lie_in_a_bucket_under_the_ease_bound_grows():
@@ -453,20 +455,29 @@ def test_a_weighted_p99_is_where_99_percent_of_the_weight_lies():
     assert weighted_p99([]) is None and weighted_p99([(0.02, 0.0)]) is None
 
 
-def test_the_batchs_own_gaps_weigh_the_online_requests_beside_them():
-    # 2 batch requests; 9 s beside 1 online request at 20 ms gaps, then a burst of 20 online requests
-    # whose second holds 3 gaps of 45 ms: under 1 % of the batch's gaps, but the online requests each
-    # saw those steps
+def weighted_guard(online_at_end: int, batch_at_end: int) -> LatencyGuard:
+    """9 s of 4 batch requests beside 4 online ones, their gaps 20 ms (450 of them), then a second
+    with `online_at_end` and `batch_at_end` where the batch saw 3 gaps of 45 ms."""
     guard = LatencyGuard(SLO, 64, slow_start=False, grow_every_s=0.0)
     server = FakeServer()
     for t in range(0, 11):
-        guard.allowed(float(t), 2)
-        server.running = 2 + (20 if t == 10 else 1)
+        batch = batch_at_end if t == 10 else 4
+        guard.allowed(float(t), batch)
+        server.running = batch + (online_at_end if t == 10 else 4)
         server.serve(5, 0.1, 0.015)
         guard.observe_own(float(t), None, [0.045] * 3 if t == 10 else [0.02] * 50)
         guard.observe_server(server.snapshot(float(t)))
-    assert guard.reading(10.0).online_itl_p99_s == pytest.approx(0.045)
-    assert p99_of([0.02] * 450 + [0.045] * 3) == 0.02  # unweighted
+    return guard
+
+
+def test_the_batchs_own_gaps_weigh_the_online_requests_per_batch_request_beside_them():
+    assert p99_of([0.02] * 450 + [0.045] * 3) == 0.02  # unweighted, the slow steps are under 1 %
+    # the same number of online and batch requests throughout: as unweighted
+    assert weighted_guard(online_at_end=4, batch_at_end=4).reading(10.0).online_itl_p99_s == pytest.approx(0.02)
+    # a burst of 40 online requests: each saw those slow steps (3 x 5.5 of 466.5)
+    assert weighted_guard(online_at_end=40, batch_at_end=4).reading(10.0).online_itl_p99_s == pytest.approx(0.045)
+    # the batch down to 1: its one request saw those steps once for the 4 online ones (3 x 4 / 2.5 of 454.8)
+    assert weighted_guard(online_at_end=4, batch_at_end=1).reading(10.0).online_itl_p99_s == pytest.approx(0.045)
 
 
 def test_online_latency_takes_out_only_the_own_timings_between_the_two_snapshots():
@@ -503,6 +514,26 @@ def test_the_band_of_an_slo_and_of_a_baseline():
     assert (baseline.itl_grow_under_s, baseline.itl_ease_over_s, baseline.itl_target_s) == pytest.approx((0.045, 0.0475, 0.05))
     with pytest.raises(ValueError, match="0.3, 0.2, 1.0"):
         GuardTargets(1.0, None, 0.3, None, 0.2, None)
+
+
+def ttft_only(p99_s: float | None, bucket_s: tuple[float, float] | None) -> WindowLatency:
+    return WindowLatency(ttft_p99_s=p99_s, itl_p99_s=None, ttft_count=10, itl_count=0, ttft_p99_bucket_s=bucket_s, itl_p99_bucket_s=None)
+
+
+@pytest.mark.parametrize("p99_s, bucket_s, grows", [
+    (0.15, (0.1, 0.2), True),  # under the growth bound, 0.1875
+    (0.1875, (0.1875, 0.1875), False),  # exact, on the growth bound
+    (0.2, (0.1, 0.2), True),  # over it, but its bucket is all under the ease bound, 0.225
+    (0.2, (0.1, 0.3), False),  # its bucket reaches past the ease bound
+    (0.199, (0.1875, 0.2), False),  # its bucket starts at the growth bound: over it for sure
+    (0.3, (0.3, math.inf), False),  # the last bucket
+    (None, None, True),  # nothing observed
+])
+def test_growth_on_a_p99_known_exactly_or_only_as_its_bucket(p99_s, bucket_s, grows):
+    band = GuardTargets.from_slo(LatencySlo(ttft_p99_s=0.25, itl_p99_s=None), 0.75, 0.9)
+    assert band.lets_grow(ttft_only(p99_s, bucket_s)) is grows
+    no_ttft_bound = GuardTargets.from_slo(LatencySlo(ttft_p99_s=None, itl_p99_s=0.04), 0.75, 0.9)
+    assert no_ttft_bound.lets_grow(ttft_only(p99_s, bucket_s)) is True
 
 
 def test_snapshots_out_of_order_and_negative_in_flight_are_refused():

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from batchllm.core.latency_slo import BASELINE_MARGIN, LatencySlo
+from batchllm.engines.endpoint.latency_window import WindowLatency
 
 SERVER_METRICS = "server metrics"
 OWN_REQUESTS = "own requests"
@@ -68,6 +69,15 @@ class GuardTargets:
             elif grow is None or ease is None or not 0 <= grow <= ease <= target:
                 raise ValueError(f"need 0 <= growth bound <= ease bound <= target, got {grow!r}, {ease!r}, {target!r}")
 
+    def lets_grow(self, latency: WindowLatency) -> bool:
+        """Each p99 is under its growth bound: its value is, or all that is known of it is a histogram
+        bucket that holds the growth bound and lies under the ease bound. vLLM's TTFT bucket from 100
+        to 250 ms and its inter-token one from 100 to 150 ms are wider than the band, and the p99 of a
+        light load's few observations sits near the top of its bucket: interpolated, it would hold the
+        batch back whenever one online request was a little slow."""
+        return (_under_growth_bound(latency.ttft_p99_s, latency.ttft_p99_bucket_s, self.ttft_grow_under_s, self.ttft_ease_over_s)
+                and _under_growth_bound(latency.itl_p99_s, latency.itl_p99_bucket_s, self.itl_grow_under_s, self.itl_ease_over_s))
+
     @classmethod
     def from_slo(cls, slo: LatencySlo, grow_below: float, ease_above: float) -> GuardTargets:
         """The band as shares of each target: grow under `grow_below` x target, ease off over `ease_above` x target."""
@@ -87,3 +97,13 @@ class GuardTargets:
 
         return cls(margin(ttft_p99_s, 1.0), margin(itl_p99_s, 1.0), margin(ttft_p99_s, 0.5), margin(itl_p99_s, 0.5),
                    margin(ttft_p99_s, 0.75), margin(itl_p99_s, 0.75))
+
+
+def _under_growth_bound(p99_s: float | None, bucket_s: tuple[float, float] | None, grow_under_s: float | None,
+                        ease_over_s: float | None) -> bool:
+    if grow_under_s is None or p99_s is None or p99_s < grow_under_s:
+        return True
+    if bucket_s is None or ease_over_s is None:
+        return False
+    lower_s, upper_s = bucket_s
+    return lower_s < grow_under_s and upper_s <= ease_over_s

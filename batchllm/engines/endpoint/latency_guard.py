@@ -255,11 +255,8 @@ class LatencyGuard:
     def _under(self, evidence: _Evidence) -> bool:
         latency, bounds = evidence.latency, self._targets
         assert bounds is not None  # guarding
-        for p99_s, bucket_s, grow_under_s, ease_over_s in (
-                (latency.ttft_p99_s, latency.ttft_p99_bucket_s, bounds.ttft_grow_under_s, bounds.ttft_ease_over_s),
-                (latency.itl_p99_s, latency.itl_p99_bucket_s, bounds.itl_grow_under_s, bounds.itl_ease_over_s)):
-            if not _under_growth_bound(p99_s, bucket_s, grow_under_s, ease_over_s):
-                return False
+        if not bounds.lets_grow(latency):
+            return False
         if evidence.basis == OWN_REQUESTS and latency.ttft_count == 0:
             return False  # on its own requests, the guard grows on what it saw of them only
         return (evidence.waiting is None or evidence.waiting == 0) and (evidence.kv_usage is None
@@ -354,23 +351,9 @@ class LatencyGuard:
 
 
 def _others(snapshot: MetricsSnapshot, batch_in_flight: int) -> float:
-    """The requests the server held that were not the batch's when it was scraped."""
+    """The requests the server held that were not the batch's when it was scraped (waiting ones
+    included: they decode soon; when requests wait in two scrapes the guard cuts anyway)."""
     return max(0.0, snapshot.running + snapshot.waiting - batch_in_flight)
-
-
-def _under_growth_bound(p99_s: float | None, bucket_s: tuple[float, float] | None, grow_under_s: float | None,
-                        ease_over_s: float | None) -> bool:
-    """A p99 is under its growth bound when its value is, or when all that is known of it is a
-    histogram bucket that holds the growth bound and lies wholly under the ease bound: vLLM's TTFT
-    buckets (100, 250] ms and inter-token (100, 150] ms are wider than the band, and the p99 of a
-    light load's few observations sits near the top of its bucket, so its interpolated value alone
-    would hold the batch back whenever one online request was a little slow."""
-    if grow_under_s is None or p99_s is None or p99_s < grow_under_s:
-        return True
-    if bucket_s is None or ease_over_s is None:
-        return False
-    lower_s, upper_s = bucket_s
-    return lower_s < grow_under_s and upper_s <= ease_over_s
 
 
 def _above(p99_s: float | None, target_s: float | None) -> bool:
