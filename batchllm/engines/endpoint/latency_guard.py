@@ -299,8 +299,7 @@ class LatencyGuard:
         target; the stretches the batch ran alone are left out. Each gap weighs the online requests
         per batch request in its stretch (the mean of the two snapshots'): a step is one gap to each
         request in it, and a burst of online work, with its slow steps, gives the online traffic
-        many gaps where the batch's few requests see each step once (unweighted, in one run the guard
-        read 87-89 ms in a heavy window whose online clients saw 114). Else the server's over all
+        many gaps where the batch's few requests see each step once. Else the server's over all
         requests while online requests are there; none without them (the batch may have an idle
         server to itself)."""
         online = online_latency(start, end, self._own)
