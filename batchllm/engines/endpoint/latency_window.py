@@ -14,7 +14,6 @@ the same clock as the snapshots' `at_s`.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,11 +43,8 @@ def exactly(p99_s: float | None) -> tuple[float, float] | None:
 
 
 def p99_of(values_s: Sequence[float]) -> float | None:
-    """The 99th percentile of exact values (nearest rank); None when there are none."""
-    if not values_s:
-        return None
-    ordered = sorted(values_s)
-    return ordered[max(0, math.ceil(P99 * len(ordered)) - 1)]
+    """The 99th percentile of exact values (nearest rank): each of weight 1; None when there are none."""
+    return weighted_p99([(value, 1.0) for value in values_s])
 
 
 @dataclass(frozen=True)
