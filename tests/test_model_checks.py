@@ -99,6 +99,7 @@ def test_a_model_directory_without_weights_is_refused(workspace, command):
 
 
 # vLLM's own configuration check (a child process: a few seconds each; the verdict is kept in the home's checks/)
+@pytest.mark.engine  # vLLM's configuration classes
 @pytest.mark.parametrize("command", ["validate", "run"])
 def test_max_model_len_beyond_the_models_positions_is_refused_by_vllms_own_check(workspace, command):
     text = refused(workspace, command, DAG % ("engine: {max_model_len: 100000}", "smollm2-135m"))
@@ -108,11 +109,22 @@ def test_max_model_len_beyond_the_models_positions_is_refused_by_vllms_own_check
     assert "Fix: lower engine.max_model_len, or leave it out (the model's own)." in text
 
 
+@pytest.mark.engine  # vLLM's configuration classes
 def test_a_kv_cache_smaller_than_one_sequence_is_refused_and_the_verdict_is_kept(workspace, isolated_home):
+    """The bytes a token come from the model's config and the dtype this host's engine runs (float32
+    on a CPU without AVX-512, the model's own bfloat16 elsewhere), and the message names that dtype."""
+    from batchllm.engines.devices import engine_dtype, engine_dtype_reason
+    from batchllm.models.embedded import SMOLLM2_135M
+
+    config = json.loads((SMOLLM2_135M.config_dir() / "config.json").read_text())
+    dtype = engine_dtype("cpu") or config["dtype"]
+    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"] * {"float32": 4, "bfloat16": 2}[dtype]
+    why = "the model's own dtype" if engine_dtype("cpu") is None else engine_dtype_reason("cpu")
     text = refused(workspace, "validate", DAG % ("engine: {kv_cache_memory_bytes: 10000000}", "smollm2-135m"))
     assert ("engine.kv_cache_memory_bytes: vLLM refuses model 'smollm2-135m' with these engine settings: a KV cache of "
-            "10,000,000 bytes holds 434 tokens, less than one sequence of max_model_len 8,192 tokens (188,743,680 bytes at "
-            "23,040 bytes a token). Fix: lower engine.max_model_len, or raise engine.kv_cache_memory_bytes.") in text
+            f"10,000,000 bytes holds {10_000_000 // per_token:,} tokens, less than one sequence of max_model_len 8,192 tokens "
+            f"({8192 * per_token:,} bytes at {per_token:,} bytes a token in {dtype}: {why}). "
+            "Fix: lower engine.max_model_len, or raise engine.kv_cache_memory_bytes.") in text
     kept = list((isolated_home / "checks").glob("engine-settings-*.json"))
     assert len(kept) == 1 and json.loads(kept[0].read_text())["setting"] == "kv_cache_memory_bytes"
     shutil.rmtree(isolated_home / "checks")  # a good setting passes

@@ -41,6 +41,8 @@ LINES = [
     chat("penalties", user("Describe a light switch."), presence_penalty=0.8, frequency_penalty=0.5, repetition_penalty=1.3),
     chat("top-k-min-p", user("Name three colours."), top_k=5, min_p=0.1),
     chat("logprobs", user("Is the sky blue? Answer yes or no."), logprobs=True, top_logprobs=3, max_tokens=8),
+    # an answer that ends by the end-of-sequence token: its logprobs hold that token too, as vLLM's server's do
+    chat("logprobs-eos", user("What colour is the sky? Answer with one word."), logprobs=True, top_logprobs=2, max_tokens=64),
     chat("system", [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Why do cats purr?"}]),
 ]
 
@@ -90,12 +92,16 @@ def test_every_batchllm_line_validates_against_vllms_own_output_models(both_outp
     for line in ours.values():
         BatchRequestOutput.model_validate(line)
         ChatCompletionResponse.model_validate(line["response"]["body"])
-    mine = ours["logprobs"]["response"]["body"]["choices"][0]["logprobs"]["content"]
-    vllms = theirs["logprobs"]["response"]["body"]["choices"][0]["logprobs"]["content"]
-    assert [t["token"] for t in mine] == [t["token"] for t in vllms]
-    assert [t["logprob"] for t in mine] == pytest.approx([t["logprob"] for t in vllms], abs=1e-3)
-    assert all(len(t["top_logprobs"]) == 3 for t in mine)
-    for k, (a, b) in enumerate(zip(mine, vllms)):  # the same top tokens, each with its logprob (tied ones in either order)
-        assert sorted(x["token"] for x in a["top_logprobs"]) == sorted(x["token"] for x in b["top_logprobs"]), k
-        theirs_by_token = {x["token"]: x["logprob"] for x in b["top_logprobs"]}
-        assert all(x["logprob"] == pytest.approx(theirs_by_token[x["token"]], abs=1e-3) for x in a["top_logprobs"]), k
+    for custom_id, top in (("logprobs", 3), ("logprobs-eos", 2)):
+        mine = ours[custom_id]["response"]["body"]["choices"][0]["logprobs"]["content"]
+        vllms = theirs[custom_id]["response"]["body"]["choices"][0]["logprobs"]["content"]
+        assert [t["token"] for t in mine] == [t["token"] for t in vllms], custom_id
+        assert [t["logprob"] for t in mine] == pytest.approx([t["logprob"] for t in vllms], abs=1e-3)
+        assert all(len(t["top_logprobs"]) == top for t in mine)
+        for k, (a, b) in enumerate(zip(mine, vllms)):  # the same top tokens, each with its logprob (tied ones in either order)
+            assert sorted(x["token"] for x in a["top_logprobs"]) == sorted(x["token"] for x in b["top_logprobs"]), (custom_id, k)
+            theirs_by_token = {x["token"]: x["logprob"] for x in b["top_logprobs"]}
+            assert all(x["logprob"] == pytest.approx(theirs_by_token[x["token"]], abs=1e-3) for x in a["top_logprobs"]), (custom_id, k)
+    eos = theirs["logprobs-eos"]["response"]["body"]["choices"][0]
+    assert eos["finish_reason"] == "stop"  # the case this line is for: ended by the end-of-sequence token
+    assert "".join(t["token"] for t in eos["logprobs"]["content"]).startswith(eos["message"]["content"])

@@ -52,6 +52,7 @@ def test_a_regex_the_engine_cannot_compile_is_refused_before_the_run():
         check_constraint(OutputConstraint(regex="(ab"), where="nodes.route")
 
 
+@pytest.mark.engine  # vLLM's structured-output compiler
 def test_a_json_schema_the_engine_cannot_compile_is_refused_before_the_run():
     with pytest.raises(UserError, match='the engine cannot use this JSON schema: Unsupported type "nonsense"'):
         check_constraint(OutputConstraint(json_schema='{"type": "nonsense"}'), where="nodes.route")
@@ -65,6 +66,7 @@ def test_good_constraints_pass_the_check():
     check_constraint(OutputConstraint(json_schema='{"type": "array", "items": {"type": "string"}}'), where="x")
 
 
+@pytest.mark.engine  # vLLM's sampling parameters
 def test_the_constraint_becomes_vllms_structured_output_parameters():
     from batchllm.engines.vllm_stepper import _structured
 

@@ -17,16 +17,20 @@ memory is compared on its own.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from batchllm.core.errors import UserError
 
 # The /proc/cpuinfo flags that select vLLM's CPU kernels, in the order they are reported.
 KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+# Stands for the CPU's kernel flags when set (comma-separated: "avx2" makes an AVX-512 host run and
+# file profiles as an AVX2-only one would: float32 engines). For checking the other kind of host.
+CPU_FLAGS_ENV = "BATCHLLM_CPU_FLAGS"
 # What profiles record for "the model's own dtype" (every model served here is bfloat16).
 MODEL_DTYPE = "bfloat16"
 NVIDIA_SMI_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"]
@@ -93,6 +97,12 @@ def parse_cpuinfo(text: str) -> HardwareIdentity:
     return HardwareIdentity("cpu", fields.get("model name") or None, cpu_engine_dtype(flags) or MODEL_DTYPE, flags)
 
 
+def seen_with_flags(here: HardwareIdentity, listing: str) -> HardwareIdentity:
+    """`here` with the kernel flags of `listing` (comma-separated, e.g. "avx2"), and the engine dtype they select."""
+    flags = tuple(f for f in KERNEL_FLAGS if f in {word.strip() for word in listing.split(",")})
+    return replace(here, cpu_flags=flags, dtype=cpu_engine_dtype(flags) or MODEL_DTYPE)
+
+
 def parse_nvidia_smi(text: str) -> HardwareIdentity:
     """The identity in `nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits`
     output: one line per GPU, `NVIDIA A100-SXM4-80GB, 81920`. The first GPU names the kind."""
@@ -104,12 +114,14 @@ def parse_nvidia_smi(text: str) -> HardwareIdentity:
 
 @functools.cache  # the hardware does not change while batchllm runs
 def this_machine(kind: str) -> HardwareIdentity:
-    """This machine's CPU (from /proc/cpuinfo) or GPUs (from nvidia-smi)."""
+    """This machine's CPU (from /proc/cpuinfo) or GPUs (from nvidia-smi). `CPU_FLAGS_ENV`, when
+    set, stands for the CPU's kernel flags: a host seen as another kind would see it."""
     if kind == "cpu":
         try:
-            return parse_cpuinfo(Path("/proc/cpuinfo").read_text())
+            here = parse_cpuinfo(Path("/proc/cpuinfo").read_text())
         except OSError:
-            return HardwareIdentity("cpu", None, MODEL_DTYPE)
+            here = HardwareIdentity("cpu", None, MODEL_DTYPE)
+        return here if CPU_FLAGS_ENV not in os.environ else seen_with_flags(here, os.environ[CPU_FLAGS_ENV])
     if not shutil.which("nvidia-smi"):
         raise UserError("no GPU here: nvidia-smi is not on the PATH", where="--devices", hint="use cpu:N, or install the NVIDIA driver")
     try:

@@ -25,7 +25,7 @@ from pathlib import Path
 from batchllm.core.errors import UserError
 from batchllm.core.files import write_text_atomically
 from batchllm.dag.model import DagSpec
-from batchllm.engines.devices import CPU_KV_CACHE_DEFAULT_BYTES, engine_dtype
+from batchllm.engines.devices import CPU_KV_CACHE_DEFAULT_BYTES, engine_dtype, engine_dtype_reason
 from batchllm.engines.protocol import exception_cause
 from batchllm.engines.version import installed_vllm
 from batchllm.models.embedded import EMBEDDED_MODELS
@@ -42,6 +42,7 @@ class EngineSettings:
     max_model_len: int | None
     kv_cache_memory_bytes: int | None
     dtype: str | None
+    dtype_reason: str = ""  # why `dtype` (a fact of this host), for messages
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def check_engine_settings(dag: DagSpec, home: Path, device_kind: str) -> None:
         config_dir = EMBEDDED_MODELS[ref.location].config_dir() if ref.kind == "embedded" else Path(ref.location)
         settings[model] = EngineSettings(str(config_dir), e.max_model_len,
                                          e.kv_cache_memory_bytes or (CPU_KV_CACHE_DEFAULT_BYTES if device_kind == "cpu" else None),
-                                         engine_dtype(device_kind))
+                                         engine_dtype(device_kind), engine_dtype_reason(device_kind))
     verdicts = _verdicts(list(settings.values()), home / "checks")
     for (model, node), verdict in zip(first_node.items(), verdicts):
         if verdict.problem is None:
@@ -130,10 +131,12 @@ def _verdict(settings: EngineSettings) -> SettingsVerdict:
     per_token = 2 * config.get_num_layers(parallel) * config.get_num_kv_heads(parallel) * config.get_head_size() * config.dtype.itemsize
     needed = per_token * config.max_model_len
     if settings.kv_cache_memory_bytes is not None and settings.kv_cache_memory_bytes < needed:
+        dtype = str(config.dtype).removeprefix("torch.")
+        why = "the model's own dtype" if settings.dtype is None else settings.dtype_reason
         return SettingsVerdict(f"a KV cache of {settings.kv_cache_memory_bytes:,} bytes holds "
                                f"{settings.kv_cache_memory_bytes // per_token:,} tokens, less than one sequence of max_model_len "
-                               f"{config.max_model_len:,} tokens ({needed:,} bytes at {per_token:,} bytes a token)",
-                               "kv_cache_memory_bytes")
+                               f"{config.max_model_len:,} tokens ({needed:,} bytes at {per_token:,} bytes a token in {dtype}: "
+                               f"{why})", "kv_cache_memory_bytes")
     return SettingsVerdict(None)
 
 
