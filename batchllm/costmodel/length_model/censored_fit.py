@@ -95,6 +95,10 @@ def fit_censored(features, targets: np.ndarray, censored: np.ndarray, *, alpha: 
     censoring-aware), the least censored absolute error among equals."""
     targets = np.asarray(targets, float)
     censored = np.asarray(censored, bool)
+    columns = features.shape[1]
+    used = np.flatnonzero(features.getnnz(axis=0)) if sp.issparse(features) else np.arange(columns)
+    if used.size < columns:  # hashed features leave most columns empty: a column no row has gets no weight, fit without it
+        features = sp.csr_matrix(features[:, used])
     folds = max(2, min(folds, targets.size // 4))
     if alpha is None:
         scores = {}
@@ -113,4 +117,6 @@ def fit_censored(features, targets: np.ndarray, censored: np.ndarray, *, alpha: 
         if abs(sigma - before) < 0.01 * before:  # converged
             break
     final = _ridge(features, current, alpha)
-    return CensoredFit(np.asarray(final.coef_, float).ravel(), float(final.intercept_), sigma, float(alpha), done, mu)
+    coef = np.zeros(columns)
+    coef[used] = np.asarray(final.coef_, float).ravel()
+    return CensoredFit(coef, float(final.intercept_), sigma, float(alpha), done, mu)
