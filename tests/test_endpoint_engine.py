@@ -33,6 +33,7 @@ class Script:
 
 
 SLOW_CHUNKS, SLOW_GAP_S = 30, 0.1
+STALL_S = 1.5
 
 
 def handler_for(script: Script):
@@ -66,6 +67,9 @@ def handler_for(script: Script):
             if prompt.startswith("slow"):
                 self.stream_slowly(script)
                 return
+            if prompt.startswith("stall"):  # a token, then nothing for STALL_S, then the last one
+                self.stream_slowly(script, chunks=2, gap_s=STALL_S)
+                return
             chunks = [{"choices": [{"index": 0, "delta": {"content": "Hel"}}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
                       {"choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}],
                        "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
@@ -76,19 +80,19 @@ def handler_for(script: Script):
                 self.wfile.flush()
             self.wfile.write(b"data: [DONE]\n\n")
 
-        def stream_slowly(self, script: Script) -> None:
+        def stream_slowly(self, script: Script, chunks: int = SLOW_CHUNKS, gap_s: float = SLOW_GAP_S) -> None:
             with script.lock:
                 script.streams += 1
                 script.peak_since_mark = max(script.peak_since_mark, script.streams)
             base = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m"}
             try:
-                for k in range(SLOW_CHUNKS):
-                    last = k == SLOW_CHUNKS - 1
+                for k in range(chunks):
+                    last = k == chunks - 1
                     chunk = {"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": "length" if last else None}],
                              "usage": {"prompt_tokens": 3, "completion_tokens": k + 1}}
                     self.wfile.write(f"data: {json.dumps({**base, **chunk})}\n\n".encode())
                     self.wfile.flush()
-                    time.sleep(SLOW_GAP_S)
+                    time.sleep(gap_s)
                 self.wfile.write(b"data: [DONE]\n\n")
             except OSError:  # the client closed the stream: vLLM aborts the request
                 pass
@@ -164,7 +168,7 @@ class SetGuard:
     """The test's stand-in for the latency guard: allows what the test set, sees nothing."""
 
     def __init__(self, allowed: int):
-        self.value, self.told = allowed, []  # told: the in-flight counts it was given
+        self.value, self.told, self.silences = allowed, [], []  # told: the in-flight counts it was given
 
     def allowed(self, now_s: float, in_flight: int) -> int:
         self.told.append(in_flight)
@@ -175,6 +179,9 @@ class SetGuard:
 
     def observe_own(self, now_s: float, ttft_s, token_gaps_s) -> None:
         pass
+
+    def observe_silence(self, now_s: float, silent_s: float) -> None:
+        self.silences.append(silent_s)
 
 
 def wait_until(condition, timeout_s: float = 20.0) -> None:
@@ -217,6 +224,20 @@ def test_a_cut_aborts_the_youngest_calls_at_once_and_sends_them_again_when_allow
                                                                            for r in (1, 2, 3)}
     assert sorted(script.ids) == ["batchllm-1-0", "batchllm-2-0", "batchllm-2-1", "batchllm-3-0", "batchllm-3-1"]
     assert engine.poll(0.0) == []  # nothing answered twice
+
+
+def test_the_guard_is_told_how_long_a_decoding_stream_has_gone_without_a_token(guarded_engine):
+    """A stalled server shows in the batch's own streams before any answer ends: the guard hears of
+    it at each scrape, and of none once the stream moved on."""
+    engine, guard, script = guarded_engine(1)
+    try:
+        engine.submit([EngineRequest(1, "stall 1")])
+        found = results_of(engine, 1)
+        assert 1.0 <= max(guard.silences) <= STALL_S + 0.5  # scraped every 0.1 s during the 1.5 s stall
+        wait_until(lambda: guard.silences[-1] == 0.0, timeout_s=2.0)  # the stream ended: nothing decoding
+    finally:
+        engine.stop()
+    assert found[1].texts == ("aa",)
 
 
 def test_requests_held_by_a_cut_end_with_a_stop_and_leave_nothing_counted(guarded_engine):

@@ -15,8 +15,6 @@ from batchllm.engines.endpoint.latency_window import WindowLatency
 
 SERVER_METRICS = "server metrics"
 OWN_REQUESTS = "own requests"
-MEASURING_BASELINE = "measuring baseline"
-GUARDING = "guarding"
 
 
 @dataclass(frozen=True)
@@ -31,12 +29,14 @@ class GuardReading:
     ttft_target_s: float | None
     itl_target_s: float | None
     basis: str  # "server metrics" or "own requests"
-    phase: str  # "measuring baseline" or "guarding"
+    phase: str  # a GuardPhase's value: "measuring baseline", "waiting", "slow start", "guarding", "draining a cut"
+    why: str | None = None  # waiting: why the batch waits
 
     def describe(self) -> str:
-        """`in flight <= 12; online p99 TTFT 0.21 s (target 0.25), inter-token 31 ms (target 40)`."""
+        """`in flight <= 12; online p99 TTFT 0.21 s (target 0.25), inter-token 31 ms (target 40)`, the
+        phase in front unless it is plain guarding."""
         def target(value: float | None, scale: float, digits: int) -> str:
-            if self.phase == MEASURING_BASELINE:
+            if self.phase == "measuring baseline" and self.ttft_target_s is None and self.itl_target_s is None:
                 return ""
             return " (no target)" if value is None else f" (target {value * scale:.{digits}f})"
 
@@ -45,7 +45,9 @@ class GuardReading:
         who = "online" if self.basis == SERVER_METRICS else "own"
         text = (f"in flight <= {self.allowed}; {who} p99 TTFT {ttft}{target(self.ttft_target_s, 1, 2)}, "
                 f"inter-token {itl}{target(self.itl_target_s, 1000, 0)}")
-        return f"{MEASURING_BASELINE}; {text}" if self.phase == MEASURING_BASELINE else text
+        if self.phase == "waiting":
+            return f"waiting ({self.why}; 1 in flight only while no online request runs); {text}"
+        return text if self.phase in ("guarding", "slow start") else f"{self.phase}; {text}"
 
 
 @dataclass(frozen=True)
@@ -70,13 +72,10 @@ class GuardTargets:
                 raise ValueError(f"need 0 <= growth bound <= ease bound <= target, got {grow!r}, {ease!r}, {target!r}")
 
     def lets_grow(self, latency: WindowLatency) -> bool:
-        """Each p99 is under its growth bound: its value is, or all that is known of it is a histogram
-        bucket that holds the growth bound and lies under the ease bound. vLLM's TTFT bucket from 100
-        to 250 ms and its inter-token one from 100 to 150 ms are wider than the band, and the p99 of a
-        light load's few observations sits near the top of its bucket: interpolated, it would hold the
-        batch back whenever one online request was a little slow."""
-        return (_under_growth_bound(latency.ttft_p99_s, latency.ttft_p99_bucket_s, self.ttft_grow_under_s, self.ttft_ease_over_s)
-                and _under_growth_bound(latency.itl_p99_s, latency.itl_p99_bucket_s, self.itl_grow_under_s, self.itl_ease_over_s))
+        """Each p99 with a bound is known and under its growth bound (interpolated in its histogram
+        bucket where that is all there is: stop 37 let a bucket that merely held the growth bound
+        count as under it, and growth on a p99 interpolated over the bound is growth without evidence)."""
+        return (_under(latency.ttft_p99_s, self.ttft_grow_under_s) and _under(latency.itl_p99_s, self.itl_grow_under_s))
 
     @classmethod
     def from_slo(cls, slo: LatencySlo, grow_below: float, ease_above: float) -> GuardTargets:
@@ -99,11 +98,5 @@ class GuardTargets:
                    margin(ttft_p99_s, 0.75), margin(itl_p99_s, 0.75))
 
 
-def _under_growth_bound(p99_s: float | None, bucket_s: tuple[float, float] | None, grow_under_s: float | None,
-                        ease_over_s: float | None) -> bool:
-    if grow_under_s is None or p99_s is None or p99_s < grow_under_s:
-        return True
-    if bucket_s is None or ease_over_s is None:
-        return False
-    lower_s, upper_s = bucket_s
-    return lower_s < grow_under_s and upper_s <= ease_over_s
+def _under(p99_s: float | None, bound_s: float | None) -> bool:
+    return bound_s is None or (p99_s is not None and p99_s < bound_s)

@@ -2,7 +2,8 @@
 OpenAI calls (so a stopped run aborts them on the server), results come back as they end.
 
 How many run at once is the latency guard's call (`in_flight_limit`), read from the
-server's metrics every SCRAPE_S beside its online traffic. When the guard cuts below what is
+server's metrics every SCRAPE_S beside its online traffic, and from how long the quietest of its
+own decoding streams has gone without a token (a stalled server shows there before any answer ends). When the guard cuts below what is
 on the server, the youngest calls over its allowance are aborted at once (they have done the
 least) and held here until it allows them again, then sent anew: a cut takes effect in a
 scrape, not after the calls in flight end (~one answer's time, when online latency is already
@@ -68,6 +69,7 @@ class EndpointEngine:
         self._held = 0  # of those, aborted by a cut and waiting to be allowed again
         self._calls: dict[int | str, tuple[float, asyncio.Task]] = {}  # request id -> (sent at, its call): on the server; loop thread only
         self._cut_back: set[int | str] = set()  # request ids whose call a cut aborted; loop thread only
+        self._last_token_at: dict[int | str, float] = {}  # request id -> when its stream last brought tokens; loop thread only
         self._lock = threading.Lock()
         self._guard = guard or LatencyGuard(self.endpoint.slo, self.endpoint.max_in_flight)
         self._ready = WorkerReady(load_time_s=0.0, kv_capacity_tokens=0, block_size_tokens=16,
@@ -279,6 +281,7 @@ class EndpointEngine:
                 if not tokens:
                     continue
                 now = time.monotonic()
+                self._last_token_at[request.request_id] = now
                 if last is None:  # a first chunk of k tokens: the first token, then k - 1 gaps of next to nothing
                     self._own_timings(now, now - sent, [0.0] * (tokens - 1))
                 else:  # k tokens in one chunk: the server saw k gaps, the client one
@@ -288,6 +291,7 @@ class EndpointEngine:
                     self._own_timings(now, None, gaps)
                     reported, gaps = now, []
         finally:
+            self._last_token_at.pop(request.request_id, None)
             await stream.close()
         if gaps:
             self._own_timings(time.monotonic(), None, gaps)
@@ -305,9 +309,12 @@ class EndpointEngine:
         loop = asyncio.get_running_loop()
         while True:
             snapshot = await loop.run_in_executor(None, scrape, self._metrics, url, time.monotonic())
-            if snapshot is not None:
-                with self._lock:
+            now = time.monotonic()
+            silent_s = max((now - at for at in self._last_token_at.values()), default=0.0)
+            with self._lock:
+                if snapshot is not None:
                     self._guard.observe_server(snapshot)
+                self._guard.observe_silence(now, silent_s)
             self._cut_back_youngest()
             await asyncio.sleep(SCRAPE_S)
 

@@ -1,0 +1,235 @@
+"""What a stretch of a shared server's life shows the latency guard, and the verdict it gives.
+
+`ServerHistory` keeps the snapshots of the last `max_window_s` with the batch's count in flight
+at each, and reads a window of them as `WindowEvidence`: the online traffic's p99s (the server's
+histograms less the batch's own timings; inter-token from the batch's own gaps beside online
+requests), whether online requests were there at all, and the server's own signs of overload.
+`judge` turns evidence into a `Verdict`.
+
+Invariant: growth needs positive evidence, and a cut sure evidence of an excess (a first-token
+p99 over its target, interpolated in its bucket: there is nothing surer of it; an inter-token one
+for sure, or a silence). A window grows the batch only when it holds enough
+online observations under the growth bounds, or shows the server with no request but the
+batch's in every snapshot. Silence is not room: online requests on the server with too few
+observations of them hold the level, and the batch's own streams going without a token while
+online requests are there count as a gap at least that long (right-censored), which cuts.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+
+from batchllm.engines.endpoint.guard_policy import GuardPolicy, Verdict
+from batchllm.engines.endpoint.guard_targets import OWN_REQUESTS, SERVER_METRICS, GuardTargets
+from batchllm.engines.endpoint.latency_window import (OwnTimings, WindowLatency, exactly, online_latency, own_latency, server_latency,
+                                                      weighted_p99)
+from batchllm.engines.endpoint.server_metrics import MetricsSnapshot
+
+
+@dataclass(frozen=True)
+class WindowEvidence:
+    basis: str  # SERVER_METRICS: the online traffic's latency; OWN_REQUESTS: the batch's own (no metrics)
+    span_s: float  # how long a stretch it is over
+    latency: WindowLatency
+    online_seen: bool  # online requests were on the server (always assumed on the batch's own timings)
+    preempted: bool
+    kv_usage: float | None
+    waiting: float | None
+    queue_held: bool  # requests waited in the newest snapshot and the one before
+    running: float | None
+    silent_s: float  # the longest any of the batch's decoding streams has now gone without a token
+    idle_s: float = 0.0  # how long, up to now, the server held nothing but the batch's requests (whatever `since_s`)
+
+    def idle(self, policy: GuardPolicy) -> bool:
+        """The server held nothing but the batch's requests for a whole window: an online request
+        that comes finds the batch at a level the window showed harmless to nobody, but not one grown
+        in the lull between two online requests."""
+        return self.basis == SERVER_METRICS and self.idle_s >= policy.window_s
+
+    @property
+    def saturated(self) -> bool:
+        """The server itself says it is full: it preempted, or requests waited in two scrapes in a row."""
+        return self.preempted or self.queue_held
+
+
+def excess(evidence: WindowEvidence, targets: GuardTargets, policy: GuardPolicy, *, ease: bool = False) -> str | None:
+    """What in the evidence is over its target (`ease`: over its ease bound), in words; None: nothing.
+    A first-token p99 counts as interpolated in its bucket (nothing surer is known of it), an
+    inter-token one only when it is over for sure, a silence of the batch's streams beside online
+    requests as a gap at least that long; the server's preemptions, queue and KV use count too."""
+    latency, t = evidence.latency, targets
+    ttft_bound, itl_bound = (t.ttft_ease_over_s, t.itl_ease_over_s) if ease else (t.ttft_target_s, t.itl_target_s)
+    silent_s = evidence.silent_s if evidence.online_seen else None
+    bound = "ease bound" if ease else "target"
+    if latency.ttft_p99_s is not None and ttft_bound is not None and latency.ttft_p99_s > ttft_bound:
+        return f"online p99 TTFT {latency.ttft_p99_s:.2f} s over its {bound} {ttft_bound:.2f} s"
+    if _surely_above(latency.itl_p99_s, latency.itl_p99_bucket_s, itl_bound):
+        assert latency.itl_p99_s is not None and itl_bound is not None
+        return f"online p99 inter-token {latency.itl_p99_s * 1000:.0f} ms over its {bound} {itl_bound * 1000:.0f} ms"
+    if silent_s is not None and itl_bound is not None and silent_s > itl_bound:
+        return f"a batch stream silent for {silent_s:.1f} s beside online requests, over the inter-token {bound} {itl_bound * 1000:.0f} ms"
+    if evidence.preempted:
+        return "the server preempted requests"
+    if evidence.queue_held:
+        return "requests waited on the server in two scrapes in a row"
+    if not ease and evidence.kv_usage is not None and evidence.kv_usage > policy.kv_usage_cut:
+        return f"KV cache {evidence.kv_usage:.0%} full"
+    return None
+
+
+def judge(evidence: WindowEvidence, targets: GuardTargets, policy: GuardPolicy) -> Verdict:
+    """CUT over a target (or on the server's signs of overload), EASE over the ease bound, GROW on
+    positive evidence of room once the stretch is `judge_after_s` long, else HOLD."""
+    if excess(evidence, targets, policy) is not None:
+        return Verdict.CUT
+    if evidence.span_s < policy.judge_after_s:
+        return Verdict.HOLD
+    if excess(evidence, targets, policy, ease=True) is not None:
+        return Verdict.EASE
+    kv, latency, t = evidence.kv_usage, evidence.latency, targets
+    if (evidence.waiting or 0) > 0 or (kv is not None and kv > policy.kv_usage_grow):
+        return Verdict.HOLD
+    if evidence.idle(policy):
+        return Verdict.GROW
+    enough = ((t.ttft_target_s is None or latency.ttft_count >= policy.min_observations)
+              and (t.itl_target_s is None or latency.itl_count >= policy.min_observations))
+    silent_s = evidence.silent_s if evidence.online_seen else None
+    if enough and t.lets_grow(latency) and not _above(silent_s, t.itl_grow_under_s):
+        return Verdict.GROW
+    return Verdict.HOLD
+
+
+class ServerHistory:
+    """The snapshots of the last `max_window_s` (and one before), each with the batch's count in flight then."""
+
+    def __init__(self, policy: GuardPolicy) -> None:
+        self.policy = policy
+        self._kept: deque[tuple[MetricsSnapshot, int]] = deque()
+        self.seen = 0  # snapshots so far
+        self.first_with_latency: MetricsSnapshot | None = None
+
+    def add(self, snapshot: MetricsSnapshot, batch_in_flight: int) -> None:
+        if self._kept and snapshot.at_s < self._kept[-1][0].at_s:
+            raise ValueError(f"snapshot at_s {snapshot.at_s!r} is before the previous one's, {self._kept[-1][0].at_s!r}")
+        self._kept.append((snapshot, batch_in_flight))
+        self.seen += 1
+        if self.first_with_latency is None and snapshot.ttft is not None:
+            self.first_with_latency = snapshot
+        while len(self._kept) > 1 and self._kept[1][0].at_s <= snapshot.at_s - self.policy.max_window_s:
+            self._kept.popleft()
+
+    @property
+    def oldest_at_s(self) -> float | None:
+        return self._kept[0][0].at_s if self._kept else None
+
+    def fresh(self, now_s: float) -> MetricsSnapshot | None:
+        """The newest snapshot, if it is at most a window old."""
+        if self._kept and now_s - self._kept[-1][0].at_s <= self.policy.window_s:
+            return self._kept[-1][0]
+        return None
+
+    def others_now(self, now_s: float) -> float | None:
+        """Requests on the server, in the fresh snapshot, that are not the batch's."""
+        fresh = self.fresh(now_s)
+        return None if fresh is None else _others(fresh, self._kept[-1][1])
+
+    def evidence(self, now_s: float, since_s: float, own: OwnTimings, silent_s: float) -> WindowEvidence | None:
+        """What the last `window_s` showed, from `since_s` at the earliest; widened back (up to
+        `max_window_s`, not before `since_s`) while online requests were there and fewer than
+        `min_observations` of their first tokens came. None without a fresh snapshot and one before it."""
+        newest = self.fresh(now_s)
+        if newest is None or newest.ttft is None:
+            return None
+        earlier = [s for s, _ in self._kept if since_s <= s.at_s < newest.at_s]
+        if not earlier:
+            return None
+        horizon = [s for s in earlier if s.at_s <= newest.at_s - self.policy.window_s]
+        start = horizon[-1] if horizon else earlier[0]
+        if self._online_first_tokens(start, newest, own) < self.policy.min_observations:
+            wider = [s for s in earlier if s.at_s < start.at_s]
+            while wider and self._online_first_tokens(start, newest, own) < self.policy.min_observations:
+                start = wider.pop()
+        latency, online_seen = self._online(start, newest, own)
+        if not online_seen and start is not (horizon[-1] if horizon else earlier[0]):  # widened for nothing: no online request
+            start = horizon[-1] if horizon else earlier[0]
+            latency, online_seen = self._online(start, newest, own)
+        window = [(s, batch) for s, batch in self._kept if start.at_s <= s.at_s <= newest.at_s]
+        previous = window[-2][0] if len(window) > 1 else None
+        preempted = newest.preemptions is not None and start.preemptions is not None and newest.preemptions > start.preemptions
+        return WindowEvidence(SERVER_METRICS, newest.at_s - start.at_s, latency, online_seen, preempted, newest.kv_usage, newest.waiting,
+                              queue_held=newest.waiting > 0 and previous is not None and previous.waiting > 0, running=newest.running,
+                              silent_s=silent_s, idle_s=self._idle_s(own))
+
+    def _idle_s(self, own: OwnTimings) -> float:
+        """How long back from the newest snapshot every snapshot showed no request but the batch's,
+        and no first token came that was not the batch's."""
+        kept = list(self._kept)
+        newest, _ = kept[-1]
+        if _others(*kept[-1]) > 0:
+            return 0.0
+        since = newest
+        for (before, batch), (after, _) in zip(reversed(kept[:-1]), reversed(kept[1:])):
+            came = (after.ttft.count - before.ttft.count if after.ttft and before.ttft else 0) - len(own.ttfts_s(before.at_s, after.at_s))
+            if _others(before, batch) > 0 or came > 0:
+                break
+            since = before
+        return newest.at_s - since.at_s
+
+    @staticmethod
+    def _online_first_tokens(start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings) -> float:
+        """First tokens the server counted between the two, less the batch's own."""
+        if start.ttft is None or end.ttft is None:
+            return 0.0
+        return end.ttft.count - start.ttft.count - len(own.ttfts_s(start.at_s, end.at_s))
+
+    def _online(self, start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings) -> tuple[WindowLatency, bool]:
+        """The online p99s of the window and whether online requests were there. TTFT: the server's
+        minus the batch's own (one each per request). Inter-token: the batch's own gaps in the
+        stretches between snapshots that showed online requests, when there are `own_gaps_min` of
+        them: they decode in the same steps as the online ones, so they wait the same gaps, where
+        vLLM's histogram has one bucket from 100 to 150 ms, often around a target. Each gap weighs
+        the online requests per batch request in its stretch: a step is one gap to each request in
+        it, and a burst of online work gives the online traffic many gaps where the batch's few
+        requests see each step once. Else the server's over all requests."""
+        online = online_latency(start, end, own)
+        shown = [(s.at_s, _others(s, batch), batch) for s, batch in self._kept if start.at_s <= s.at_s <= end.at_s]
+        online_seen = online.ttft_count > 0 or any(others > 0 for _, others, _ in shown)
+        if not online_seen:
+            return replace(online, itl_p99_s=None, itl_count=0, itl_p99_bucket_s=None), False
+        beside = [(before_s, after_s, (others_before + others_after) / 2 / max(1.0, (batch_before + batch_after) / 2))
+                  for (before_s, others_before, batch_before), (after_s, others_after, batch_after) in zip(shown, shown[1:])
+                  if others_before > 0 or others_after > 0]
+        gaps = own.gaps_within(beside)
+        if len(gaps) >= self.policy.own_gaps_min:
+            p99_s = weighted_p99(gaps)
+            return replace(online, itl_p99_s=p99_s, itl_count=len(gaps), itl_p99_bucket_s=exactly(p99_s)), True
+        everyone = server_latency(start, end)
+        return replace(online, itl_p99_s=everyone.itl_p99_s, itl_count=everyone.itl_count, itl_p99_bucket_s=everyone.itl_p99_bucket_s), True
+
+
+def own_evidence(own: OwnTimings, now_s: float, since_s: float, window_s: float, silent_s: float) -> WindowEvidence:
+    """The batch's own latency over the last window (no server metrics): online traffic is assumed there."""
+    from_s = max(now_s - window_s, since_s)
+    return WindowEvidence(OWN_REQUESTS, now_s - from_s, own_latency(own, from_s, now_s), online_seen=True, preempted=False,
+                          kv_usage=None, waiting=None, queue_held=False, running=None, silent_s=silent_s)
+
+
+def _others(snapshot: MetricsSnapshot, batch_in_flight: int) -> float:
+    """The requests the server held that were not the batch's when it was scraped (waiting ones
+    included: they decode soon)."""
+    return max(0.0, snapshot.running + snapshot.waiting - batch_in_flight)
+
+
+def _above(value_s: float | None, bound_s: float | None) -> bool:
+    return value_s is not None and bound_s is not None and value_s > bound_s
+
+
+def _surely_above(p99_s: float | None, bucket_s: tuple[float, float] | None, bound_s: float | None) -> bool:
+    """The p99 is over the bound for sure: its exact value is, or the whole histogram bucket it lies in
+    (lower, upper] is. The inter-token histogram's buckets (25-50 ms, 100-150 ms) hold the targets,
+    and an interpolated p99 inside one says nothing the batch's own exact gaps will not say within
+    seconds of it running; until then the guard holds."""
+    if bucket_s is None or bucket_s[0] == bucket_s[1]:
+        return _above(p99_s, bound_s)
+    return bound_s is not None and bucket_s[0] >= bound_s

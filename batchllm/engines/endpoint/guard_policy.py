@@ -1,0 +1,137 @@
+"""The latency guard's rules as data: its tuned numbers (`GuardPolicy`, each with what set it),
+its phases, the verdicts a window of evidence gives, and the transition table between them.
+
+Invariant: the guard changes its allowance only by `TRANSITIONS`: a phase and a verdict give
+the next phase and the one change of the allowance that goes with it. A phase is the single
+truth of what the guard is doing; nothing is implied by a missing value.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GuardPolicy:
+    """Every number the guard runs on. Production uses the defaults; tests build it the same way."""
+
+    # p99s over the last 10 s: vLLM's own progress log period; a level shows itself within it.
+    window_s: float = 10.0
+    # A window without `min_observations` online ones widens back up to this: an online request on a
+    # slow server (one AVX2 core: 2-5 s to first token alone, answers of 20-60 s) outlasts 10 s.
+    max_window_s: float = 60.0
+    # The online traffic alone, before any batch request: 8 s held a light load's ~10 first tokens.
+    baseline_s: float = 8.0
+    # Observations a p99 needs before the guard grows on it (5 online first tokens: a p99 of fewer
+    # is one request's luck); also the first tokens a baseline at concurrency 1 takes.
+    min_observations: int = 5
+    # The batch's own token gaps beside online requests that make the online inter-token p99 (fewer:
+    # the server's histogram): 20 gaps are half a second of one stream at 25 ms a token, 20 s at 1 s;
+    # a nearest-rank p99 of fewer than 100 is their largest, which errs toward a cut.
+    own_gaps_min: int = 20
+    # A level (or a cut) is judged on what it showed itself once it ran this long: judged on a window
+    # still full of the previous level, the guard grew past the right level (stop 36's runs).
+    judge_after_s: float = 2.0
+    # A cut halves (as TCP does); growth doubles until the first cut or ease-off, then adds one (10 %
+    # from 20 up).
+    cut_factor: float = 0.5
+    # The band below an SLO target: grow under 0.75 x it, ease off by one over 0.9 x it (0.6 left
+    # half the batch on the table; 0.9 alone broke 2 of 5 windows in stop 36's runs).
+    grow_below: float = 0.75
+    ease_above: float = 0.9
+    # KV use: a server at 95 % preempts soon; growth stops at 90 %.
+    kv_usage_cut: float = 0.95
+    kv_usage_grow: float = 0.9
+
+    def __post_init__(self) -> None:
+        for name in ("window_s", "baseline_s", "judge_after_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if not self.window_s <= self.max_window_s:
+            raise ValueError(f"max_window_s must be >= window_s {self.window_s!r}, got {self.max_window_s!r}")
+        if not self.judge_after_s <= self.window_s:
+            raise ValueError(f"judge_after_s must be in (0, window_s {self.window_s!r}] (a level is judged inside the window), "
+                             f"got {self.judge_after_s!r}")
+        if not (self.min_observations >= 1 and self.own_gaps_min >= 1):
+            raise ValueError(f"min_observations and own_gaps_min must be >= 1, got {self.min_observations!r}, {self.own_gaps_min!r}")
+        if not 0 < self.cut_factor < 1:
+            raise ValueError(f"cut_factor must be in (0, 1), got {self.cut_factor!r}")
+        if not 0 < self.grow_below <= self.ease_above <= 1:
+            raise ValueError(f"need 0 < grow_below <= ease_above <= 1, got grow_below {self.grow_below!r}, "
+                             f"ease_above {self.ease_above!r}")
+        if not 0 < self.kv_usage_grow <= self.kv_usage_cut <= 1:
+            raise ValueError(f"need 0 < kv_usage_grow <= kv_usage_cut <= 1, got {self.kv_usage_grow!r}, {self.kv_usage_cut!r}")
+
+
+class GuardPhase(enum.Enum):
+    BASELINE = "measuring baseline"  # 0 in flight: what the online traffic shows alone
+    WAITING = "waiting"  # over target (or saturated) alone: 0 in flight, 1 while no online request is there
+    SLOW_START = "slow start"  # guarding; growth doubles
+    STEADY = "guarding"  # guarding; growth adds one, an excess eases off by one
+    DRAINING = "draining a cut"  # a cut: until the batch is down to its allowance
+
+
+GUARDING_PHASES = frozenset({GuardPhase.SLOW_START, GuardPhase.STEADY, GuardPhase.DRAINING})
+
+
+class Verdict(enum.Enum):
+    """What a window of evidence says of the level the batch runs at."""
+
+    CUT = "cut"  # a p99 over its target, a silence over the inter-token target, a preemption, a queue, KV nearly full
+    EASE = "ease off"  # a p99 (or a silence) over its ease bound
+    GROW = "grow"  # positive evidence of room: enough online observations under the growth bounds, or no online traffic
+    HOLD = "hold"  # inside the band, or too little evidence to say
+    # online requests are on the server again after a lull the batch grew in: back at once to the
+    # level last judged beside them (the lull's growth was judged harmless to nobody, not to them)
+    RETURN = "return"
+
+
+@dataclass(frozen=True)
+class Levels:
+    """What an allowance changes from: the present one, and the last one judged beside online requests."""
+
+    allowed: int
+    beside_online: int
+
+
+def _halve(levels: Levels, policy: GuardPolicy) -> int:
+    return math.floor(levels.allowed * policy.cut_factor)
+
+
+def _one_less(levels: Levels, policy: GuardPolicy) -> int:
+    return max(1, levels.allowed - 1) if levels.allowed > 0 else 0
+
+
+def _double(levels: Levels, policy: GuardPolicy) -> int:
+    return max(1, 2 * levels.allowed)
+
+
+def _one_more(levels: Levels, policy: GuardPolicy) -> int:
+    return levels.allowed + max(1, levels.allowed // 10)
+
+
+def _same(levels: Levels, policy: GuardPolicy) -> int:
+    return levels.allowed
+
+
+def _beside_online(levels: Levels, policy: GuardPolicy) -> int:
+    return min(levels.allowed, levels.beside_online)
+
+
+# (phase, verdict) -> (next phase, the allowance's change, before `max_in_flight` caps it). The
+# guarding phases only: BASELINE and WAITING end by what the online traffic shows alone, DRAINING
+# when the batch came down (both in `LatencyGuard`).
+TRANSITIONS = {
+    (GuardPhase.SLOW_START, Verdict.CUT): (GuardPhase.DRAINING, _halve),
+    (GuardPhase.SLOW_START, Verdict.RETURN): (GuardPhase.DRAINING, _beside_online),
+    (GuardPhase.SLOW_START, Verdict.EASE): (GuardPhase.STEADY, _one_less),
+    (GuardPhase.SLOW_START, Verdict.GROW): (GuardPhase.SLOW_START, _double),
+    (GuardPhase.SLOW_START, Verdict.HOLD): (GuardPhase.SLOW_START, _same),
+    (GuardPhase.STEADY, Verdict.CUT): (GuardPhase.DRAINING, _halve),
+    (GuardPhase.STEADY, Verdict.RETURN): (GuardPhase.DRAINING, _beside_online),
+    (GuardPhase.STEADY, Verdict.EASE): (GuardPhase.STEADY, _one_less),
+    (GuardPhase.STEADY, Verdict.GROW): (GuardPhase.STEADY, _one_more),
+    (GuardPhase.STEADY, Verdict.HOLD): (GuardPhase.STEADY, _same),
+}

@@ -1,0 +1,180 @@
+"""A scripted server for the latency guard's tests: continuous batching on a fake clock, online
+and batch requests in the same steps, histograms and gauges as vLLM's /metrics shows them, and
+a batch client driven as the endpoint engine drives one (scrapes every second, its streams'
+timings every half second, the youngest aborted over a cut). A test fake, never a product path.
+
+A step takes `step_s(n)` for n running requests and gives each one token (the first token of a
+new request comes with the step that admits it, or `online_prefill_steps` later); online requests go first (priority
+scheduling), at most `max_num_seqs` run, the rest wait.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from batchllm.engines.endpoint.latency_guard import LatencyGuard
+from batchllm.engines.endpoint.latency_window import p99_of
+from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
+
+# vLLM's own bucket bounds (vllm/v1/metrics/loggers.py) for time to first token and inter-token latency.
+TTFT_BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+               160.0, 640.0, 2560.0, math.inf)
+ITL_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, math.inf)
+SCRAPE_S, OWN_TIMINGS_S = 1.0, 0.5  # as the endpoint engine
+
+
+@dataclass
+class Request:
+    online: bool
+    sent_s: float
+    tokens: int  # to generate
+    prefill_steps: int = 1  # steps before its first token (a long prompt in chunks)
+    first_s: float | None = None
+    last_s: float | None = None
+    gaps_s: list[tuple[float, float]] = field(default_factory=list)  # (ended at, gap)
+    reported_gaps: int = 0
+    ttft_reported: bool = False
+
+    @property
+    def done(self) -> bool:
+        return len(self.gaps_s) + (self.first_s is not None) >= self.tokens
+
+
+@dataclass(frozen=True)
+class Scenario:
+    step_s: Callable[[int], float]
+    online_arrivals_s: tuple[float, ...]
+    online_tokens: int
+    online_prefill_steps: int = 1
+    batch_tokens: int = 64
+    max_num_seqs: int = 256
+    metrics_until_s: float = math.inf  # the server stops answering /metrics then
+
+
+@dataclass
+class Trace:
+    online: list[Request]
+    batch_while_online: list[int]  # the batch's requests on the server at each step where online requests were there
+    allowed: list[tuple[float, int]]  # (at, the guard's allowance) after each step
+    batch_tokens: int
+
+    def online_p99s(self, from_s: float, until_s: float) -> tuple[float | None, float | None]:
+        """The online requests' own p99 TTFT (those sent in the stretch) and inter-token latency (gaps that ended in it)."""
+        ttfts = [r.first_s - r.sent_s for r in self.online if r.first_s is not None and from_s <= r.sent_s < until_s]
+        gaps = [gap for r in self.online for at, gap in r.gaps_s if from_s <= at < until_s]
+        return p99_of(ttfts), p99_of(gaps)
+
+
+class ScriptedServer:
+    def __init__(self, scenario: Scenario):
+        self.scenario = scenario
+        self.running: list[Request] = []
+        self.waiting: list[Request] = []
+        self.ttft = [0.0] * len(TTFT_BOUNDS)
+        self.itl = [0.0] * len(ITL_BOUNDS)
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def abort(self, request: Request) -> None:
+        for queue in (self.running, self.waiting):
+            if request in queue:
+                queue.remove(request)
+
+    def step(self, now_s: float) -> float:
+        """One iteration from `now_s`: when it ends."""
+        self.waiting.sort(key=lambda r: (not r.online, r.sent_s))
+        while self.waiting and len(self.running) < self.scenario.max_num_seqs:
+            self.running.append(self.waiting.pop(0))
+        if not self.running:
+            return now_s + 0.05
+        end_s = now_s + self.scenario.step_s(len(self.running))
+        for request in self.running:
+            if request.prefill_steps > 1:
+                request.prefill_steps -= 1
+            elif request.first_s is None:
+                request.first_s = end_s
+                self.ttft[bisect.bisect_left(TTFT_BOUNDS, end_s - request.sent_s)] += 1
+            else:
+                assert request.last_s is not None
+                request.gaps_s.append((end_s, end_s - request.last_s))
+                self.itl[bisect.bisect_left(ITL_BOUNDS, end_s - request.last_s)] += 1
+            request.last_s = end_s
+        self.running = [r for r in self.running if not r.done]
+        return end_s
+
+    def snapshot(self, at_s: float) -> MetricsSnapshot:
+        return MetricsSnapshot(at_s=at_s, server_kind="vllm", running=float(len(self.running)), waiting=float(len(self.waiting)),
+                               kv_usage=0.3, preemptions=0.0, generation_tokens=None,
+                               ttft=Histogram.from_bucket_counts(TTFT_BOUNDS, self.ttft),
+                               itl=Histogram.from_bucket_counts(ITL_BOUNDS, self.itl))
+
+
+def run(scenario: Scenario, guard: LatencyGuard | None, duration_s: float) -> Trace:
+    """The scenario for `duration_s`, with a batch under `guard` (None: the online traffic alone)."""
+    server = ScriptedServer(scenario)
+    arrivals = list(scenario.online_arrivals_s)
+    online: list[Request] = []
+    batch: list[Request] = []  # on the server, oldest first
+    trace = Trace(online, [], [], 0)
+    now_s, next_scrape_s, next_report_s = 0.0, 0.0, OWN_TIMINGS_S
+    while now_s < duration_s:
+        while arrivals and arrivals[0] <= now_s:
+            request = Request(True, arrivals.pop(0), scenario.online_tokens, scenario.online_prefill_steps)
+            online.append(request)
+            server.add(request)
+        if guard is not None:
+            while len(batch) < guard.allowed(now_s, len(batch)):
+                batch.append(Request(False, now_s, scenario.batch_tokens))
+                server.add(batch[-1])
+        if any(r.online for r in server.running + server.waiting):
+            trace.batch_while_online.append(len(batch))
+        now_s = server.step(now_s)
+        if guard is None:
+            continue
+        for request in [r for r in batch if not r.ttft_reported and r.first_s is not None]:
+            _report(guard, request, now_s)  # a first token is told at once, as the endpoint engine does
+        for request in [r for r in batch if r.done]:
+            _report(guard, request, now_s)
+            batch.remove(request)
+            trace.batch_tokens += request.tokens
+        if now_s >= next_report_s:
+            for request in batch:
+                _report(guard, request, now_s)
+            next_report_s = now_s + OWN_TIMINGS_S
+        if now_s >= next_scrape_s:
+            if now_s < scenario.metrics_until_s:
+                guard.observe_server(server.snapshot(now_s))
+            decoding = [now_s - r.last_s for r in batch if r.first_s is not None and r.last_s is not None]
+            guard.observe_silence(now_s, max(decoding, default=0.0))
+            for request in batch[guard.allowed(now_s, len(batch)):][::-1]:  # the youngest over the allowance
+                server.abort(request)
+                batch.remove(request)
+            next_scrape_s = now_s + SCRAPE_S
+        trace.allowed.append((now_s, guard.allowed(now_s, len(batch))))
+    return trace
+
+
+def _report(guard: LatencyGuard, request: Request, now_s: float) -> None:
+    """What the batch's stream saw since its last report: its first token, and the gaps since."""
+    if request.first_s is None:
+        return
+    ttft_s = None if request.ttft_reported else request.first_s - request.sent_s
+    gaps = [gap for _, gap in request.gaps_s[request.reported_gaps:]]
+    if ttft_s is None and not gaps:
+        return
+    guard.observe_own(now_s, ttft_s, gaps)
+    request.ttft_reported, request.reported_gaps = True, len(request.gaps_s)
+
+
+def poisson(rate_per_s: float, until_s: float, seed: int, from_s: float = 0.0) -> tuple[float, ...]:
+    """Arrival times of a Poisson stream (a seeded generator: the same times for every run)."""
+    import random
+
+    rng, at, times = random.Random(seed), from_s, []
+    while (at := at + rng.expovariate(rate_per_s)) < until_s:
+        times.append(at)
+    return tuple(times)
