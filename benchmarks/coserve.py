@@ -1,35 +1,77 @@
 """A batch beside an online service on one shared vLLM server: does the online traffic keep
-its latency, and how much batch work gets done?
+its latency, and how much batch work gets done? Over a matrix of online loads and servers.
 
-    .venv/bin/python benchmarks/coserve.py [--phase-s 60] [--quick] [--port 8431] [--out FILE]
+    .venv/bin/python benchmarks/coserve.py [--scenarios a,b,c,d,e] [--quick] [--phase-s S] [--port 8431] [--out FILE]
 
 One real vLLM OpenAI server (`python -m vllm.entrypoints.openai.api_server`, priority
-scheduling, `--max-num-seqs` 128 = vLLM's CPU default) serves the embedded model
-(smollm2-135m) on ONE core (`--server-core`, default 0). This process, the batch clients
-and batchllm run on the other core (`--client-core`, default 1). Everything talks over
-127.0.0.1.
+scheduling) serves the embedded model (smollm2-135m) on ONE core (`--server-core`, default 0).
+This process, the batch clients and batchllm run on the other core (`--client-core`, default
+1). Everything talks over 127.0.0.1.
+
+Scenarios (`--scenarios`, letters or names, default all five), run back to back, each with
+its own alone side; the scenarios of one server configuration share one start of it (the
+tuned server for a-d, then the untuned one for e):
+
+    a  light-heavy-light  tuned server; online light, heavy, light again (`--phase-s` each)
+    b  saturated          tuned; one steady rate at which alone's inter-token p50 is >= 10x idle
+    c  long-answers       tuned; every answer longer than the guard's 10 s window, a low rate
+    d  bursts             tuned; the light rate, and 10x it for 5 s in the middle of every window
+    e  untuned            a server with no tuning flags (vLLM's prefill chunk of 2048 tokens on
+                          CPUs, its max_num_seqs of 128): light-heavy-light as in a
+
+The tuned server prefills in chunks of CHUNK_TOKENS a step (`--max-num-batched-tokens`) and
+runs `--max-num-seqs` (128 = vLLM's CPU default) at once. With vLLM's CPU default chunk of
+2048, one long batch prompt's prefill stalls every online request decoding beside it for that
+step: in a quick run on a loaded machine, one batch request in flight took the heavy-phase ITL
+p99 from 0.20 s (alone) to 1.6 s, so no batch at all would keep the SLO there (scenario e).
+
+Sizing: no load is a fixed number of requests/s; each is sized from what the server shows, so
+the matrix keeps its meaning on a host 10-15x slower (AVX-512+BF16 or AVX2 only: nothing
+assumed). After its warm-up each server answers IDLE_REQUESTS lone online requests, one after
+another: the idle TTFT p50, inter-token p50 and request time (p50, send to last token).
+
+    a, d, e  rates are loads over the idle request time: a load is the online requests in
+             flight if each took its idle time. Light LIGHT_LOAD (0.8), heavy HEAVY_LOAD (2.4):
+             about the former fixed 1 and 3 requests/s on the 2-core AVX2 machine of
+             benchmarks/results (0.8 s a lone request). Bursts (d): BURST_FACTOR (10) x light
+             for BURST_S (5 s) in the middle of every window, light otherwise.
+    b        the smallest probed rate whose alone inter-token p50 is >= SATURATION_FACTOR (10)
+             x idle: probes of online load alone, each max(PROBE_MIN_S (20 s; --quick 10 s),
+             PROBE_REQUESTS (20) idle request times) long, the p50 over its second half; from
+             SATURATION_START_LOAD (4.0) over the idle request time up 1.5x a probe until one
+             reaches it (at most SATURATION_PROBES, 8), then one probe in the middle of that
+             last step (so at most 1.22x too high). If none reaches it, the highest probed, said
+             so. The probes and the choice are printed.
+    c        max_tokens = ceil(LONG_ANSWER_S (15 s) / idle inter-token p50), within 64-4,096,
+             and each answer runs to it (`ignore_eos`): over 10 s even at the idle pace; rate
+             LONG_LOAD (3.0) over the idle time of such an answer (about 3 in flight, 0.2/s
+             at 15 s an answer).
+
+Phases: a and e three of `--phase-s` (60 s when a single scenario runs, as before the matrix;
+one window, 30 s, in a matrix run; --quick 15 s). b and c a ramp window then two steady
+windows; d three windows, a burst in each. Reference: alone's p99 over the scenario's
+reference phases: heavy (a, e), steady (b, c), the bursts pooled (d).
 
 Online load (this process, async httpx): streamed chat completions at priority 0, Poisson
 arrivals of real chat prompts (ShareGPT first turns of at most 1,000 characters, from
-profiles/prompts/first_turns.parquet), max_tokens 32-64, greedy. Three phases of
-`--phase-s` each: light (`--light-rate`, 1 request/s), heavy (`--heavy-rate`, 3/s), light
-again. The arrival times and prompts come from `--seed` and are the same for every side.
-Each request measures its own time to first token (TTFT: send to the first chunk carrying
-tokens) and inter-token latency (ITL: the gap before each later chunk, split evenly over
-the tokens it carries; `return_token_ids` gives the count, logprobs would slow the server).
+profiles/prompts/first_turns.parquet), max_tokens 32-64 (c: above), greedy. The arrival
+times and prompts come from `--seed` and are the same for every side of a scenario. Each
+request measures its own time to first token (TTFT: send to the first chunk carrying tokens)
+and inter-token latency (ITL: the gap before each later chunk, split evenly over the tokens it
+carries; `return_token_ids` gives the count, logprobs would slow the server).
 
 Batch work: other ShareGPT first turns of 20-1,000 characters (none of the online ones), shuffled, one
 Parquet file for every batch side, max_tokens 128, greedy, priority 1 (vLLM runs lower
-values first: batch after online). The sides, one after another on the same server, each
-started from scratch beside the same online load (prefix cache reset and server idle
-between sides):
+values first: batch after online). The sides of a scenario, one after another on the same
+server, each started from scratch beside the same online load (prefix cache reset and server
+idle between sides); a and e run every side of `--sides`, b-d alone and batchllm only:
 
-    alone      no batch: the reference. SLO = 1.25 x its p99 TTFT and ITL over the heavy
-               phase (the heaviest alone latency, one bound for every phase and window)
+    alone      no batch: the reference. SLO = 1.25 x its p99 TTFT and ITL over the reference
+               phases (the heaviest alone latency, one bound for every phase and window)
     fixed      a plain HTTP batch client (non-streamed) at the server's max_num_seqs
     sweep      the fixed client at 1, 2, 4, 8 ... in flight over all phases until one breaks the
-               SLO in a window of the heavy phase (30 s windows, the rule batchllm is held to);
-               the largest that kept them is
+               SLO in a window of the reference (heavy) phase (30 s windows, the rule batchllm
+               is held to); the largest that kept them is
     oracle     the best safe fixed concurrency, a number no user has (its sweep run)
     batchllm   `batchllm run DAG --out DIR` whose DAG names the server under `endpoints:`
                with the SLO; SIGINT at the end of the last phase
@@ -39,26 +81,33 @@ tokens/s per phase is measured the same way for every side: the server's
 `vllm:generation_tokens_total` (/metrics, scraped at the phase bounds) over the phase,
 minus the online generator's own tokens received in it.
 
-Printed: per side and phase the online requests (and errors), p50/p99 TTFT and ITL, batch
-tokens/s, the mean number of batch requests the server ran (its running gauge less the
-online requests between their first and last token) and preemptions; per side the worst
-`--window-s` (30 s) window after the first against the SLO; the sweep; the total runtime.
-The alone side's batch tokens/s (not clipped at 0) is the error of the method (0.0 in the
-smoke runs). Targets: batchllm keeps the SLO in every window after the first, and its batch
-tokens/s over the three phases is >= 1.2x the oracle's. Ratios in the last line are
-worst-window p99 over alone's heavy-phase p99 (the SLO is 1.25x).
+Printed per scenario: its sizing and phases; per side and phase the online requests (and
+errors), p50/p99 TTFT and ITL, batch tokens/s, the mean number of batch requests the server
+ran (its running gauge less the online requests between their first and last token) and
+preemptions; per side the worst `--window-s` (30 s) window after the first against the SLO;
+the sweep; the scenario's line `(a) light-heavy-light: online p99 TTFT ...x, inter-token ...x
+of alone (worst window)[; batch ...x the best safe fixed concurrency; fixed client ...]`. The
+alone side's batch tokens/s (not clipped at 0) is the error of the method (0.0 in the smoke
+runs). Then the matrix: per scenario batchllm's worst-window ratios, windows kept, batch
+tokens/s and (a, e) its batch over the oracle's; the targets (online p99 TTFT and inter-token
+<= 1.25x alone in every scenario's worst window, batch >= 1.0x the best safe fixed concurrency,
+the median over a and e); the total runtime; and last:
 
-`--sides` picks the batch sides (alone always runs); `--quick` is a smoke run (15 s phases,
-10 s windows, sweep 1, 2, 4). A default run takes about 22 minutes if the sweep stops by 4
-in flight (the plan is printed at the start, the runtime at the end); `--out` also writes
-the report to a file, otherwise only stdout. `--keep` keeps the work folder (server and
-batch logs, the DAG, batchllm's --out).
+    worst scenario: online p99 TTFT <a>x, inter-token <b>x of alone; batch <c>x the best safe fixed concurrency (median over (a), (e))
 
-The server is set up as one that co-serves: prefill in chunks of CHUNK_TOKENS a step
-(`--max-num-batched-tokens`). With vLLM's CPU default of 2048, one long batch prompt's
-prefill stalls every online request decoding beside it for that step: in a quick run on a
-loaded machine, one batch request in flight took the heavy-phase ITL p99 from 0.20 s
-(alone) to 1.6 s, so no batch at all would keep the SLO.
+<a>, <b>: the largest worst-window ratio over the scenarios; <c>: the median over a and e of
+batchllm's batch tokens/s over the oracle's (n/a where none was safe or nothing ran).
+
+Run time (the plan is printed at the start, the runtime per scenario and in total at the
+end), about, with the default sides and 30 s phases, if a sweep stops by 4 in flight: a 12
+min, b 8 min (5 probes of 20 s), c 5 min, d 4 min, e 12 min (with vLLM's chunk of 2048 the
+sweep usually stops at 1 in flight: 8 min), plus 1 min per server start: about 41 min for
+the matrix on any host (phases are wall time; probes and drains are what a slower host
+lengthens), up to an hour only if both sweeps ran to 128 in flight. A single (a) run, 60 s
+phases: about 21 min. `--quick` is a smoke run (15 s phases, 10 s windows, sweep 1, 2, 4,
+10 s probes: about 25 min for the matrix). `--out` also writes the report to a file,
+otherwise only stdout. `--keep` keeps the work folder (server and batch logs, the DAGs,
+batchllm's --out, one folder per scenario).
 
 Internal: `coserve.py fixed-client ...` is the fixed client's own process (started by the
 benchmark, like batchllm: a separate process, SIGINT to stop).
@@ -69,6 +118,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import shlex
 import shutil
@@ -77,8 +127,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from statistics import median
 
 import httpx
 import numpy as np
@@ -109,6 +162,22 @@ BATCH_START_TIMEOUT_S = 300.0  # batchllm imports, reads the DAG and plans befor
 STOP_TIMEOUT_S = 30.0
 IDLE_TIMEOUT_S = 120.0
 
+# Sizing the online loads from what the server shows (the module docstring): loads are online requests in flight if
+# each took its idle time, rates are loads over the idle request time.
+IDLE_REQUESTS = 8  # lone online requests, one after another, after a server's warm-up
+LIGHT_LOAD, HEAVY_LOAD = 0.8, 2.4  # about the former 1 and 3 requests/s at 0.8 s a lone request
+BURST_FACTOR, BURST_S = 10.0, 5.0  # bursts: 10x the light rate for 5 s, once a window
+LONG_ANSWER_S = 15.0  # long answers: each longer than the guard's 10 s window even at the idle pace
+LONG_ANSWER_TOKENS = (ONLINE_MAX_TOKENS[1], 4096)  # the bounds of their max_tokens (the model holds 8,192)
+LONG_LOAD = 3.0  # long answers in flight at the idle pace: about 6 sent a 30 s window, a low rate
+SATURATION_FACTOR = 10.0  # saturated: alone's inter-token p50 at least this many times the idle one
+SATURATION_START_LOAD, SATURATION_STEP, SATURATION_PROBES = 4.0, 1.5, 8
+PROBE_MIN_S, PROBE_REQUESTS = 20.0, 20  # a probe: max(20 s (--quick: 10 s), 20 idle request times)
+ORACLE_TARGET = 1.0  # the matrix's target: batchllm's batch >= the best safe fixed concurrency's (median over a, e)
+# The plan's guesses (seconds): a server's start, warm-up and idle probe; a side's start, drain and reset beyond its
+# phases; batchllm's own start; the saturation probes a run usually takes
+SERVER_SETUP_S, SIDE_OVERHEAD_S, BATCHLLM_START_S, LIKELY_PROBES = 60.0, 20.0, 30.0, 5
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -123,6 +192,105 @@ class Arrival:
     at_s: float
     prompt: str
     max_tokens: int
+    ignore_eos: bool = False  # answer up to max_tokens (long answers)
+
+
+@dataclass(frozen=True)
+class Server:
+    """A server configuration: the scenarios that share one run on one start of it."""
+
+    name: str
+    max_num_seqs: int | None = None  # None: no flag, vLLM's default (MAX_NUM_SEQS on CPUs)
+    max_num_batched_tokens: int | None = None  # None: no flag, vLLM's default prefill chunk (2048 on CPUs)
+
+    @property
+    def seqs(self) -> int:
+        return self.max_num_seqs or MAX_NUM_SEQS
+
+    def describe(self) -> str:
+        flags = " ".join(tuning_flags(self.max_num_seqs, self.max_num_batched_tokens))
+        return f"{self.name} server ({flags or 'no tuning flags'})"
+
+
+def tuning_flags(max_num_seqs: int | None, max_num_batched_tokens: int | None) -> list[str]:
+    """The server's tuning flags; a value of None (or 0) leaves vLLM's default."""
+    flags = ["--max-num-seqs", str(max_num_seqs)] if max_num_seqs else []
+    return flags + (["--max-num-batched-tokens", str(max_num_batched_tokens)] if max_num_batched_tokens else [])
+
+
+# What a scenario's load unit is (its rates are multiples of it), and the shape of its phases
+IDLE_REQUEST, LONG_ANSWER, SATURATING = "1 / the idle request time", "1 / the idle long-answer time", "the saturating rate"
+THREE_PHASES, STEADY, BURSTS = "light-heavy-light", "steady", "bursts"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One load on one server of the matrix: its phases' rates are its loads times a unit measured on the server."""
+
+    key: str  # its letter, for --scenarios
+    name: str
+    server: Server
+    unit: str  # what its loads are multiples of: IDLE_REQUEST, LONG_ANSWER or SATURATING
+    shape: str  # THREE_PHASES (of --phase-s), STEADY (a ramp window, two steady ones), BURSTS (a burst in each of 3 windows)
+    loads: tuple[float, ...]  # in units: (light, heavy), (steady,) or (light,)
+    reference: str  # alone's phases whose pooled p99 is the reference (their name without its number)
+    oracle: bool  # also the fixed client and the sweep, the best safe fixed concurrency
+
+    @property
+    def label(self) -> str:
+        return f"({self.key}) {self.name}"
+
+
+def make_scenarios(tuned: Server, light: float = LIGHT_LOAD, heavy: float = HEAVY_LOAD) -> list[Scenario]:
+    """The matrix: a-d on the tuned server, e on one with vLLM's defaults."""
+    untuned = Server("untuned")
+    return [Scenario("a", "light-heavy-light", tuned, IDLE_REQUEST, THREE_PHASES, (light, heavy), "heavy", True),
+            Scenario("b", "saturated", tuned, SATURATING, STEADY, (1.0,), "steady", False),
+            Scenario("c", "long-answers", tuned, LONG_ANSWER, STEADY, (LONG_LOAD,), "steady", False),
+            Scenario("d", "bursts", tuned, IDLE_REQUEST, BURSTS, (light,), "burst", False),
+            Scenario("e", "untuned", untuned, IDLE_REQUEST, THREE_PHASES, (light, heavy), "heavy", True)]
+
+
+def by_server(scenarios: list[Scenario]) -> list[tuple[Server, list[Scenario]]]:
+    """The scenarios grouped by their server, in the order each server first comes: one start per server."""
+    groups: dict[Server, list[Scenario]] = {}
+    for scenario in scenarios:
+        groups.setdefault(scenario.server, []).append(scenario)
+    return list(groups.items())
+
+
+@dataclass(frozen=True)
+class Idle:
+    """A server's lone online requests, one after another: p50s."""
+
+    ttft_s: float
+    itl_s: float
+    request_s: float  # send to last token
+
+
+@dataclass(frozen=True)
+class Load:
+    """A scenario's online load as sized on its server."""
+
+    unit_rate: float  # requests/s of one unit of its loads
+    max_tokens: tuple[int, int]
+    ignore_eos: bool
+    how: str  # for the report
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    """What the matrix reports of a scenario: batchllm's worst window (None: no batchllm side) and its batch over the
+    oracle's (None: no oracle, or none was safe)."""
+
+    scenario: Scenario  # with a sweep (a, e), its gain counts in the median
+    ttft: float | None = None  # worst window's p99 over alone's reference p99
+    itl: float | None = None
+    kept: int = 0
+    windows: int = 0
+    batch_tps: float | None = None
+    gain: float | None = None
+    seconds: float = 0.0
 
 
 @dataclass
@@ -176,16 +344,86 @@ def make_phases(phase_s: float, light: float, heavy: float) -> list[Phase]:
             for k, (name, rate) in enumerate([("light", light), ("heavy", heavy), ("light2", light)])]
 
 
-def make_arrivals(phases: list[Phase], pool: list[str], seed: int) -> list[Arrival]:
+def burst_phases(periods: int, period_s: float, rate: float, burst_s: float = BURST_S,
+                 factor: float = BURST_FACTOR) -> list[Phase]:
+    """`rate`, and `factor` x it for `burst_s` in the middle of each of `periods` periods: light1, burst1, light2, ..."""
+    phases, at = [], 0.0
+    for k in range(periods):
+        lo = k * period_s + (period_s - burst_s) / 2
+        phases += [Phase(f"light{k + 1}", rate, at, lo), Phase(f"burst{k + 1}", rate * factor, lo, lo + burst_s)]
+        at = lo + burst_s
+    return phases + [Phase(f"light{periods + 1}", rate, at, periods * period_s)]
+
+
+def scenario_phases(scenario: Scenario, unit_rate: float, phase_s: float, window_s: float) -> list[Phase]:
+    """A scenario's phases at its loads times unit_rate requests/s."""
+    rates = [load * unit_rate for load in scenario.loads]
+    if scenario.shape == THREE_PHASES:
+        return make_phases(phase_s, *rates)
+    if scenario.shape == BURSTS:
+        return burst_phases(3, window_s, rates[0])
+    return [Phase("ramp", rates[0], 0.0, window_s), Phase("steady", rates[0], window_s, 3 * window_s)]
+
+
+def phase_kind(name: str) -> str:
+    """A phase's name without its number: light2 and light are both light."""
+    return name.rstrip("0123456789")
+
+
+def make_arrivals(phases: list[Phase], pool: list[str], seed: int, max_tokens: tuple[int, int] = ONLINE_MAX_TOKENS,
+                  ignore_eos: bool = False) -> list[Arrival]:
     """Poisson arrivals per phase; the same seed gives the same requests at the same times."""
     rng = np.random.default_rng(seed)
     arrivals = []
     for phase in phases:
         at = phase.start_s
         while (at := at + rng.exponential(1.0 / phase.rate)) < phase.end_s:
-            arrivals.append(Arrival(at, pool[int(rng.integers(len(pool)))], int(rng.integers(ONLINE_MAX_TOKENS[0],
-                                                                                                 ONLINE_MAX_TOKENS[1] + 1))))
+            arrivals.append(Arrival(at, pool[int(rng.integers(len(pool)))], int(rng.integers(max_tokens[0], max_tokens[1] + 1)),
+                                    ignore_eos))
     return arrivals
+
+
+# ---------------------------------------------------------------- sizing rules
+
+def idle_of(results: list[OnlineResult]) -> Idle:
+    """p50s of lone requests (those answered)."""
+    done = [r for r in results if r.chunks and not r.error]
+    itl = pct(np.array(itl_samples(done, 0.0, math.inf)), 50)
+    if not done or itl != itl:
+        raise RuntimeError("the lone requests got no answer of two tokens or more: no idle inter-token latency")
+    return Idle(float(np.median([r.chunks[0][0] - r.sent_s for r in done])), itl,
+                float(np.median([r.chunks[-1][0] - r.sent_s for r in done])))
+
+
+def long_answer_tokens(idle_itl_s: float) -> int:
+    """max_tokens of a long answer: LONG_ANSWER_S at the idle inter-token p50, within LONG_ANSWER_TOKENS."""
+    low, high = LONG_ANSWER_TOKENS
+    return min(high, max(low, math.ceil(LONG_ANSWER_S / idle_itl_s)))
+
+
+def long_answer_s(idle: Idle, tokens: int) -> float:
+    """How long a long answer of `tokens` takes on the idle server."""
+    return idle.ttft_s + (tokens - 1) * idle.itl_s
+
+
+def saturating_rate(itl_at: Callable[[float], float], start: float, target_s: float, step: float = SATURATION_STEP,
+                    probes: int = SATURATION_PROBES) -> tuple[float, bool]:
+    """The smallest probed rate whose inter-token p50 (itl_at(rate), a probe) reaches target_s: from `start` up by `step`
+    until one does (at most `probes`), then one probe in the geometric middle of that last step; (the rate, True).
+    (the highest probed, False) when none reached it."""
+    tried: dict[float, float] = {}
+    rate = start
+    while len(tried) < probes:
+        tried[rate] = itl_at(rate)
+        if tried[rate] >= target_s:
+            break
+        rate *= step
+    else:
+        return max(tried), False
+    if len(tried) > 1:
+        middle = rate / math.sqrt(step)
+        tried[middle] = itl_at(middle)
+    return min(r for r, itl in tried.items() if itl >= target_s), True
 
 
 # ---------------------------------------------------------------- processes
@@ -208,18 +446,17 @@ def stop_process(proc: subprocess.Popen | None, first: signal.Signals | None, ti
     return proc.returncode
 
 
-def start_server(model_dir: Path, port: int, core: int, max_num_seqs: int, log: Path,
+def start_server(model_dir: Path, port: int, core: int, max_num_seqs: int | None, log: Path,
                  max_num_batched_tokens: int | None = None) -> subprocess.Popen:
+    """The server on `core`; max_num_seqs and max_num_batched_tokens None: vLLM's defaults (no flag)."""
     from batchllm.engines.devices import engine_dtype
 
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": str(core), "OMP_NUM_THREADS": "1",
            "VLLM_SERVER_DEV_MODE": "1"}  # dev mode: POST /reset_prefix_cache between sides
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--served-model-name", MODEL,
                "--enforce-eager", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--scheduling-policy", "priority",
-               "--max-num-seqs", str(max_num_seqs), "--host", "127.0.0.1", "--port", str(port), "--seed", "0",
-               "--disable-uvicorn-access-log"]
-    if max_num_batched_tokens:
-        command += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
+               "--host", "127.0.0.1", "--port", str(port), "--seed", "0", "--disable-uvicorn-access-log",
+               *tuning_flags(max_num_seqs, max_num_batched_tokens)]
     dtype = engine_dtype("cpu")
     if dtype:
         command += ["--dtype", dtype]
@@ -260,6 +497,19 @@ def warm_up(base: str, online: list[str], batch: list[str]) -> None:
     asyncio.run(go())
 
 
+def measure_idle(base: str, pool: list[str], seed: int) -> Idle:
+    """IDLE_REQUESTS lone online requests, one after another, drawn from the pool as the online load draws them."""
+    rng = np.random.default_rng(seed)
+    low, high = ONLINE_MAX_TOKENS
+    arrivals = [Arrival(0.0, pool[int(rng.integers(len(pool)))], int(rng.integers(low, high + 1))) for _ in range(IDLE_REQUESTS)]
+
+    async def go() -> list[OnlineResult]:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0)) as client:
+            t0 = time.monotonic()
+            return [await online_request(client, base, arrival, t0) for arrival in arrivals]
+    return idle_of(asyncio.run(go()))
+
+
 def reset_server(base: str) -> str:
     """Wait until no request runs or waits (bounded), then empty the prefix cache: the next side starts as the first did."""
     started = time.monotonic()
@@ -293,9 +543,11 @@ async def scrape(client: httpx.AsyncClient, base: str) -> MetricsSnapshot:
 
 # ---------------------------------------------------------------- online load
 
-def chat_body(prompt: str, max_tokens: int, priority: int, stream: bool = False) -> dict:
+def chat_body(prompt: str, max_tokens: int, priority: int, stream: bool = False, ignore_eos: bool = False) -> dict:
     body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0.0,
             "priority": priority}
+    if ignore_eos:
+        body["ignore_eos"] = True  # vLLM's sampling parameter: answer up to max_tokens
     if stream:
         body.update(stream=True, return_token_ids=True)  # token ids per chunk: how many tokens each chunk carries
     return body
@@ -303,7 +555,7 @@ def chat_body(prompt: str, max_tokens: int, priority: int, stream: bool = False)
 
 async def online_request(client: httpx.AsyncClient, base: str, arrival: Arrival, t0: float) -> OnlineResult:
     result = OnlineResult(time.monotonic() - t0)
-    body = chat_body(arrival.prompt, arrival.max_tokens, ONLINE_PRIORITY, stream=True)
+    body = chat_body(arrival.prompt, arrival.max_tokens, ONLINE_PRIORITY, stream=True, ignore_eos=arrival.ignore_eos)
     try:
         async with asyncio.timeout(REQUEST_TIMEOUT_S):
             async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
@@ -486,12 +738,17 @@ def ttfts(run: SideRun, lo: float, hi: float) -> np.ndarray:
 
 
 def itls(run: SideRun, lo: float, hi: float) -> np.ndarray:
+    return np.array(itl_samples(run.online, lo, hi))
+
+
+def itl_samples(results: list[OnlineResult], lo: float, hi: float) -> list[float]:
+    """Inter-token gaps of chunks received in [lo, hi), a chunk's gap split evenly over its tokens."""
     samples = []
-    for r in run.online:
+    for r in results:
         for (before, _), (at, tokens) in zip(r.chunks, r.chunks[1:]):
             if lo <= at < hi:
                 samples += [(at - before) / tokens] * tokens
-    return np.array(samples)
+    return samples
 
 
 def online_running(run: SideRun, at: float) -> int:
@@ -550,6 +807,23 @@ def window_stats(run: SideRun, window_s: float) -> list[dict]:
                      "server_itl_p99": float("nan") if server_itl is None else server_itl, "loop_lag_p99": pct(lags, 99)})
         lo += window_s
     return rows
+
+
+def kind_spans(phases: list[Phase], kind: str) -> list[tuple[float, float]]:
+    return [(p.start_s, p.end_s) for p in phases if phase_kind(p.name) == kind]
+
+
+def kind_latency(run: SideRun, kind: str, q: float) -> tuple[float, float]:
+    """The q-th percentile of TTFT and ITL over the run's phases of this kind, pooled."""
+    spans = kind_spans(run.phases, kind)
+    return (pct(np.concatenate([ttfts(run, lo, hi) for lo, hi in spans]), q),
+            pct(np.concatenate([itls(run, lo, hi) for lo, hi in spans]), q))
+
+
+def reference_of(run: SideRun, kind: str) -> LatencySlo | None:
+    """p99 TTFT and ITL over the run's phases of this kind, pooled (alone's: the reference); None without samples."""
+    ttft, itl = kind_latency(run, kind, 99)
+    return LatencySlo(ttft, itl) if ttft > 0 and itl > 0 else None
 
 
 def batch_rate(run: SideRun) -> float:
@@ -626,59 +900,146 @@ def times(value: float | None) -> str:
     return "n/a" if value is None or value != value else f"{value:.2f}x"
 
 
+# ---------------------------------------------------------------- the matrix's lines
+
+def number(value: float | None) -> float | None:
+    """A ratio that is a number; None for one not measured (None or nan)."""
+    return value if value is not None and value == value else None
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    numbers = [v for v in map(number, values) if v is not None]
+    return median(numbers) if numbers else None
+
+
+def worst_or_none(values: list[float | None]) -> float | None:
+    numbers = [v for v in map(number, values) if v is not None]
+    return max(numbers) if numbers else None
+
+
+def oracle_median(results: list[ScenarioResult]) -> float | None:
+    """batchllm's batch over the best safe fixed concurrency's, the median over the scenarios with a sweep (a, e)."""
+    return median_or_none([r.gain for r in results if r.scenario.oracle])
+
+
+def final_line(results: list[ScenarioResult]) -> str:
+    return (f"worst scenario: online p99 TTFT {times(worst_or_none([r.ttft for r in results]))}, inter-token "
+            f"{times(worst_or_none([r.itl for r in results]))} of alone; batch {times(oracle_median(results))} the best safe "
+            "fixed concurrency (median over (a), (e))")
+
+
+def targets_line(results: list[ScenarioResult]) -> str:
+    over = [f"{r.scenario.label} {what} {times(value)}" for r in results
+            for what, value in (("TTFT", r.ttft), ("inter-token", r.itl)) if number(value) is not None and value > BASELINE_MARGIN]
+    missing = [r.scenario.label for r in results if number(r.ttft) is None or number(r.itl) is None]
+    latency = f"no ({', '.join(over)})" if over else "n/a" if len(missing) == len(results) else "yes"
+    if missing and len(missing) < len(results):
+        latency += f"; not measured: {', '.join(missing)}"
+    gain = oracle_median(results)
+    batch = "n/a" if gain is None else "yes" if gain >= ORACLE_TARGET else "no"
+    return (f"targets: online p99 TTFT and inter-token <= {BASELINE_MARGIN}x alone in every scenario's worst window: {latency}; "
+            f"batch >= {ORACLE_TARGET}x the best safe fixed concurrency (median over (a), (e)): {batch}")
+
+
+def matrix_summary(args: argparse.Namespace, say: Report, results: list[ScenarioResult]) -> None:
+    say()
+    say(f"matrix: batchllm's worst {args.window_s:.0f} s window per scenario (p99 over alone's reference-phase p99; SLO "
+        f"{BASELINE_MARGIN}x), its batch tokens/s over all phases and, in (a) and (e), over the best safe fixed concurrency's:")
+    say(f"{'scenario':<22} {'TTFT':>6} {'ITL':>6} {'windows kept':>13} {'batch tok/s':>12} {'vs oracle':>10} {'runtime':>8}")
+    for r in results:
+        kept = f"{r.kept}/{r.windows}" if r.windows else "n/a"
+        tps = "n/a" if r.batch_tps is None else f"{r.batch_tps:.1f}"
+        gain = times(r.gain) if r.scenario.oracle else "-"
+        say(f"{r.scenario.label:<22} {times(r.ttft):>6} {times(r.itl):>6} {kept:>13} {tps:>12} {gain:>10} {r.seconds:7.0f}s")
+    say(targets_line(results))
+    say(f"total runtime: {time.monotonic() - args.started:.0f} s")
+    say(final_line(results))
+
+
 # ---------------------------------------------------------------- the benchmark
 
-def planned_seconds(args: argparse.Namespace, sweep: list[int]) -> tuple[float, float]:
-    """Rough wall time of a run (server start and warm-up, every side's phases, start, stop and drain): with a sweep
-    that stops at 4 in flight, and with one that runs every level."""
-    sides = 1 + sum(side in args.sides for side in ("fixed", "batchllm"))
-    fixed = 60 + sides * (3 * args.phase_s + 20) + (30 if "batchllm" in args.sides else 0)
-    level_s = (3 * args.phase_s + 20) if "oracle" in args.sides else 0
-    return fixed + min(3, len(sweep)) * level_s, fixed + len(sweep) * level_s
+def sweep_levels(quick: bool, max_num_seqs: int) -> list[int]:
+    return [1, 2, 4] if quick else [c for c in (1, 2, 4, 8, 16, 32, 64, 128, 256) if c <= max_num_seqs]
+
+
+def scenario_seconds(args: argparse.Namespace, scenario: Scenario) -> tuple[float, float]:
+    """Rough wall time of a scenario (every side's phases, start, stop and drain; the probes): with a sweep that stops at
+    4 in flight, and with one that runs every level."""
+    length = scenario_phases(scenario, 1.0, args.phase_s, args.window_s)[-1].end_s
+    side = length + SIDE_OVERHEAD_S + (LONG_ANSWER_S if scenario.unit == LONG_ANSWER else 0.0)  # the last answers end later
+    batchllm = "batchllm" in args.sides
+    fixed = side * (1 + batchllm) + BATCHLLM_START_S * batchllm
+    if scenario.unit == SATURATING:
+        fixed += LIKELY_PROBES * (args.probe_min_s + SIDE_OVERHEAD_S)
+    if not scenario.oracle:
+        return fixed, fixed
+    fixed += side * ("fixed" in args.sides)
+    levels = len(sweep_levels(args.quick, scenario.server.seqs)) if "oracle" in args.sides else 0
+    return fixed + min(3, levels) * side, fixed + levels * side
+
+
+def pick_scenarios(spec: str, catalogue: list[Scenario]) -> list[Scenario]:
+    """The scenarios a comma list names (letters or names), in the matrix's order."""
+    wanted = {word.strip() for word in spec.split(",") if word.strip()}
+    unknown = wanted - {s.key for s in catalogue} - {s.name for s in catalogue}
+    if unknown or not wanted:
+        raise ValueError(f"unknown scenarios: {', '.join(sorted(unknown)) or '(none named)'}")
+    return [s for s in catalogue if s.key in wanted or s.name in wanted]
 
 
 def main() -> None:
     # The batch sides are stopped with SIGINT, as Ctrl-C; started in the background, this process ignores SIGINT
     # and its children would inherit that (a handler of its own is reset in them to the default, which stops them).
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    catalogue = ", ".join(f"{s.key} {s.name}" for s in make_scenarios(Server("tuned")))
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--phase-s", type=float, default=None, help="length of each of the three phases (default 60; --quick: 15)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 15 s phases, 10 s windows, sweep 1, 2, 4")
+    parser.add_argument("--scenarios", default="a,b,c,d,e", help=f"comma list of letters or names ({catalogue}; default all)")
+    parser.add_argument("--phase-s", type=float, default=None,
+                        help="each phase of (a) and (e) (default 60 for a single scenario, else one window; --quick: 15)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 15 s phases, 10 s windows, sweep 1, 2, 4, 10 s probes")
     parser.add_argument("--port", type=int, default=8431)
     parser.add_argument("--out", type=Path, default=None, help="also write the report to this file")
-    parser.add_argument("--sides", default="fixed,oracle,batchllm", help="batch sides to run after alone (comma list)")
+    parser.add_argument("--sides", default="fixed,oracle,batchllm",
+                        help="batch sides to run after alone (comma list; fixed and oracle in (a) and (e) only)")
     parser.add_argument("--window-s", type=float, default=None, help="SLO check window (default 30; --quick: 10)")
-    parser.add_argument("--light-rate", type=float, default=1.0)
-    parser.add_argument("--heavy-rate", type=float, default=3.0)
-    parser.add_argument("--max-num-seqs", type=int, default=MAX_NUM_SEQS)
+    parser.add_argument("--light-load", type=float, default=LIGHT_LOAD,
+                        help="light phases: online requests in flight if each took its idle time (rate x idle request time)")
+    parser.add_argument("--heavy-load", type=float, default=HEAVY_LOAD, help="the heavy phase's, the same way")
+    parser.add_argument("--max-num-seqs", type=int, default=MAX_NUM_SEQS, help="the tuned server's")
     parser.add_argument("--max-num-batched-tokens", type=int, default=CHUNK_TOKENS,
-                        help="the server's token budget per step, its prefill chunk (vLLM's own default on CPUs: 2048)")
+                        help="the tuned server's token budget per step, its prefill chunk (vLLM's own default on CPUs: 2048)")
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--client-core", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batchllm", default=str(Path(sys.executable).parent / "batchllm"), help="the batchllm executable")
     parser.add_argument("--batchllm-args", default="", help="extra arguments for `batchllm run` (one string)")
-    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, DAG, batchllm's --out)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, DAGs, batchllm's --out)")
     args = parser.parse_args()
-    args.phase_s = args.phase_s or (15.0 if args.quick else 60.0)
+    tuned = Server("tuned", args.max_num_seqs, args.max_num_batched_tokens)
+    try:
+        scenarios = pick_scenarios(args.scenarios, make_scenarios(tuned, args.light_load, args.heavy_load))
+    except ValueError as error:
+        parser.error(str(error))
     args.window_s = args.window_s or (10.0 if args.quick else 30.0)
+    args.phase_s = args.phase_s or (15.0 if args.quick else 60.0 if len(scenarios) == 1 else args.window_s)
+    args.probe_min_s = PROBE_MIN_S / 2 if args.quick else PROBE_MIN_S
     args.sides = [s for s in args.sides.split(",") if s]
     unknown = set(args.sides) - {"fixed", "oracle", "batchllm"}
     if unknown:
         parser.error(f"unknown sides: {', '.join(sorted(unknown))}")
-    if 3 * args.phase_s < 2 * args.window_s:
+    if any(s.shape == THREE_PHASES for s in scenarios) and 3 * args.phase_s < 2 * args.window_s:
         parser.error(f"the phases ({3 * args.phase_s:g} s) hold no window after the first ({args.window_s:g} s): "
                      "lengthen --phase-s or shorten --window-s")
-    sweep = [1, 2, 4] if args.quick else [c for c in (1, 2, 4, 8, 16, 32, 64, 128, 256) if c <= args.max_num_seqs]
 
     args.started = time.monotonic()
+    args.cpus = os.sched_getaffinity(0)  # each server starts from these (this process moves to the client core)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # as Ctrl-C: the finally blocks stop the server
     say = Report()
     workdir = Path(tempfile.mkdtemp(prefix="coserve-"))
     if args.keep:
         print(f"work folder (kept): {workdir}")
     try:
-        benchmark(args, sweep, say, workdir)
+        benchmark(args, scenarios, say, workdir)
     except BaseException:
         say(f"total runtime: {time.monotonic() - args.started:.0f} s (stopped by an error)")
         raise
@@ -688,93 +1049,175 @@ def main() -> None:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def benchmark(args: argparse.Namespace, sweep: list[int], say: Report, workdir: Path) -> None:
-    """Everything after the arguments, the server started and always stopped here."""
+def benchmark(args: argparse.Namespace, scenarios: list[Scenario], say: Report, workdir: Path) -> None:
+    """Everything after the arguments: per server its scenarios, then the matrix."""
     from batchllm.models.embedded import SMOLLM2_135M
     from batchllm.models.registry import batchllm_home
 
-    base = f"http://127.0.0.1:{args.port}"
     online_pool, batch_prompts = load_prompts(args.seed)
-    phases = make_phases(args.phase_s, args.light_rate, args.heavy_rate)
-    arrivals = make_arrivals(phases, online_pool, args.seed)
-    batch_file = write_batch_input(workdir, batch_prompts, int(3 * args.phase_s * 5))
-    likely, most = planned_seconds(args, sweep)
-    say(f"coserve: {MODEL} served by vLLM on core {args.server_core} (priority scheduling, max_num_seqs {args.max_num_seqs}, "
-        f"KV {KV_CACHE_BYTES / 1e9:.0f} GB), clients on core {args.client_core}; phases "
-        + ", ".join(f"{p.name} {p.rate:g}/s" for p in phases) + f", {args.phase_s:.0f} s each; {len(arrivals)} online requests "
-        f"(max_tokens {ONLINE_MAX_TOKENS[0]}-{ONLINE_MAX_TOKENS[1]}), {pq.read_metadata(batch_file).num_rows} batch rows "
-        f"(max_tokens {BATCH_MAX_TOKENS}, priority {BATCH_PRIORITY}); windows {args.window_s:.0f} s; sides alone, "
-        f"{', '.join(args.sides)}; planned about {likely / 60:.0f} min"
-        + (f" (if the sweep stops by 4 in flight; at most {most / 60:.0f} min)" if most > likely else ""))
+    longest = max(scenario_phases(s, 1.0, args.phase_s, args.window_s)[-1].end_s for s in scenarios)
+    batch_file = write_batch_input(workdir, batch_prompts, int(longest * 5))
+    plans = [scenario_seconds(args, s) for s in scenarios]
+    servers = by_server(scenarios)
+    likely = SERVER_SETUP_S * len(servers) + sum(p[0] for p in plans)
+    most = SERVER_SETUP_S * len(servers) + sum(p[1] for p in plans)
+    say(f"coserve: {MODEL} served by vLLM on core {args.server_core} (priority scheduling, KV {KV_CACHE_BYTES / 1e9:.0f} GB), "
+        f"clients on core {args.client_core}; {pq.read_metadata(batch_file).num_rows} batch rows (max_tokens {BATCH_MAX_TOKENS}, "
+        f"priority {BATCH_PRIORITY}); windows {args.window_s:.0f} s; sides alone, {', '.join(args.sides)}; scenarios "
+        + ", ".join(f"{s.label} ~{p[0] / 60:.0f} min" for s, p in zip(scenarios, plans))
+        + f"; planned about {likely / 60:.0f} min"
+        + (f" (if each sweep stops by 4 in flight; at most {most / 60:.0f} min)" if most > likely else ""))
 
     model_dir = SMOLLM2_135M.prepare(batchllm_home())
-    server_log = workdir / "server.log"
-    server = start_server(model_dir, args.port, args.server_core, args.max_num_seqs, server_log, args.max_num_batched_tokens)
+    results = []
+    for server, group in servers:
+        with serving(args, server, model_dir, workdir, say, online_pool, batch_prompts) as (base, idle):
+            for scenario in group:
+                results.append(run_scenario(args, scenario, say, workdir, base, idle, online_pool, batch_file))
+    matrix_summary(args, say, results)
+
+
+@contextmanager
+def serving(args: argparse.Namespace, server: Server, model_dir: Path, workdir: Path, say: Report, online_pool: list[str],
+            batch_prompts: list[str]) -> Iterator[tuple[str, Idle]]:
+    """The server started (from every core this process had: a server started later would inherit the client core),
+    warmed up and its idle latency measured; always stopped."""
+    base = f"http://127.0.0.1:{args.port}"
+    log = workdir / f"server-{server.name}.log"
+    os.sched_setaffinity(0, args.cpus)
+    proc = start_server(model_dir, args.port, args.server_core, server.max_num_seqs, log, server.max_num_batched_tokens)
     try:
-        say(f"server healthy after {wait_healthy(base, server, server_log):.0f} s")
+        say()
+        say(f"{server.describe()} healthy after {wait_healthy(base, proc, log):.0f} s")
         os.sched_setaffinity(0, {args.client_core})  # this process and every batch process it starts from here on
         warm_up(base, online_pool, batch_prompts)
+        idle = measure_idle(base, online_pool, args.seed)
+        say(f"idle: {IDLE_REQUESTS} lone online requests one after another: TTFT p50 {idle.ttft_s * 1000:.0f} ms, inter-token "
+            f"p50 {idle.itl_s * 1000:.1f} ms, request p50 {idle.request_s:.2f} s")
         note = reset_server(base)
         if note:
             say(f"warning: {note}")
-        run_all(args, sweep, say, workdir, base, phases, arrivals, batch_file)
+        yield base, idle
     except BaseException:
-        if server.poll() is not None:
-            say(f"server log:\n{tail(server_log)}")
+        if proc.poll() is not None:
+            say(f"server log:\n{tail(log)}")
         raise
     finally:
-        stop_process(server, signal.SIGTERM)
+        stop_process(proc, signal.SIGTERM)
 
 
-def run_all(args, sweep, say: Report, workdir: Path, base: str, phases: list[Phase], arrivals: list[Arrival],
-            batch_file: Path) -> None:
-    runs: dict[str, SideRun] = {}
+def run_scenario(args: argparse.Namespace, scenario: Scenario, say: Report, workdir: Path, base: str, idle: Idle,
+                 online_pool: list[str], batch_file: Path) -> ScenarioResult:
+    """A scenario from its sizing to its summary, its sides' logs and DAG in a folder of its own."""
+    started = time.monotonic()
+    folder = workdir / f"{scenario.key}-{scenario.name}"
+    folder.mkdir()
     say()
-    side_header(say)
-    runs["alone"] = alone = run_side("alone", base, phases, arrivals, None, workdir)
-    report_side(say, alone)
-    heavy = phase_stats(alone)[1]
-    reference = LatencySlo(heavy["ttft_p99"], heavy["itl_p99"])
-    slo = scaled(reference, BASELINE_MARGIN)
-    say(f"{'':<10} SLO = {BASELINE_MARGIN}x alone's heavy-phase p99: TTFT {slo.ttft_p99_s * 1000:.0f} ms, "
-        f"inter-token {slo.itl_p99_s * 1000:.1f} ms")
+    say(f"== {scenario.label} on the {scenario.server.describe()}")
+    load = size_load(args, scenario, idle, say, base, online_pool, folder)
+    phases = scenario_phases(scenario, load.unit_rate, args.phase_s, args.window_s)
+    arrivals = make_arrivals(phases, online_pool, args.seed, load.max_tokens, load.ignore_eos)
+    sides = ["alone"] + [s for s in args.sides if scenario.oracle or s == "batchllm"]
+    say(f"{scenario.label}: loads {', '.join(f'{x:g}' for x in scenario.loads)} x {scenario.unit} ({load.how}); phases "
+        + ", ".join(f"{p.name} {p.rate:.3g}/s {p.start_s:g}-{p.end_s:g} s" for p in phases)
+        + f"; {len(arrivals)} online requests (max_tokens {load.max_tokens[0]}-{load.max_tokens[1]}"
+        + (", answered to max_tokens" if load.ignore_eos else "") + f"); sides {', '.join(sides)}")
+    return run_sides(args, scenario, say, folder, base, phases, arrivals, batch_file, idle, started)
 
-    if "fixed" in args.sides:
-        runs["fixed"] = run_side(f"fixed{args.max_num_seqs}", base, phases, arrivals,
-                                 fixed_client_command(base, batch_file, args.max_num_seqs), workdir)
+
+def size_load(args: argparse.Namespace, scenario: Scenario, idle: Idle, say: Report, base: str, online_pool: list[str],
+              folder: Path) -> Load:
+    """The scenario's unit rate (and answer lengths) from the server's idle latency, or from probes (saturated)."""
+    if scenario.unit == LONG_ANSWER:
+        tokens = long_answer_tokens(idle.itl_s)
+        seconds = long_answer_s(idle, tokens)
+        return Load(1.0 / seconds, (tokens, tokens), True,
+                    f"{seconds:.1f} s: max_tokens {tokens} = ceil({LONG_ANSWER_S:g} s / idle inter-token p50), within "
+                    f"{LONG_ANSWER_TOKENS[0]}-{LONG_ANSWER_TOKENS[1]}")
+    if scenario.unit == SATURATING:
+        rate, how = probe_saturation(args, idle, say, base, online_pool, folder)
+        return Load(rate, ONLINE_MAX_TOKENS, False, how)
+    return Load(1.0 / idle.request_s, ONLINE_MAX_TOKENS, False, f"{idle.request_s:.2f} s")
+
+
+def probe_saturation(args: argparse.Namespace, idle: Idle, say: Report, base: str, online_pool: list[str],
+                     folder: Path) -> tuple[float, str]:
+    """Probes of online load alone (saturating_rate): the rate at which the inter-token p50 reaches SATURATION_FACTOR x
+    idle, and how it was found."""
+    probe_s = max(args.probe_min_s, PROBE_REQUESTS * idle.request_s)
+    seen: dict[float, float] = {}
+
+    def itl_at(rate: float) -> float:
+        phases = [Phase("probe", rate, 0.0, probe_s)]
+        run = run_side(f"probe{len(seen) + 1}", base, phases, make_arrivals(phases, online_pool, args.seed), None, folder)
+        seen[rate] = pct(itls(run, probe_s / 2, probe_s), 50)
+        say(f"{'':<10} probe {rate:.3g}/s: inter-token p50 {seen[rate] * 1000:.0f} ms = {seen[rate] / idle.itl_s:.1f}x idle "
+            "(its second half)")
+        return seen[rate]
+
+    say(f"{'':<10} saturating rate: probes of {probe_s:.0f} s from {SATURATION_START_LOAD:g} / idle request time, "
+        f"x{SATURATION_STEP:g} until the inter-token p50 is >= {SATURATION_FACTOR:g}x idle "
+        f"({SATURATION_FACTOR * idle.itl_s * 1000:.0f} ms), then the middle of the last step")
+    rate, reached = saturating_rate(itl_at, SATURATION_START_LOAD / idle.request_s, SATURATION_FACTOR * idle.itl_s)
+    how = (f"{rate:.3g}/s, {rate * idle.request_s:.1f} / idle request time; inter-token p50 {seen[rate] / idle.itl_s:.1f}x idle "
+           f"in its probe" + ("" if reached else f"; no probe reached {SATURATION_FACTOR:g}x: the highest probed"))
+    say(f"{'':<10} chose {how}")
+    return rate, how
+
+
+def run_sides(args: argparse.Namespace, scenario: Scenario, say: Report, folder: Path, base: str, phases: list[Phase],
+              arrivals: list[Arrival], batch_file: Path, idle: Idle, started: float) -> ScenarioResult:
+    """alone, then (a, e) the fixed client and the sweep, then batchllm; the scenario's summary."""
+    runs: dict[str, SideRun] = {}
+    side_header(say)
+    runs["alone"] = alone = run_side("alone", base, phases, arrivals, None, folder)
+    report_side(say, alone)
+    reference = reference_of(alone, scenario.reference)
+    if reference is None:
+        say(f"{'':<10} no online latency in alone's {scenario.reference} phases: no reference, no batch side")
+        return ScenarioResult(scenario, seconds=time.monotonic() - started)
+    slo = scaled(reference, BASELINE_MARGIN)
+    say(f"{'':<10} SLO = {BASELINE_MARGIN}x alone's {scenario.reference}-phase p99: TTFT {slo.ttft_p99_s * 1000:.0f} ms, "
+        f"inter-token {slo.itl_p99_s * 1000:.1f} ms (alone's inter-token p50 there: "
+        f"{kind_latency(alone, scenario.reference, 50)[1] / idle.itl_s:.1f}x idle)")
+
+    seqs = scenario.server.seqs
+    if scenario.oracle and "fixed" in args.sides:
+        runs["fixed"] = run_side(f"fixed{seqs}", base, phases, arrivals, fixed_client_command(base, batch_file, seqs), folder)
         report_side(say, runs["fixed"])
-    if "oracle" in args.sides:
-        oracle = sweep_fixed(args, sweep, phases, arrivals, say, workdir, base, batch_file, reference)
+    if scenario.oracle and "oracle" in args.sides:
+        oracle = sweep_fixed(args, sweep_levels(args.quick, seqs), scenario.reference, phases, arrivals, say, folder, base,
+                             batch_file, reference)
         if oracle is not None:
             runs["oracle"] = oracle
     if "batchllm" in args.sides:
-        dag = write_dag(workdir, batch_file, base, slo, args.max_num_seqs)
-        command = batchllm_command(args.batchllm, dag, workdir / "batchllm-out", args.batchllm_args)
+        dag = write_dag(folder, batch_file, base, slo, seqs)
+        command = batchllm_command(args.batchllm, dag, folder / "batchllm-out", args.batchllm_args)
         say(f"{'':<10} batchllm: {shlex.join(command)}")
         try:
-            runs["batchllm"] = run_side("batchllm", base, phases, arrivals, command, workdir)
+            runs["batchllm"] = run_side("batchllm", base, phases, arrivals, command, folder)
             report_side(say, runs["batchllm"])
         except RuntimeError as error:
             say(f"batchllm side failed: {error}")
-    summary(args, say, runs, reference)
+    return summary(args, scenario, say, runs, reference, started)
 
 
-def sweep_fixed(args, sweep: list[int], phases: list[Phase], arrivals: list[Arrival], say: Report, workdir: Path, base: str,
-                batch_file: Path, reference: LatencySlo) -> SideRun | None:
-    """The run of the largest fixed concurrency that keeps the SLO in the heavy phase's windows, over all phases (the
-    windows batchllm is judged on), up to the first that breaks it; None when even 1 in flight breaks it. A p99 over
-    a short heavy-only run is kinder: the concurrency it picks often broke a window of the full run
+def sweep_fixed(args, sweep: list[int], kind: str, phases: list[Phase], arrivals: list[Arrival], say: Report, workdir: Path,
+                base: str, batch_file: Path, reference: LatencySlo) -> SideRun | None:
+    """The run of the largest fixed concurrency that keeps the SLO in the windows of the `kind` (heavy) phases, over all
+    phases (the windows batchllm is judged on), up to the first that breaks it; None when even 1 in flight breaks it. A p99
+    over a short heavy-only run is kinder: the concurrency it picks often broke a window of the full run
     (benchmarks/results/coserve-guard-band-2026-11-26.txt)."""
-    heavy = next(p for p in phases if p.name == "heavy")
+    spans = kind_spans(phases, kind)
     best, kept_run = 0, None
     for concurrency in sweep:
         run = run_side(f"sweep{concurrency}", base, phases, arrivals, fixed_client_command(base, batch_file, concurrency), workdir)
         report_side(say, run)
         windows = window_stats(run, args.window_s)
-        judged = [w for w in windows if w["lo"] < heavy.end_s and w["hi"] > heavy.start_s]
+        judged = [w for w in windows if any(w["lo"] < hi and w["hi"] > lo for lo, hi in spans)]
         kept = sum(1 for w in judged if kept_window(w, reference))
-        say(f"{'':<10} per window " + " ".join(window_cell(w, reference) for w in windows) + f"; the heavy phase's: {kept}/{len(judged)} kept, "
-            + ("keeps the SLO" if kept == len(judged) else "breaks the SLO"))
+        say(f"{'':<10} per window " + " ".join(window_cell(w, reference) for w in windows) + f"; the {kind} phase's: "
+            f"{kept}/{len(judged)} kept, " + ("keeps the SLO" if kept == len(judged) else "breaks the SLO"))
         if kept < len(judged):
             break
         best, kept_run = concurrency, replace(run, name=f"oracle{concurrency}")
@@ -788,9 +1231,12 @@ def window_cell(window: dict, reference: LatencySlo) -> str:
             f"{'' if kept_window(window, reference) else '*'}")
 
 
-def summary(args, say: Report, runs: dict[str, SideRun], reference: LatencySlo) -> None:
+def summary(args, scenario: Scenario, say: Report, runs: dict[str, SideRun], reference: LatencySlo,
+            started: float) -> ScenarioResult:
+    """A scenario's sides against its reference; what the matrix reports of it."""
+    over = f"alone's {scenario.reference}-phase p99"
     say()
-    say(f"SLO per {args.window_s:.0f} s window after the first (p99, worst window over alone's heavy-phase p99; SLO 1.25x):")
+    say(f"SLO per {args.window_s:.0f} s window after the first (p99, worst window over {over}; SLO {BASELINE_MARGIN}x):")
     say(f"{'side':<10} {'TTFT':>6} {'ITL':>6} {'windows kept':>13} {'batch tok/s (all phases)':>25}")
     windows = {name: window_stats(run, args.window_s) for name, run in runs.items()}
     worsts = {}
@@ -799,7 +1245,7 @@ def summary(args, say: Report, runs: dict[str, SideRun], reference: LatencySlo) 
         ttft, itl, kept, total = worsts[name]
         say(f"{run.name:<10} {ttft:5.2f}x {itl:5.2f}x {kept:>6}/{total:<6} {batch_rate(run):25.1f}")
     say()
-    say("per window (p99 over alone's heavy-phase p99, TTFT/ITL; * breaks the SLO; then the batch requests the server ran):")
+    say(f"per window (p99 over {over}, TTFT/ITL; * breaks the SLO; then the batch requests the server ran):")
     for name, run in runs.items():
         cells = [window_cell(w, reference) for w in windows[name]]
         running = [f"{w['batch_running']:.1f}" for w in windows[name]]
@@ -815,13 +1261,21 @@ def summary(args, say: Report, runs: dict[str, SideRun], reference: LatencySlo) 
     if "batchllm" in runs:
         ttft, itl, kept, total = worsts["batchllm"]
         versus = "n/a" if gain is None else "yes" if gain >= 1.2 else "no"
-        say(f"targets: batchllm keeps the SLO in every window: {'yes' if kept == total else 'no'} ({kept}/{total}); "
-            f"batch >= 1.2x the oracle's: {versus}")
-    say(f"total runtime: {time.monotonic() - args.started:.0f} s")
+        say(f"targets: batchllm keeps the SLO in every window: {'yes' if kept == total else 'no'} ({kept}/{total})"
+            + (f"; batch >= 1.2x the oracle's: {versus}" if scenario.oracle else ""))
+    seconds = time.monotonic() - started
+    say(f"{scenario.label} runtime: {seconds:.0f} s")
     b_ttft, b_itl = worsts["batchllm"][:2] if "batchllm" in worsts else (None, None)
-    f_ttft, f_itl = worsts["fixed"][:2] if "fixed" in worsts else (None, None)
-    say(f"online p99 TTFT {times(b_ttft)}, inter-token {times(b_itl)} of alone (worst window); batch {times(gain)} the best safe "
-        f"fixed concurrency; fixed client p99 TTFT {times(f_ttft)}, inter-token {times(f_itl)}")
+    line = f"{scenario.label}: online p99 TTFT {times(b_ttft)}, inter-token {times(b_itl)} of alone (worst window)"
+    if scenario.oracle:
+        f_ttft, f_itl = worsts["fixed"][:2] if "fixed" in worsts else (None, None)
+        line += (f"; batch {times(gain)} the best safe fixed concurrency; fixed client p99 TTFT {times(f_ttft)}, inter-token "
+                 f"{times(f_itl)}")
+    say(line)
+    if "batchllm" not in runs:
+        return ScenarioResult(scenario, seconds=seconds)
+    kept, total = worsts["batchllm"][2:]
+    return ScenarioResult(scenario, b_ttft, b_itl, kept, total, batch_rate(runs["batchllm"]), gain, seconds)
 
 
 if __name__ == "__main__":
