@@ -14,7 +14,7 @@ import pytest
 from batchllm.core.requests import EngineRequest, FinishReason
 from batchllm.engines.endpoint import http_engine
 from batchllm.engines.endpoint.http_engine import EndpointEngine, endpoint_config
-from batchllm.engines.endpoint.server_check import Endpoint
+from batchllm.core.endpoint import Endpoint
 from batchllm.engines.engine import EngineFailed
 
 

@@ -23,7 +23,7 @@ from batchllm.dag.endpoints_section import with_endpoint_options
 from batchllm.dag.loader import load_dag
 from batchllm.engines.devices import DeviceSet
 from batchllm.engines.endpoint.request_body import StreamedAnswer, request_body
-from batchllm.engines.endpoint.server_check import Endpoint
+from batchllm.core.endpoint import Endpoint
 from batchllm.runtime import launch
 from tests.fakes import FakeEngineFactory
 

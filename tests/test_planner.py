@@ -297,7 +297,7 @@ def test_a_shared_system_prompt_is_planned_as_prefix_cache_hits(workspace):
 
 
 def test_a_running_node_whose_requests_end_together_is_judged_by_the_time_it_has_run():
-    from batchllm.runtime.stage_chooser import NodeProgress, RunningPlan
+    from batchllm.runtime.run_state import NodeProgress, RunningPlan
     from batchllm.runtime.stage_planner import StagePlanner
 
     x = node("x", 100, 0.1, plans=(DP1,))  # 10 s of work and a 1 s drain on one replica
@@ -433,7 +433,7 @@ def _pinned(per_unit: int) -> StagePlanner:
 
 
 def test_runtime_units_and_planner_requests_agree_when_each_unit_asks_for_n_sequences():
-    from batchllm.runtime.stage_chooser import NodeProgress, RunningPlan
+    from batchllm.runtime.run_state import NodeProgress, RunningPlan
 
     running = {"x": RunningPlan(DP1, (0,))}
     planner = _pinned(4)  # sampling.n = 4: 25 units of 4 sequences
@@ -450,7 +450,7 @@ def test_a_dag_with_n_samples_plans_rows_times_n_requests_and_counts_progress_in
     from batchllm.models.registry import batchllm_home
     from batchllm.planner.from_dag import dag_workloads
     from batchllm.planner.problem import build_problem
-    from batchllm.runtime.stage_chooser import NodeProgress
+    from batchllm.runtime.run_state import NodeProgress
     from batchllm.runtime.stage_planner import StagePlanner
 
     dag = load_dag(workspace.dag("""

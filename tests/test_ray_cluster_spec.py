@@ -114,7 +114,7 @@ def test_plans_for_a_cluster_keep_tensor_parallel_groups_inside_nodes(spec):
 
 def test_sequential_stages_on_a_cluster_run_one_engine_per_node():
     stages = SequentialStages(TWO_NODES, ["a"])
-    from batchllm.runtime.stage_chooser import NodeProgress
+    from batchllm.runtime.run_state import NodeProgress
 
     stage = stages.choose({"a": NodeProgress(0, 4, True)}, {}).stage
     plan = stage.plans["a"]

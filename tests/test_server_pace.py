@@ -13,7 +13,7 @@ from batchllm.costmodel import server_pace
 from batchllm.costmodel.server_pace import ServerPace, ServerPaceStore
 from batchllm.dag.loader import load_dag
 from batchllm.engines.devices import DeviceSet
-from batchllm.engines.endpoint.server_check import Endpoint
+from batchllm.core.endpoint import Endpoint
 from batchllm.runtime import launch
 from batchllm.runtime.progress import NodeStats
 from batchllm.runtime.server_paces import server_paces

@@ -11,7 +11,7 @@ from batchllm.core.requests import EngineRequest, EngineResult
 from batchllm.engines.devices import Replica
 
 if TYPE_CHECKING:
-    from batchllm.engines.endpoint.server_check import Endpoint
+    from batchllm.core.endpoint import Endpoint
 
 
 @dataclass(frozen=True)

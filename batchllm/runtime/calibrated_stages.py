@@ -18,7 +18,8 @@ from collections.abc import Callable
 from batchllm.runtime.observer import RunObserver, RunState
 from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.run_calibration import RunCalibration
-from batchllm.runtime.stage_chooser import NodeProgress, RunningPlan, StageChoice
+from batchllm.runtime.run_state import NodeProgress, RunningPlan
+from batchllm.runtime.stage_chooser import StageChoice
 from batchllm.runtime.stage_planner import StagePlanner, known_method
 
 ETA_INTERVAL_S = 2.0

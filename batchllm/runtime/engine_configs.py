@@ -10,7 +10,7 @@ from pathlib import Path
 from batchllm.core.errors import UserError
 from batchllm.engines.devices import CPU_KV_CACHE_DEFAULT_BYTES, Replica, engine_dtype
 from batchllm.engines.endpoint.http_engine import endpoint_config
-from batchllm.engines.endpoint.server_check import Endpoint
+from batchllm.core.endpoint import Endpoint
 from batchllm.engines.protocol import EngineConfig
 from batchllm.models.registry import resolve_model
 from batchllm.runtime.run_dir import RunDir

@@ -34,7 +34,7 @@ import numpy as np
 
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet
-from batchllm.engines.endpoint.server_check import Endpoint
+from batchllm.core.endpoint import Endpoint
 from batchllm.engines.engine import EngineFactory
 from batchllm.core.requests import EngineResult
 from batchllm.engines.protocol import EngineConfig
@@ -58,7 +58,8 @@ from batchllm.runtime.progress import NodeStats, RunProgress
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_gantt import write_run_html
 from batchllm.runtime.run_report import RunReport, StageLog, engine_label
-from batchllm.runtime.stage_chooser import DeviceLossReplanner, NodeProgress, RunningPlan, RunningSince, RunPlanning
+from batchllm.runtime.run_state import NodeProgress, RunningPlan, RunningSince
+from batchllm.runtime.stage_chooser import DeviceLossReplanner, RunPlanning
 from batchllm.runtime.step_result import EngineStep, NodeCommit, StepResult
 
 POLL_S = 0.05

@@ -12,7 +12,7 @@ from batchllm.engines.protocol import EngineConfig, WorkerReady
 
 if TYPE_CHECKING:
     from batchllm.runtime.progress import RunProgress
-    from batchllm.runtime.stage_chooser import NodeProgress, RunningPlan
+    from batchllm.runtime.run_state import NodeProgress, RunningPlan
     from batchllm.runtime.step_result import StepResult
 
 RunState = Callable[[], "tuple[dict[str, NodeProgress], dict[str, RunningPlan]]"]  # the unfinished nodes' progress, the engines by node

@@ -43,7 +43,7 @@ from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 from batchllm.planner.problem import NodeWorkload, PlanProblem, build_problem
 from batchllm.runtime.observer import RunObserver
 from batchllm.runtime.output_forecast import LogShift, OutputForecast
-from batchllm.runtime.stage_chooser import NodeProgress
+from batchllm.runtime.run_state import NodeProgress
 from batchllm.runtime.step_result import StepResult
 
 PILOT_PRIOR_OUTPUTS = 0.5  # the prior's weight in outputs once a node's pilot has ended (a random sample of the set)

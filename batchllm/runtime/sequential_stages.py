@@ -15,7 +15,8 @@ from batchllm.costmodel.estimator import ExecutionPlan
 from batchllm.costmodel.profile import ReplicaShape
 from batchllm.engines.devices import DeviceSet, whole_set_replica
 from batchllm.planner.timeline import StageRecord
-from batchllm.runtime.stage_chooser import NodeProgress, RunningPlan, StageChoice
+from batchllm.runtime.run_state import NodeProgress, RunningPlan
+from batchllm.runtime.stage_chooser import StageChoice
 
 
 class SequentialStages:

@@ -16,43 +16,16 @@ devices and a new `RunPlanning` for them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from batchllm.costmodel.estimator import ExecutionPlan
 from batchllm.runtime.observer import RunObserver
+from batchllm.runtime.run_state import NodeProgress, RunningPlan
 
 if TYPE_CHECKING:
     from batchllm.engines.devices import DeviceSet
     from batchllm.planner.schedule import Schedule
     from batchllm.planner.timeline import StageRecord
     from batchllm.runtime.run_calibration import RunCalibration
-
-
-@dataclass(frozen=True)
-class NodeProgress:
-    """A node's progress in the runtime's unit, (row, step): one unit asks for `sampling.n`
-    sequences, which the planner counts as that many requests (`PlanNode.requests_per_unit`)."""
-
-    done_units: int  # (row, step) units committed
-    total_units: int  # (row, step) units taking part so far
-    total_known: bool  # every producer has finished, so total_units is final
-    running_s: float = 0.0  # served on its current plan and devices, engine start aside (after its pilot: since the rest began)
-    done_units_before: int = 0  # units committed when that began (a pilot's, when the rest began after it)
-
-
-class RunningSince(NamedTuple):
-    """When a node began to run on its current plan (or began its rest after its pilot)."""
-
-    at_s: float
-    done_units: int
-
-
-@dataclass(frozen=True)
-class RunningPlan:
-    """A node's engines as the last stage left them (device indices of the cluster)."""
-
-    plan: ExecutionPlan
-    devices: tuple[int, ...]
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ from batchllm.planner.problem import PlanProblem
 from batchllm.planner.best import best_schedule
 from batchllm.planner.schedule import Schedule
 from batchllm.planner.timeline import Engine, NodeState, Timeline
-from batchllm.runtime.stage_chooser import NodeProgress, RunningPlan, StageChoice
+from batchllm.runtime.run_state import NodeProgress, RunningPlan
+from batchllm.runtime.stage_chooser import StageChoice
 
 SCHEDULE_METHODS: dict[str, Callable[[Timeline], Schedule]] = {
     "plan": best_schedule, "max": max_heuristic, "min": min_heuristic,
