@@ -99,6 +99,20 @@ def test_a_server_saturated_before_the_batch_gets_none_while_online_requests_run
     assert reading.describe().startswith("waiting (") and "with no batch; 1 in flight only while no online request runs)" in reading.describe()
 
 
+def test_once_the_overload_is_over_a_guard_without_an_slo_measures_a_new_baseline_and_runs():
+    """Saturated for 60 s (requests wait on the server), then light: the waiting ends, the
+    baseline is taken again from what the server shows now, and the batch runs beside it."""
+    scenario = Scenario(lambda n: 0.05 + 0.01 * n, poisson(2.0, 60, seed=3) + poisson(0.5, 240, seed=7, from_s=60.0), online_tokens=64,
+                        max_num_seqs=8)
+    guard = LatencyGuard(None, 64)
+    trace = run(scenario, guard, 240.0)
+    waited = [allowed for at, allowed in trace.allowed if 20.0 <= at < 60.0]
+    assert max(waited) <= 1
+    assert guard.phase in (GuardPhase.SLOW_START, GuardPhase.STEADY, GuardPhase.DRAINING)
+    assert guard.reading(240.0).ttft_target_s is not None and guard.reading(240.0).ttft_target_s < 5.0  # not the overload's
+    assert max(allowed for at, allowed in trace.allowed if at >= 120.0) >= 2 and trace.batch_tokens > 0
+
+
 @pytest.mark.parametrize("with_slo", [True, False], ids=["slo", "baseline"])
 def test_online_requests_longer_than_the_window_never_see_more_than_one_batch_request(with_slo):
     """The first tokens are rare and come late (7-12 s alone): most 10 s windows hold none, and the
@@ -186,6 +200,13 @@ def test_every_guarding_phase_has_a_rule_for_every_verdict_and_the_rules_change_
     at_one, at_zero = Levels(1, 1), Levels(0, 0)
     assert [TRANSITIONS[(GuardPhase.STEADY, v)][1](at_one, policy) for v in (Verdict.CUT, Verdict.EASE, Verdict.GROW)] == [0, 1, 2]
     assert TRANSITIONS[(GuardPhase.STEADY, Verdict.GROW)][1](at_zero, policy) == 1
+
+
+def test_nothing_runs_before_the_first_scrape_came_back_and_without_metrics_one_runs_after():
+    guard = LatencyGuard(None, 8)
+    assert [guard.allowed(t, 0) for t in (0.0, 1.0, 1.9)] == [0, 0, 0]  # the scraper's first answer is not in yet
+    assert guard.allowed(2.0, 0) == 1  # none came: the server has no metrics, the batch's own requests at concurrency 1
+    assert guard.reading(2.0).basis == "own requests"
 
 
 def test_the_baseline_waits_with_nothing_in_flight_and_widens_while_online_first_tokens_are_few():

@@ -11,7 +11,8 @@ Phases (`GuardPhase`; the rules and their numbers in `guard_policy.py`):
   Without server metrics: the batch's own requests at concurrency 1.
 - WAITING, when the online traffic alone is over its ease bounds or the server preempted or
   queued with no batch at all: 0 in flight, 1 while no online request is on the server. It ends
-  when a window shows the online traffic under its ease bounds and no sign of overload.
+  when a window shows the online traffic under its ease bounds and no sign of overload: SLOW_START
+  at 1 with an SLO; without one, a new BASELINE (an overloaded server's latency is no baseline).
 - SLOW_START and STEADY, guarding: at each new snapshot (without metrics: each new timing), the
   window since the last cut took effect and the stretch since the level was set give a `Verdict`
   (`guard_evidence.judge`), and `TRANSITIONS` the next phase and allowance. Growth needs positive
@@ -68,6 +69,7 @@ class LatencyGuard:
         self._calibrating_from: MetricsSnapshot | None = None  # then 1 in flight from here, for the batch's exact timings
         self._capacity_running: float | None = None  # running requests when the server was last seen full
         self._beside_online = 1  # the last allowance judged beside online requests (growth in a lull is not)
+        self._first_call_s = math.inf  # when the caller first asked or told anything
 
     # -- what the caller tells and asks
 
@@ -135,6 +137,10 @@ class LatencyGuard:
         ones (their inter-token baseline: vLLM's histogram buckets are wider than the margin), or,
         with nobody else there, its first tokens too. With an SLO, or a server over it alone, no 1."""
         first, newest = self._history.first_with_latency, self._history.fresh(now_s)
+        self._first_call_s = min(self._first_call_s, now_s)
+        if self._history.seen == 0 and now_s - self._first_call_s < self.policy.judge_after_s:
+            self._allowed = 0  # the first scrape has not come back yet: nothing is known
+            return
         if first is None or newest is None or newest.ttft is None:  # no server metrics: the batch's own requests at concurrency 1
             self._allowed = 1
             measured = own_latency(self._own, -math.inf, now_s)
@@ -143,7 +149,7 @@ class LatencyGuard:
             return
         if self._alone is None:
             self._allowed = 0
-            alone = self._history.evidence(now_s, first.at_s, self._own, 0.0)
+            alone = self._history.evidence(now_s, max(first.at_s, self._level_since_s), self._own, 0.0)  # since it (re)began
             if alone is None or alone.span_s < self.policy.baseline_s:
                 return
             if alone.online_seen and alone.latency.ttft_count < self.policy.min_observations and alone.span_s < self.policy.max_window_s:
@@ -195,7 +201,10 @@ class LatencyGuard:
             return
         enough = not alone.online_seen or alone.latency.ttft_count >= self.policy.min_observations
         why = self._over_alone(alone)
-        if enough and why is None:
+        if enough and why is None and self.slo is None:  # the overload is over: targets from a baseline of what is there now
+            self.phase, self._why_waiting, self._targets, self._alone, self._calibrating_from = GuardPhase.BASELINE, None, None, None, None
+            self._set_level(0, now_s)
+        elif enough and why is None:
             self.phase, self._why_waiting = GuardPhase.SLOW_START, None
             self._set_level(1, now_s)
         elif why is not None:
