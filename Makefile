@@ -34,7 +34,7 @@ demo: install
 test: install
 	$(BIN)/ruff check batchllm tests benchmarks profiles examples
 	$(BIN)/lint-imports
-	$(BIN)/mypy batchllm/runtime batchllm/planner batchllm/costmodel batchllm/engines/endpoint
+	$(BIN)/mypy batchllm
 	$(BIN)/python -m pytest
 
 clean:

@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.json as pa_json
@@ -139,7 +139,7 @@ def _default_run_name(dag: object) -> str:
     if isinstance(dag, Mapping):
         name = dag.get("name")
         return name if isinstance(name, str) and name and "/" not in name else DICT_DAG_NAME
-    return Path(dag).stem
+    return Path(cast("str | os.PathLike[str]", dag)).stem  # not a mapping: a path
 
 
 def _load(dag: object, inputs: Mapping[str, Any] | None, table_path) -> tuple[DagSpec, dict[Path, pa.Table]]:

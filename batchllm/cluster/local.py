@@ -23,7 +23,9 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from importlib.machinery import ModuleSpec
 from pathlib import Path
+from typing import cast
 
 # Lost nodes are noticed in about 3 s (the defaults take about 30 s): the GCS probes each raylet.
 FAST_HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3",
@@ -138,7 +140,8 @@ class LocalRayCluster:
 def _is_ray(args: list[str]) -> bool:
     """A Ray program: a binary or script of the ray package, or `python -m ray.<module>`
     (not a shell or editor whose command line merely mentions the cluster)."""
-    package = importlib.util.find_spec("ray").submodule_search_locations[0]
+    spec = cast(ModuleSpec, importlib.util.find_spec("ray"))  # installed: Ray runs this cluster
+    package = cast("list[str]", spec.submodule_search_locations)[0]  # a package: it has a folder
     return any(a.startswith(package) or a.startswith("ray.") for a in args[:3])
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from batchllm.cluster.loopback import is_loopback, keep_on_loopback
 from batchllm.engines.devices import DeviceSet, NodeDevices
@@ -20,7 +22,7 @@ _ADDRESS = re.compile(r"(ray://)?[\w.-]+:\d+\Z")
 _CORE = re.compile(r"core(\d+)\Z")
 
 
-def cluster_address(option: str | None, environ: dict[str, str] | None = None) -> str | None:
+def cluster_address(option: str | None, environ: Mapping[str, str] | None = None) -> str | None:
     """The Ray address to run on, None for local processes.
 
     `--cluster local`: local processes. `--cluster ray`: RAY_ADDRESS, else the cluster this
@@ -75,10 +77,12 @@ class RaySession:
             raise UserError(f"--cluster {address!r} needs Ray", hint="pip install 'batchllm[ray]'") from None
         if address == "auto" or is_loopback(address):
             keep_on_loopback()
-        extra = {"_node_ip_address": "127.0.0.1"} if is_loopback(address) and not address.startswith("ray://") else {}
+        extra: dict[str, Any] = {"_node_ip_address": "127.0.0.1"} if is_loopback(address) and not address.startswith("ray://") else {}
         if not ray.is_initialized():
             try:
-                ray.init(address=address, log_to_driver=False, logging_level="warning", configure_logging=True, **extra)
+                # Ray annotates logging_level as int but takes level names too (its own default is "info")
+                ray.init(address=address, log_to_driver=False, logging_level="warning",  # type: ignore[arg-type]
+                         configure_logging=True, **extra)
             except (ConnectionError, RuntimeError, ValueError) as error:
                 raise UserError(f"cannot connect to the Ray cluster at {address!r}: {error}", where="--cluster",
                                 hint="start one with `ray start --head`, or check RAY_ADDRESS") from None

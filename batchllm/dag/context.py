@@ -9,7 +9,8 @@ runtime (rendering requests), the checks (dry render) and the planner (prompt si
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import cast
 
 from batchllm.dag.model import NodeSpec
 
@@ -19,7 +20,7 @@ def template_context(node: NodeSpec, row: Mapping[str, object], upstream: Mappin
     context = dict(row)
     context.update(upstream)
     if node.iterate:
-        items = row.get(node.iterate.over) or []
+        items = cast(Sequence[object], row.get(node.iterate.over) or [])  # the column holds lists
         context.update({node.iterate.item_name: items[step] if step < len(items) else "", "step": step,
                         "previous": previous})
     return context

@@ -12,6 +12,7 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 import networkx as nx
 
@@ -47,7 +48,8 @@ ITERATION_NAMES = frozenset({"step", "previous"})
 
 def load_dag(path: Path) -> DagSpec:
     path = Path(path)
-    return load_dag_mapping(read_yaml(path), path.parent, path.name)
+    # not a mapping: load_dag_mapping's first check says so (a UserError)
+    return load_dag_mapping(cast(Mapping, read_yaml(path)), path.parent, path.name)
 
 
 def load_dag_mapping(mapping: Mapping, base_dir: Path, name: str) -> DagSpec:
@@ -359,7 +361,8 @@ def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], node
 
 def _json_fields(name: str, nodes: dict[str, NodeSpec], merges: dict[str, tuple[str, ...]]) -> dict[str, str]:
     """The typed JSON fields of a node's output, or those every member of a merge has alike."""
-    per_member = [nodes[m].output.json_fields() if nodes[m].output else {} for m in merges.get(name, (name,))]
+    per_member = [cast(OutputConstraint, nodes[m].output).json_fields() if nodes[m].output else {}
+                  for m in merges.get(name, (name,))]
     return {field: kind for field, kind in per_member[0].items() if all(other.get(field) == kind for other in per_member)}
 
 

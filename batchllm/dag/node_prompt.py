@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from batchllm.core.errors import UserError
 from batchllm.core.requests import Message
@@ -96,7 +97,7 @@ def conversation_of(value: object, *, where: str) -> tuple[Message, ...]:
         problem = f"a non-empty list of {{role, content}}, got {str(value)[:80]!r}"
     else:
         for k, item in enumerate(value):
-            role = ROLE_ALIASES.get(item.get("role"), item.get("role")) if isinstance(item, Mapping) else None
+            role = ROLE_ALIASES.get(cast(str, item.get("role")), item.get("role")) if isinstance(item, Mapping) else None
             content = item.get("content") if isinstance(item, Mapping) else None
             if role not in ROLES or not isinstance(content, str):
                 problem = f"its item {k} to be {{role: one of {', '.join(ROLES)}, content: text}}, got {str(item)[:80]!r}"

@@ -8,6 +8,7 @@ with an underscore (the way into Python internals) is allowed at all.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import jinja2
 from jinja2 import meta, nodes
@@ -49,7 +50,7 @@ def _simple_parts(tree: nodes.Template) -> tuple[tuple[bool, str], ...] | None:
     if not all(isinstance(node, nodes.Output) for node in tree.body):
         return None
     parts = []
-    for output in tree.body:
+    for output in cast("list[nodes.Output]", tree.body):  # all Output, checked above
         for node in output.nodes:
             if isinstance(node, nodes.TemplateData):
                 parts.append((False, node.data))
@@ -72,7 +73,7 @@ def compile_template(source: str, *, where: str, first_line: int | None) -> Prom
             hint="check the {{ }} and {% %} pairs of the template",
         ) from None
     for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
-        key = node.attr if isinstance(node, nodes.Getattr) else getattr(node.arg, "value", None)
+        key = node.attr if isinstance(node, nodes.Getattr) else getattr(cast(nodes.Getitem, node).arg, "value", None)
         if isinstance(key, str) and key.startswith("_"):
             line = f", line {first_line + node.lineno - 1}" if first_line else ""
             raise UserError(

@@ -14,6 +14,7 @@ class LineDict(dict):
 
     line: int = 0
     key_lines: dict[str, int]
+    value_lines: dict[str, int]
 
     def line_of(self, key: str) -> int:
         return self.key_lines.get(key, self.line)

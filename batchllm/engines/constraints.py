@@ -8,12 +8,14 @@ typed output columns (`OutputConstraint.json_fields`).
 from __future__ import annotations
 
 import re
+from types import ModuleType
 
 from batchllm.core.output_constraint import OutputConstraint
 from batchllm.core.errors import UserError
 
 
 def check_constraint(output: OutputConstraint, *, where: str) -> None:
+    xgrammar: ModuleType | None
     try:
         import xgrammar
     except ImportError:  # no engine installed here: Python's own checks only

@@ -70,6 +70,7 @@ class DeviceSet:
 
     def without_nodes(self, lost: set[str]) -> "DeviceSet":
         """The cluster's devices once the `lost` nodes are gone (the others keep their labels)."""
+        ids: list[int]
         kept, ids, position = [], [], 0
         for node in self.nodes:
             if node.node not in lost:

@@ -23,6 +23,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from batchllm.core.errors import UserError
 
@@ -67,7 +68,7 @@ class HardwareIdentity:
         return {key: value for key, value in body.items() if value is not None}
 
     @classmethod
-    def from_dict(cls, body: dict[str, object]) -> "HardwareIdentity":
+    def from_dict(cls, body: dict[str, Any]) -> "HardwareIdentity":
         flags = body.get("cpu_flags")
         return cls(str(body["kind"]), body.get("name"), body.get("dtype"),
                    None if flags is None else tuple(f for f in KERNEL_FLAGS if f in flags),

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from batchllm.engines.engine import EngineFailed, StepperFactory
 from batchllm.core.requests import EngineRequest, EngineResult
@@ -199,7 +199,7 @@ def _main_module_hidden() -> Iterator[None]:
     worker. A worker needs nothing of that script (its code and arguments are batchllm's
     modules'), so the main module's name and path are hidden while a worker is spawned."""
     main = sys.modules.get("__main__")
-    saved = {key: main.__dict__[key] for key in ("__spec__", "__file__") if main is not None and key in main.__dict__}
+    saved: dict[str, Any] = {key: main.__dict__[key] for key in ("__spec__", "__file__") if main is not None and key in main.__dict__}
     try:
         if main is not None:
             main.__dict__.pop("__file__", None)

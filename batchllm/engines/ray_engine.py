@@ -22,6 +22,7 @@ import queue
 import threading
 import time
 from pathlib import Path
+from typing import cast
 
 from batchllm.engines.engine import EngineFailed
 from batchllm.engines.process_engine import WorkerEngine, _VllmStepperFactory
@@ -92,6 +93,7 @@ class RayEngine(WorkerEngine):
         alive = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
         if node not in alive:
             raise EngineFailed(f"engine for {config.model} on node {node!r}", f"the node is not in the cluster (alive: {sorted(alive)})")
+        assert node is not None  # None is never a node id of `alive`: raised above
         bundle = replica_bundle(config, alive[node]["Resources"])
         self._group = placement_group([bundle], strategy="STRICT_PACK", bundle_label_selector=[{"ray.io/node-id": node}],
                                       name=f"batchllm-{Path(config.model).name}-{node[:8]}-{config.replica.device_ids}")
@@ -105,11 +107,11 @@ class RayEngine(WorkerEngine):
             max_concurrency=4, max_restarts=0, name=None,
         ).remote(config, stepper_factory)
         self._buffer: collections.deque = collections.deque()
-        self._pending = self._actor.take.remote(TAKE_WAIT_S)
+        self._pending = self._actor.take.remote(TAKE_WAIT_S)  # type: ignore[attr-defined]  # Ray types undecorated actor methods without .remote
 
     @property
     def node(self) -> str:
-        return self.config.replica.node
+        return cast(str, self.config.replica.node)  # a Ray engine's replica always names its node (checked in __init__)
 
     def _wait_ready(self, timeout_s: float):
         import ray
@@ -123,7 +125,7 @@ class RayEngine(WorkerEngine):
         return super()._wait_ready(timeout_s)
 
     def _send(self, message) -> None:
-        self._actor.send.remote(message)
+        self._actor.send.remote(message)  # type: ignore[attr-defined]  # Ray types undecorated actor methods without .remote
 
     def _next_message(self, timeout_s: float):
         import ray
@@ -138,14 +140,14 @@ class RayEngine(WorkerEngine):
                 self._buffer.extend(ray.get(self._pending))
             except RayError as error:
                 raise self._failure(f"actor on node {self.node!r} lost", exception_cause(error)) from None
-            self._pending = self._actor.take.remote(TAKE_WAIT_S)
+            self._pending = self._actor.take.remote(TAKE_WAIT_S)  # type: ignore[attr-defined]  # Ray types undecorated actor methods without .remote
         return self._buffer.popleft()
 
     def _kill(self) -> None:
         import ray
         from ray.util import remove_placement_group
 
-        ray.kill(self._actor, no_restart=True)
+        ray.kill(self._actor, no_restart=True)  # type: ignore[arg-type]  # Ray types .remote() as ActorHandle | the class
         remove_placement_group(self._group)
 
     def stop(self) -> None:
@@ -153,7 +155,7 @@ class RayEngine(WorkerEngine):
         from ray.exceptions import RayError
 
         try:
-            ray.get(self._actor.stop.remote(30.0), timeout=40.0)
+            ray.get(self._actor.stop.remote(30.0), timeout=40.0)  # type: ignore[attr-defined]  # Ray types undecorated actor methods without .remote
         except (RayError, TimeoutError):
             pass  # lost already, or stuck: killed below either way
         self._kill()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from batchllm.core.errors import UserError
 from batchllm.core.files import write_text_atomically
-from batchllm.dag.model import DagSpec
+from batchllm.dag.model import DagSpec, NodeSpec
 from batchllm.engines.devices import CPU_KV_CACHE_DEFAULT_BYTES, engine_dtype, engine_dtype_reason
 from batchllm.engines.protocol import exception_cause
 from batchllm.engines.version import installed_vllm
@@ -57,7 +57,7 @@ def check_engine_settings(dag: DagSpec, home: Path, device_kind: str) -> None:
     if importlib.util.find_spec("vllm") is None:
         return  # no engine installed: nothing could run, and the run says so
     e = dag.engine
-    first_node = {}
+    first_node: dict[str, NodeSpec] = {}
     for node in dag.nodes.values():
         if node.model not in dag.endpoints:  # a server's model runs on settings of its own
             first_node.setdefault(node.model, node)
@@ -122,13 +122,16 @@ def _verdict(settings: EngineSettings) -> SettingsVerdict:
     from vllm.config import ModelConfig, ParallelConfig
 
     try:
-        config = ModelConfig(model=settings.config_dir, max_model_len=settings.max_model_len, dtype=settings.dtype or "auto",
+        # vLLM's annotations are narrower than what it takes: max_model_len=None is its own default, and any
+        # dtype name is checked when it runs (a refusal lands below)
+        config = ModelConfig(model=settings.config_dir, max_model_len=settings.max_model_len, dtype=settings.dtype or "auto",  # type: ignore[arg-type]
                              skip_tokenizer_init=True)
     except Exception as error:  # noqa: BLE001  pydantic's ValidationError, ValueError: the refusal is the answer
         cause = exception_cause(error)
         return SettingsVerdict(cause, "max_model_len" if "max_model_len" in cause else "model")
     parallel = ParallelConfig()
-    per_token = 2 * config.get_num_layers(parallel) * config.get_num_kv_heads(parallel) * config.get_head_size() * config.dtype.itemsize
+    # vLLM annotates the dtype field as its input (a name or a torch.dtype); __post_init__ makes it a torch.dtype
+    per_token = 2 * config.get_num_layers(parallel) * config.get_num_kv_heads(parallel) * config.get_head_size() * config.dtype.itemsize  # type: ignore[union-attr]
     needed = per_token * config.max_model_len
     if settings.kv_cache_memory_bytes is not None and settings.kv_cache_memory_bytes < needed:
         dtype = str(config.dtype).removeprefix("torch.")

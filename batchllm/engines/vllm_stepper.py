@@ -12,11 +12,15 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, RequestId, TokenLogprob
 from batchllm.core.sampling import request_seed, SamplingSpec
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 from batchllm.models.tokens import PromptTokenizer
+
+if TYPE_CHECKING:
+    from vllm.outputs import CompletionOutput
 
 
 def configure_environment(config: EngineConfig) -> None:
@@ -115,8 +119,8 @@ class VllmStepper:
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        options = dict(model=config.model, seed=0, disable_log_stats=False, enforce_eager=config.enforce_eager,
-                       tensor_parallel_size=config.replica.tp, enable_logging_iteration_details=True)
+        options: dict[str, Any] = dict(model=config.model, seed=0, disable_log_stats=False, enforce_eager=config.enforce_eager,
+                                       tensor_parallel_size=config.replica.tp, enable_logging_iteration_details=True)
         for key in ("max_model_len", "max_num_seqs", "kv_cache_memory_bytes", "dtype"):
             if getattr(config, key) is not None:
                 options[key] = getattr(config, key)
@@ -177,7 +181,7 @@ class VllmStepper:
         for output in outputs:
             live = self._live[output.request_id]
             before = live.context() if live.decoding else 0
-            for completion in output.outputs:
+            for completion in cast("list[CompletionOutput]", output.outputs):  # a generating engine: no PoolingOutput
                 if live.logprobs is not None and completion.index == 0 and completion.logprobs:
                     live.logprobs.extend(_token_logprobs(completion.token_ids, completion.logprobs, live.top_logprobs))
                 live.pieces[completion.index].append(completion.text)

@@ -66,7 +66,7 @@ def serve(stepper: Stepper, inbox, outbox, parent_alive) -> None:
 
 
 def _take_messages(inbox, *, block: bool, parent_alive) -> list:
-    messages = []
+    messages: list = []
     while block and not messages:
         try:
             messages.append(inbox.get(timeout=1.0))

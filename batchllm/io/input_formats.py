@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from batchllm.core.files import replacing
 from batchllm.dag.model import INPUT_FORMATS, InputSpec
@@ -137,7 +137,7 @@ def _common_format(files: tuple[Path, ...], where: str) -> str:
     if unknown:
         raise UserError(f"cannot tell the format of {str(unknown[0])!r} from its extension", where=where,
                         hint=f"add `format:` ({', '.join(INPUT_FORMATS)}), or match only .parquet, .jsonl or .csv files")
-    kinds = sorted(set(formats.values()))
+    kinds = sorted(cast("set[str]", set(formats.values())))  # no None: unknown formats raised above
     if len(kinds) > 1:
         example = {fmt: next(str(f) for f, k in formats.items() if k == fmt) for fmt in kinds}
         raise UserError(f"the input mixes formats: {', '.join(f'{example[k]!r} ({k})' for k in kinds)}", where=where,

@@ -15,6 +15,7 @@ import hashlib
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import duckdb
 import numpy as np
@@ -138,14 +139,14 @@ def open_inputs(specs: dict[str, InputSpec]) -> dict[str, InputSource]:
 
 def _check_ids(spec: InputSpec, path: Path, where: str) -> None:
     """No null and no duplicate id, in DuckDB: bounded memory, spilling to a temporary folder."""
-    column = '"' + spec.id_column.replace('"', '""') + '"'
+    column = '"' + cast(str, spec.id_column).replace('"', '""') + '"'  # called only with an id_column
     with tempfile.TemporaryDirectory(prefix="batchllm-ids-") as spill:
         connection = duckdb.connect(config={"memory_limit": ID_CHECK_MEMORY, "temp_directory": spill,
                                             "preserve_insertion_order": False, "autoload_known_extensions": False,
                                             "autoinstall_known_extensions": False})
         try:
-            nulls = connection.execute(f"SELECT count(*) FILTER (WHERE {column} IS NULL) FROM read_parquet(?)",
-                                       [str(path)]).fetchone()[0]
+            nulls = cast("tuple[Any, ...]", connection.execute(  # an aggregate: always one row
+                f"SELECT count(*) FILTER (WHERE {column} IS NULL) FROM read_parquet(?)", [str(path)]).fetchone())[0]
             if nulls:
                 raise UserError(f"id_column {spec.id_column!r} has {nulls} null values", where=where, hint="every row needs an id")
             duplicate = connection.execute(

@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import duckdb
 import numpy as np
@@ -226,7 +227,7 @@ def write_output_set(spec: OutputSpec, source: InputFile, finals: dict[str, Fina
     input_schema, fields = pq.read_schema(source.path), [pa.field(ROW_ID, pa.string())]
     aliases = {node: f"n{k}" for k, node in enumerate(nodes)}
     segments = {node: _Segments.of(finals[node].journal) for node in nodes}
-    steps = {node: (f"len(i.{_quote(finals[node].last_step_column)}) - 1" if finals[node].last_step_column else "0")
+    steps = {node: (f"len(i.{_quote(cast(str, finals[node].last_step_column))}) - 1" if finals[node].last_step_column else "0")
              for node in nodes}
     read = {c for c in [source.id_column, *(finals[n].last_step_column for n in nodes)] if c}
     for name, ref in spec.columns.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import duckdb
 import pyarrow as pa
@@ -11,7 +12,7 @@ import pyarrow.dataset as ds
 from batchllm.core.errors import UserError
 from batchllm.io.input_source import ROW_ID, InputSource
 
-def sql_literal(text: str) -> str:
+def sql_literal(text: str | Path) -> str:
     """A SQL string literal: `text` in single quotes, its quotes doubled."""
     return "'" + str(text).replace("'", "''") + "'"
 

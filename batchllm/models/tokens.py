@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from batchllm.core.requests import EngineRequest
 
@@ -113,7 +113,7 @@ class _TransformersTokenizer:
         self._tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
 
     def render(self, messages: list[dict[str, str]]) -> str:
-        return self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return cast(str, self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))  # tokenize=False: text
 
     def encode(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
         return [list(e) for e in self._tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]]

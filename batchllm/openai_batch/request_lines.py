@@ -35,7 +35,7 @@ CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assist
 BODY_SAMPLING_KEYS = (*SAMPLING_KEYS, "max_completion_tokens")
 IGNORED_KEYS = ("user", "metadata", "store")  # do not change what is generated
 # Parameters batchllm does not implement, accepted only at the value that means "off".
-OFF_VALUES = {"stream": (False, None), "echo": (False, None), "stream_options": (None,), "logprobs": (False, None, 0),
+OFF_VALUES: dict[str, tuple[object, ...]] = {"stream": (False, None), "echo": (False, None), "stream_options": (None,), "logprobs": (False, None, 0),
               "stop": (None, [], "")}
 
 

@@ -65,6 +65,7 @@ def run_batch(requests_file: Path, output: Path, models: Mapping[str, str], *, r
         if fresh:
             shutil.rmtree(state, ignore_errors=True)
         batch = prepare_batch(requests_file, models, state)
+        summary: tuple[str, ...]
         incomplete, summary = None, ()
         if batch.groups:
             try:

@@ -16,7 +16,7 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, cast
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -166,7 +166,8 @@ def profile_model(model_name: str, model_dir: Path, devices: DeviceSet, hardware
         shape_profiles[shape.key] = ShapeProfile(ready.load_time_s, ready.kv_capacity_tokens, latency, error, round(warmup_s, 2))
         tables[shape.key] = [{"wall_s": round(s.wall_s, 6), **dict(zip(FEATURES, map(float, f)))} for s, f in zip(steps, features)]
         report(f"[{shape.key}] load {ready.load_time_s:.1f} s + warm-up {warmup_s:.1f} s, KV {ready.kv_capacity_tokens:,} tokens, step fit median error {error:.1%}")
-    identity = dataclasses.replace(this_machine(devices.kind), dtype=engine_settings["dtype"])  # the dtype it ran
+    identity = dataclasses.replace(this_machine(devices.kind), dtype=cast(str, engine_settings["dtype"]))  # the dtype it ran
+    assert lengths is not None  # measured on the widest shape, which is always one of `shapes`
     profile = Profile("measured", hardware, model_name, engine_settings, facts, shape_profiles, lengths,
                       notes={"length_prompts": "profiles/prompts/first_turns.parquet", "temperature": 0.0,
                              "length_cap_tokens": settings.length_cap_tokens}, identity=identity)

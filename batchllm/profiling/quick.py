@@ -47,6 +47,7 @@ def quick_profile(model_name: str, model_dir: Path, devices: DeviceSet, factory:
     """Calibrate `model_name` on every replica shape that fits on `devices`; save and return
     the learnt profile and its store folder."""
     cluster = local_cluster(devices.kind, len(devices.ids))
+    assert cluster.identity is not None  # local_cluster sets this machine's
     run = run_settings(EngineSpec(max_model_len=settings.max_model_len), cluster)
     stored = store.load(cluster.identity, model_name, run)
     prior = stored.profile if stored else cluster_profile(cluster, model_name, profiles_root, run)[0]
