@@ -27,13 +27,13 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 from rich.console import Console
 
-from batchllm.core.files import replacing
 from batchllm.cluster.session import open_cluster
+from batchllm.core.errors import UserError
+from batchllm.core.files import replacing
 from batchllm.dag.loader import load_dag, load_dag_mapping
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet, hardware_name, parse_devices
 from batchllm.engines.engine import EngineFactory
-from batchllm.core.errors import UserError
 from batchllm.planner.plan_file import PROFILES_ROOT, PlanReport, plan_dag
 from batchllm.runtime.console import run_console
 from batchllm.runtime.executor import RunResult

@@ -11,14 +11,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 from rich.console import Console
+from rich.markup import escape
 
-from batchllm.engines.devices import parse_devices
 from batchllm.core.errors import USAGE_EXIT_CODE, RunIncomplete, UserError
-from batchllm.runtime.console import run_console
+from batchllm.engines.devices import parse_devices
 from batchllm.models.embedded import EMBEDDED_MODELS
 from batchllm.models.registry import batchllm_home
+from batchllm.runtime.console import run_console
 
 app = typer.Typer(
     help="Offline batch inference for multi-LLM pipelines: a YAML DAG of LLM stages over Parquet, run on vLLM.",
@@ -144,7 +144,8 @@ def run_batch(
 
     Example: batchllm run-batch -i requests.jsonl -o results.jsonl --model gpt-4o-mini=smollm2-135m
     """
-    from batchllm.openai_batch import model_map, run_batch as run_batch_file
+    from batchllm.openai_batch import model_map
+    from batchllm.openai_batch import run_batch as run_batch_file
     from batchllm.runtime.memory import limit_malloc_arenas
 
     limit_malloc_arenas()  # this process is the driver, from here on (runtime/memory.py says why)
@@ -215,14 +216,13 @@ def plan(
         return
 
     from batchllm.dag.endpoints_section import with_endpoint_options
-    from batchllm.planner.gantt import chart_paths, write_html, write_png
-    from batchllm.planner.plan_file import PROFILES_ROOT, plan_dag
-    from batchllm.planner.length_sources import LengthModels
-    from batchllm.planner.report import print_report, report_json
-
+    from batchllm.dag.loader import load_dag
     from batchllm.engines.settings_check import check_engine_settings
     from batchllm.io.dag_checks import check_dag
-    from batchllm.dag.loader import load_dag
+    from batchllm.planner.gantt import chart_paths, write_html, write_png
+    from batchllm.planner.length_sources import LengthModels
+    from batchllm.planner.plan_file import PROFILES_ROOT, plan_dag
+    from batchllm.planner.report import print_report, report_json
 
     try:
         this_machine = _this_machine_devices()
@@ -327,12 +327,12 @@ def validate(
     A model on servers (`endpoints:`) needs no files here: each server must answer, serve it
     and take the API key.
     """
-    from batchllm.io.dag_checks import check_dag
     from batchllm.dag.endpoints_section import with_endpoint_options
     from batchllm.dag.loader import load_dag
     from batchllm.dag.warnings import dag_warnings
     from batchllm.engines.endpoint.server_check import check_endpoints
     from batchllm.engines.settings_check import check_engine_settings
+    from batchllm.io.dag_checks import check_dag
 
     try:
         spec = with_endpoint_options(load_dag(dag), endpoint or [])

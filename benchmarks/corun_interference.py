@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from batchllm.engines.devices import Replica, engine_dtype  # noqa: E402
-from batchllm.engines.process_engine import start_vllm_engine  # noqa: E402
 from batchllm.core.requests import EngineRequest  # noqa: E402
 from batchllm.core.sampling import SamplingSpec  # noqa: E402
+from batchllm.engines.devices import Replica, engine_dtype  # noqa: E402
+from batchllm.engines.process_engine import start_vllm_engine  # noqa: E402
 from batchllm.engines.protocol import EngineConfig  # noqa: E402
 from batchllm.models.registry import batchllm_home, resolve_model  # noqa: E402
 

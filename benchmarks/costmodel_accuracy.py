@@ -24,13 +24,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from batchllm.costmodel.estimator import ExecutionPlan, Workload, estimate  # noqa: E402
-from batchllm.costmodel.profile import Profile, ReplicaShape, profile_dir  # noqa: E402
-from batchllm.engines.devices import hardware_name  # noqa: E402
-from batchllm.engines.devices import Replica  # noqa: E402
-from batchllm.engines.process_engine import start_vllm_engine  # noqa: E402
 from batchllm.core.requests import EngineRequest  # noqa: E402
 from batchllm.core.sampling import SamplingSpec  # noqa: E402
+from batchllm.costmodel.estimator import ExecutionPlan, Workload, estimate  # noqa: E402
+from batchllm.costmodel.profile import Profile, ReplicaShape, profile_dir  # noqa: E402
+from batchllm.engines.devices import Replica, hardware_name  # noqa: E402
+from batchllm.engines.process_engine import start_vllm_engine  # noqa: E402
 from batchllm.engines.protocol import EngineConfig  # noqa: E402
 from batchllm.models.registry import batchllm_home, resolve_model  # noqa: E402
 from batchllm.models.tokens import PromptTokenizer  # noqa: E402

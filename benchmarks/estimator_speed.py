@@ -21,8 +21,8 @@ sys.path.insert(0, str(REPO))
 from batchllm.costmodel.estimator import ExecutionPlan, Workload, estimate, scheduler_limits  # noqa: E402
 from batchllm.costmodel.lengths import output_lengths  # noqa: E402
 from batchllm.costmodel.profile import Profile, ReplicaShape, profile_dir  # noqa: E402
-from batchllm.engines.devices import hardware_name  # noqa: E402
 from batchllm.costmodel.simulator import simulate_replica  # noqa: E402
+from batchllm.engines.devices import hardware_name  # noqa: E402
 
 REQUESTS = 10_000
 BUDGET_MS = 100.0

@@ -53,10 +53,10 @@ from scipy.stats import kendalltau  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from batchllm.core.length_prompt import LengthPrompt  # noqa: E402
 from batchllm.costmodel.length_model.gate import gate  # noqa: E402
 from batchllm.costmodel.length_model.model import LengthModel  # noqa: E402
 from batchllm.costmodel.lengths import LengthDistribution  # noqa: E402
-from batchllm.core.length_prompt import LengthPrompt  # noqa: E402
 from batchllm.costmodel.request_lengths import RequestLengths  # noqa: E402
 
 DATA = REPO / "benchmarks" / "data" / "length_sets.parquet"

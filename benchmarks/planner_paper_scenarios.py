@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from batchllm.costmodel.estimator import Workload  # noqa: E402
 from batchllm.costmodel.profile import find_profile  # noqa: E402
 from batchllm.planner.baselines import lower_bound_s, max_heuristic, min_heuristic  # noqa: E402
+from batchllm.planner.best import best_schedule  # noqa: E402
 from batchllm.planner.cluster import Cluster, parse_cluster  # noqa: E402
 from batchllm.planner.exact import exact_schedule  # noqa: E402
 from batchllm.planner.greedy import greedy_schedule  # noqa: E402
 from batchllm.planner.problem import NodeWorkload, PlanProblem, build_problem  # noqa: E402
-from batchllm.planner.best import best_schedule  # noqa: E402
 from batchllm.planner.timeline import Timeline  # noqa: E402
 
 PROFILES = Path(__file__).resolve().parent.parent / "profiles"

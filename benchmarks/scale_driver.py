@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rich.console import Console  # noqa: E402
 
+from batchllm.core.errors import RunIncomplete, UserError  # noqa: E402
 from batchllm.costmodel.profile import find_profile  # noqa: E402
 from batchllm.dag.loader import load_dag  # noqa: E402
 from batchllm.engines.devices import DeviceSet, hardware_name  # noqa: E402
-from batchllm.core.errors import RunIncomplete, UserError  # noqa: E402
 from batchllm.planner.plan_file import PROFILES_ROOT  # noqa: E402
 from batchllm.runtime.launch import run_dag_file  # noqa: E402
 from batchllm.runtime.memory import limit_malloc_arenas  # noqa: E402

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import time
 
-from batchllm.engines.process_engine import ProcessEngine
 from batchllm.core.requests import EngineRequest, EngineResult, FinishReason
+from batchllm.engines.process_engine import ProcessEngine
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 
 BLOCK_SIZE_TOKENS = 16

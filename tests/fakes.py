@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from batchllm.engines.engine import EngineFailed
 from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, TokenLogprob
+from batchllm.engines.engine import EngineFailed
 from batchllm.engines.protocol import EngineConfig, WorkerReady
 
 

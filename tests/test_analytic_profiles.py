@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
+from batchllm.core.errors import UserError
 from batchllm.costmodel.analytic import analytic_profile, load_catalog, lognormal_lengths
 from batchllm.costmodel.profile import find_profile
-from batchllm.core.errors import UserError
 
 GPUS, MODELS = load_catalog()
 

@@ -13,9 +13,9 @@ from batchllm.costmodel.calibration.latency import LatencyCalibration, prior_des
 from batchllm.costmodel.calibration.lengths import LengthCalibration
 from batchllm.costmodel.calibration.loads import PRIOR_LOADS, LoadCalibration
 from batchllm.costmodel.calibration.model import ModelCalibration
-from batchllm.costmodel.nnls import nnls_normal
 from batchllm.costmodel.latency import StepFeatures, StepLatencyModel
 from batchllm.costmodel.lengths import LengthDistribution
+from batchllm.costmodel.nnls import nnls_normal
 from batchllm.costmodel.profile import Profile
 
 REPO = Path(__file__).resolve().parent.parent

@@ -13,20 +13,19 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from batchllm.core.requests import EngineResult
 from batchllm.costmodel.calibration.latency import scaled
 from batchllm.costmodel.calibration.store import ProfileStore
-from batchllm.costmodel.latency import StepFeatures
+from batchllm.costmodel.latency import StepFeatures, step_features
 from batchllm.costmodel.profile import Profile
 from batchllm.engines.devices import DeviceSet, hardware_name
 from batchllm.engines.hardware import HardwareIdentity, this_machine
-from batchllm.core.requests import EngineResult
 from batchllm.engines.protocol import StepRecord
 from batchllm.models.registry import batchllm_home
 from batchllm.planner import cluster as cluster_module
 from batchllm.planner.plan_file import plan_dag_file
-from batchllm.runtime.ledger import UNIT_BITS, UNIT_MASK
-from batchllm.costmodel.latency import step_features
 from batchllm.runtime.launch import run_dag_file
+from batchllm.runtime.ledger import UNIT_BITS, UNIT_MASK
 from batchllm.runtime.status import read_status
 from tests.conftest import ENSEMBLE_DAG
 from tests.fakes import FakeEngine, FakeEngineFactory
@@ -193,9 +192,9 @@ PREPARED = Path.home() / ".cache" / "batchllm" / "models" / "smollm2-135m"
 
 @pytest.mark.skipif(not (PREPARED / "tokenizer.json").is_file(), reason="the embedded model is not prepared on this machine")
 def test_the_planner_counts_prompt_tokens_with_the_models_tokenizer_when_it_is_here(workspace, tmp_path):
-    from batchllm.io.dag_checks import check_dag
-    from batchllm.dag.loader import load_dag
     from batchllm.core.requests import EngineRequest
+    from batchllm.dag.loader import load_dag
+    from batchllm.io.dag_checks import check_dag
     from batchllm.models.tokens import PromptTokenizer
     from batchllm.planner.cluster import local_cluster
     from batchllm.planner.from_dag import dag_workloads

@@ -7,10 +7,36 @@ import math
 
 import pytest
 
-from benchmarks.coserve import (BURSTS, LONG_ANSWER, SATURATING, STEADY, THREE_PHASES, Idle, OnlineResult, Phase, ScenarioResult,
-                                Server, SideRun, burst_phases, by_server, final_line, idle_of, long_answer_s, long_answer_tokens,
-                                make_arrivals, make_scenarios, median_or_none, phase_kind, pick_scenarios, reference_of,
-                                saturating_rate, scenario_phases, scenario_seconds, targets_line, tuning_flags)
+from benchmarks.coserve import (
+    BURSTS,
+    LONG_ANSWER,
+    SATURATING,
+    STEADY,
+    THREE_PHASES,
+    Idle,
+    OnlineResult,
+    Phase,
+    ScenarioResult,
+    Server,
+    SideRun,
+    burst_phases,
+    by_server,
+    final_line,
+    idle_of,
+    long_answer_s,
+    long_answer_tokens,
+    make_arrivals,
+    make_scenarios,
+    median_or_none,
+    phase_kind,
+    pick_scenarios,
+    reference_of,
+    saturating_rate,
+    scenario_phases,
+    scenario_seconds,
+    targets_line,
+    tuning_flags,
+)
 
 TUNED = Server("tuned", 128, 256)
 A, B, C, D, E = make_scenarios(TUNED)

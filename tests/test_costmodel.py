@@ -141,10 +141,10 @@ def test_simulation_is_deterministic_and_conserves_tokens():
 
 
 # -- profiles and the estimator ----------------------------------------------------
-from batchllm.costmodel.estimator import ExecutionPlan, Workload, estimate  # noqa: E402
-from batchllm.ordering.balance import balance  # noqa: E402
-from batchllm.costmodel.profile import ModelFacts, Profile, ReplicaShape, ShapeProfile  # noqa: E402
 from batchllm.core.errors import UserError  # noqa: E402
+from batchllm.costmodel.estimator import ExecutionPlan, Workload, estimate  # noqa: E402
+from batchllm.costmodel.profile import ModelFacts, Profile, ReplicaShape, ShapeProfile  # noqa: E402
+from batchllm.ordering.balance import balance  # noqa: E402
 
 ENGINE = {"engine_version": "vllm 0.32.0", "max_num_seqs": 8, "max_num_batched_tokens": 64, "block_size_tokens": 2,
           "max_model_len": 256, "dtype": "bfloat16", "enforce_eager": True}

@@ -11,10 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from batchllm.core.endpoint import Endpoint
 from batchllm.core.requests import EngineRequest, FinishReason
 from batchllm.engines.endpoint import http_engine
 from batchllm.engines.endpoint.http_engine import EndpointEngine, endpoint_config
-from batchllm.core.endpoint import Endpoint
 from batchllm.engines.engine import EngineFailed
 
 

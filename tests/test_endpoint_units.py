@@ -13,6 +13,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from batchllm.cli import app
+from batchllm.core.endpoint import Endpoint
 from batchllm.core.errors import UserError
 from batchllm.core.latency_slo import LatencySlo
 from batchllm.core.output_constraint import OutputConstraint
@@ -23,7 +24,6 @@ from batchllm.dag.endpoints_section import with_endpoint_options
 from batchllm.dag.loader import load_dag
 from batchllm.engines.devices import DeviceSet
 from batchllm.engines.endpoint.request_body import StreamedAnswer, request_body
-from batchllm.core.endpoint import Endpoint
 from batchllm.runtime import launch
 from tests.fakes import FakeEngineFactory
 
@@ -167,10 +167,10 @@ def test_a_node_on_servers_runs_beside_the_nodes_on_devices_and_its_consumer_fol
 
 
 def test_the_plan_leaves_nodes_on_servers_out_and_estimates_them_from_their_measured_pace(isolated_home):
+    import yaml
+
     from batchllm.dag.loader import load_dag_mapping
     from batchllm.planner.plan_file import plan_dag
-
-    import yaml
 
     REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
     mapping = yaml.safe_load((REPO / "dags" / "ensemble_judge.yaml").read_text())

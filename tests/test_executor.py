@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
-from batchllm.engines.devices import DeviceSet, hardware_name
 from batchllm.core.errors import RunIncomplete, UserError
+from batchllm.engines.devices import DeviceSet, hardware_name
 from batchllm.runtime.launch import run_dag_file
 from batchllm.runtime.ledger import UNIT_BITS, UNIT_MASK
 from tests.conftest import ENSEMBLE_DAG, QUESTIONS, make_model_dir

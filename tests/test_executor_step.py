@@ -8,8 +8,8 @@ from concurrent.futures import Future
 import pytest
 from rich.console import Console
 
-from batchllm.io.dag_checks import check_dag
 from batchllm.dag.loader import load_dag
+from batchllm.io.dag_checks import check_dag
 from batchllm.runtime.executor import Executor
 from batchllm.runtime.ledger import UnitStatus
 from batchllm.runtime.prepare import RequestPreparer, most_output_tokens

@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 
 import batchllm.io.input_formats as input_formats
 from batchllm.cli import app
+from batchllm.core.errors import UserError
 from batchllm.dag.loader import load_dag
 from batchllm.dag.model import InputSpec
 from batchllm.engines.devices import DeviceSet
-from batchllm.core.errors import UserError
 from batchllm.io.input_source import open_input, open_inputs
 from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.launch import run_dag_file

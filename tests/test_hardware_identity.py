@@ -13,12 +13,18 @@ from rich.console import Console
 
 import batchllm.planner.cluster as cluster_module
 from batchllm.costmodel.profile import Profile
+from batchllm.dag.model import EngineSpec
 from batchllm.engines.devices import DeviceSet
-from batchllm.engines.hardware import (HardwareIdentity, cpu_engine_dtype, differences, parse_cpuinfo, parse_nvidia_smi,
-                                      seen_with_flags)
+from batchllm.engines.hardware import (
+    HardwareIdentity,
+    cpu_engine_dtype,
+    differences,
+    parse_cpuinfo,
+    parse_nvidia_smi,
+    seen_with_flags,
+)
 from batchllm.planner.cluster import parse_cluster, run_settings
 from batchllm.planner.plan_file import plan_dag_file
-from batchllm.dag.model import EngineSpec
 from batchllm.runtime.launch import run_dag_file
 from tests.conftest import ENSEMBLE_DAG
 from tests.fakes import FakeEngineFactory

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import batchllm.io.parquet_blocks as blocks
-from batchllm.dag.model import InputSpec
 from batchllm.core.errors import UserError
+from batchllm.dag.model import InputSpec
 from batchllm.io.input_source import ROW_ID, open_input, open_inputs
 
 ROWS = 100

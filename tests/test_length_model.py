@@ -12,17 +12,17 @@ import pyarrow.parquet as pq
 import pytest
 from sklearn.linear_model import Ridge
 
+from batchllm.core.length_prompt import LengthPrompt
+from batchllm.core.requests import EngineRequest
 from batchllm.costmodel.length_model import observations
 from batchllm.costmodel.length_model.censored_fit import fit_censored
 from batchllm.costmodel.length_model.features import DENSE, dense_row, features, width
 from batchllm.costmodel.length_model.gate import gate
 from batchllm.costmodel.length_model.model import HISTORY_MARGIN, LengthModel
 from batchllm.costmodel.length_model.new_sets import best_transfer, residual_base
-from batchllm.costmodel.length_model.scores import log_error
 from batchllm.costmodel.length_model.observations import ObservationStore
+from batchllm.costmodel.length_model.scores import log_error
 from batchllm.costmodel.lengths import LengthDistribution
-from batchllm.core.length_prompt import LengthPrompt
-from batchllm.core.requests import EngineRequest
 from batchllm.costmodel.request_lengths import RequestLengths
 
 CAP = 256

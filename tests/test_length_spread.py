@@ -11,6 +11,7 @@ from batchllm.core.requests import EngineResult, FinishReason
 from batchllm.costmodel.length_spread import fitted_spread
 from batchllm.costmodel.lengths import LengthDistribution
 
+
 def rng(seed: int = 7) -> np.random.Generator:
     """Each test its own draws, whatever runs before it."""
     return np.random.default_rng(seed)
@@ -60,13 +61,13 @@ def test_bad_arguments_quote_the_counts_and_one_answer_keeps_the_model():
 
 # -- in a run ---------------------------------------------------------------------------------
 def calibration_of(workspace, log_shift):
+    from batchllm.costmodel.request_lengths import RequestLengths
     from batchllm.dag.loader import load_dag
     from batchllm.io.dag_checks import check_dag
     from batchllm.models.registry import batchllm_home
     from batchllm.planner.cluster import parse_cluster
     from batchllm.planner.from_dag import dag_workloads
     from batchllm.planner.problem import build_problem
-    from batchllm.costmodel.request_lengths import RequestLengths
     from batchllm.runtime.run_calibration import RunCalibration
     from tests.test_planner import PROFILES
 

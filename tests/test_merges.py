@@ -7,9 +7,9 @@ import pytest
 from typer.testing import CliRunner
 
 from batchllm.cli import app
+from batchllm.core.errors import UserError
 from batchllm.dag.loader import load_dag
 from batchllm.dag.warnings import dag_warnings
-from batchllm.core.errors import UserError
 
 ROUTED = """
     inputs:

@@ -14,8 +14,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from batchllm.cli import app
-from batchllm.engines.devices import DeviceSet
 from batchllm.core.errors import UserError
+from batchllm.engines.devices import DeviceSet
 from batchllm.openai_batch import model_map, run_batch
 from batchllm.openai_batch.request_lines import parse_line
 from tests.conftest import make_model_dir

@@ -14,15 +14,15 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from batchllm.cli import app
+from batchllm.core.errors import UserError
 from batchllm.costmodel.estimator import ExecutionPlan, Workload, estimate
 from batchllm.costmodel.profile import Profile, ReplicaShape
-from batchllm.core.errors import UserError
 from batchllm.planner.baselines import lower_bound_s, max_heuristic, min_heuristic
+from batchllm.planner.best import best_schedule
 from batchllm.planner.cluster import Cluster, candidate_plans, parse_cluster, place
 from batchllm.planner.exact import exact_schedule
 from batchllm.planner.greedy import greedy_schedule
 from batchllm.planner.problem import PlanNode, PlanProblem
-from batchllm.planner.best import best_schedule
 from batchllm.planner.rollout import rollout_schedule
 from batchllm.planner.speed import PlanSpeed, fit_shape_speed, output_curve
 from batchllm.planner.timeline import Timeline
@@ -272,10 +272,10 @@ def test_plan_refuses_bad_devices_and_models_that_fit_nowhere(workspace, tmp_pat
 
 
 def test_a_shared_system_prompt_is_planned_as_prefix_cache_hits(workspace):
+    from batchllm.dag.loader import load_dag
+    from batchllm.io.dag_checks import check_dag
     from batchllm.models.registry import batchllm_home
     from batchllm.planner.from_dag import dag_workloads
-    from batchllm.io.dag_checks import check_dag
-    from batchllm.dag.loader import load_dag
 
     dag = load_dag(workspace.dag(f"""
         inputs:
@@ -445,8 +445,8 @@ def test_runtime_units_and_planner_requests_agree_when_each_unit_asks_for_n_sequ
 
 
 def test_a_dag_with_n_samples_plans_rows_times_n_requests_and_counts_progress_in_units(workspace):
-    from batchllm.io.dag_checks import check_dag
     from batchllm.dag.loader import load_dag
+    from batchllm.io.dag_checks import check_dag
     from batchllm.models.registry import batchllm_home
     from batchllm.planner.from_dag import dag_workloads
     from batchllm.planner.problem import build_problem
@@ -481,8 +481,8 @@ def test_a_dag_with_n_samples_plans_rows_times_n_requests_and_counts_progress_in
 
 
 def test_a_where_over_input_columns_is_counted_on_the_data_and_samples_the_rows_it_keeps(workspace):
-    from batchllm.io.dag_checks import check_dag
     from batchllm.dag.loader import load_dag
+    from batchllm.io.dag_checks import check_dag
     from batchllm.models.registry import batchllm_home
     from batchllm.planner.from_dag import dag_workloads
 

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from batchllm.core.requests import EngineRequest
 from batchllm.engines.devices import Replica
 from batchllm.engines.engine import EngineFailed
 from batchllm.engines.process_engine import ProcessEngine
-from batchllm.core.requests import EngineRequest
 from batchllm.engines.protocol import EngineConfig
 from tests.fakes import FakeStepperFactory
 

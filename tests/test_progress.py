@@ -4,10 +4,10 @@ fits 80 columns uncut. Every time comes from a fake clock: nothing sleeps."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
 import io
 import json
 import os
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from rich.console import Console
@@ -203,8 +203,8 @@ def test_the_summary_shows_the_cost_at_the_dags_prices(workspace):
 def test_prices_for_a_model_no_node_uses_are_refused(workspace):
     import pytest
 
-    from batchllm.dag.loader import load_dag
     from batchllm.core.errors import UserError
+    from batchllm.dag.loader import load_dag
 
     with pytest.raises(UserError, match="unknown key 'gpt-4' in prices"):
         load_dag(workspace.dag("""

@@ -10,11 +10,11 @@ import pytest
 from batchllm.cluster.loopback import is_loopback
 from batchllm.cluster.replan import NodeLossReplanner
 from batchllm.cluster.session import cluster_address, nodes_devices
+from batchllm.core.errors import RunIncomplete, UserError
 from batchllm.costmodel.profile import ReplicaShape
 from batchllm.engines.devices import DeviceSet, NodeDevices, Replica
 from batchllm.engines.protocol import EngineConfig
 from batchllm.engines.ray_engine import replica_bundle
-from batchllm.core.errors import RunIncomplete, UserError
 from batchllm.planner.cluster import Cluster, candidate_plans, parse_cluster, place
 from batchllm.planner.plan_file import PROFILES_ROOT, plan_dag_file
 from batchllm.runtime.sequential_stages import SequentialStages

@@ -313,10 +313,10 @@ def test_messages_render_the_chat_the_tokenizer_renders(model_home, tmp_path):
     import pyarrow as pa
     from transformers import AutoTokenizer
 
-    from batchllm.dag.loader import load_dag
-    from batchllm.dag.context import template_context
-    from batchllm.dag.node_prompt import NodePrompt
     from batchllm.core.requests import EngineRequest
+    from batchllm.dag.context import template_context
+    from batchllm.dag.loader import load_dag
+    from batchllm.dag.node_prompt import NodePrompt
     from batchllm.models.embedded import SMOLLM2_135M
     from batchllm.models.tokens import PromptTokenizer
 

@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
+from batchllm.core.errors import UserError
 from batchllm.dag.loader import load_dag
 from batchllm.engines.devices import DeviceSet
-from batchllm.core.errors import UserError
 from batchllm.runtime.launch import run_dag_file
 from tests.conftest import QUESTIONS
 from tests.fakes import FakeEngineFactory

@@ -8,13 +8,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.console import Console
 
-from batchllm.runtime.ledger import UnitCounts
+from batchllm.core.endpoint import Endpoint
 from batchllm.costmodel import server_pace
 from batchllm.costmodel.server_pace import ServerPace, ServerPaceStore
 from batchllm.dag.loader import load_dag
 from batchllm.engines.devices import DeviceSet
-from batchllm.core.endpoint import Endpoint
 from batchllm.runtime import launch
+from batchllm.runtime.ledger import UnitCounts
 from batchllm.runtime.progress import NodeStats
 from batchllm.runtime.server_paces import server_paces
 from tests.fakes import FakeEngineFactory, fake_text

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from batchllm.engines.devices import Replica
-from batchllm.engines.process_engine import ProcessEngine
 from batchllm.core.requests import EngineRequest
 from batchllm.core.sampling import SamplingSpec
+from batchllm.engines.devices import Replica
+from batchllm.engines.process_engine import ProcessEngine
 from batchllm.engines.protocol import EngineConfig
 from benchmarks.standin_engine import MAX_MODEL_LEN, standin_engine, standin_text
 

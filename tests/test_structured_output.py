@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from batchllm.dag.loader import load_dag
-from batchllm.core.output_constraint import OutputConstraint
-from batchllm.engines.constraints import check_constraint
 from batchllm.core.errors import UserError
+from batchllm.core.output_constraint import OutputConstraint
+from batchllm.dag.loader import load_dag
+from batchllm.engines.constraints import check_constraint
 
 DAG = """
     inputs:

@@ -9,9 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from batchllm.engines.devices import DeviceSet
 from batchllm.core.errors import RunIncomplete
-
+from batchllm.engines.devices import DeviceSet
 
 Planning = TypeVar("Planning")
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchllm.cluster.loopback import is_loopback, keep_on_loopback
-from batchllm.engines.devices import DeviceSet, NodeDevices
 from batchllm.core.errors import UserError
+from batchllm.engines.devices import DeviceSet, NodeDevices
 
 _ADDRESS = re.compile(r"(ray://)?[\w.-]+:\d+\Z")
 _CORE = re.compile(r"core(\d+)\Z")

@@ -25,10 +25,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from batchllm.core.errors import UserError
 from batchllm.costmodel.latency import StepLatencyModel
 from batchllm.costmodel.lengths import LengthDistribution
 from batchllm.engines.hardware import HardwareIdentity, differences
-from batchllm.core.errors import UserError
 
 # Engine settings that change step times or scheduling; a profile taken with other
 # values does not describe the run.

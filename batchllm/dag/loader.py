@@ -16,9 +16,11 @@ from typing import cast
 
 import networkx as nx
 
+from batchllm.core.errors import UserError
+from batchllm.core.paths import is_uri
 from batchllm.core.result_schema import LOGPROB_FIELDS, RESULT_FIELD_NAMES
 from batchllm.core.sampling import SAMPLING_KEYS, SamplingError, SamplingSpec, sampling_from
-from batchllm.core.errors import UserError
+from batchllm.dag.endpoints_section import parse_endpoints
 from batchllm.dag.model import (
     INPUT_FORMATS,
     OUTPUT_FORMATS,
@@ -32,13 +34,13 @@ from batchllm.dag.model import (
     OutputSpec,
     Price,
 )
-from batchllm.dag.templates import compile_expression, compile_template
 from batchllm.dag.node_prompt import message_templates
 from batchllm.dag.sql_names import sql_identifiers
+from batchllm.dag.templates import compile_expression, compile_template
 from batchllm.dag.yaml_lines import LineDict, read_yaml
-from batchllm.dag.endpoints_section import parse_endpoints
-from batchllm.dag.yaml_section import Section as _Section, place as _place, show as _show
-from batchllm.core.paths import is_uri
+from batchllm.dag.yaml_section import Section as _Section
+from batchllm.dag.yaml_section import place as _place
+from batchllm.dag.yaml_section import show as _show
 
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Names every template may use besides columns and nodes; iteration adds two more.

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from types import ModuleType
 
-from batchllm.core.output_constraint import OutputConstraint
 from batchllm.core.errors import UserError
+from batchllm.core.output_constraint import OutputConstraint
 
 
 def check_constraint(output: OutputConstraint, *, where: str) -> None:

@@ -14,8 +14,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchllm.engines.hardware import cpu_engine_dtype, name_slug, this_machine
 from batchllm.core.errors import UserError
+from batchllm.engines.hardware import cpu_engine_dtype, name_slug, this_machine
 
 # On CPUs vLLM would otherwise size the KV cache as a share of all RAM; 1 GiB holds
 # about 44,000 tokens of the embedded model in bfloat16 (half that in float32).

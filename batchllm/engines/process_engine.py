@@ -14,8 +14,8 @@ from a pool thread is killed when that thread ends. Construction returns at once
 from __future__ import annotations
 
 import multiprocessing
-import re
 import queue
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -23,13 +23,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Sequence
 
-from batchllm.engines.engine import EngineFailed, StepperFactory
 from batchllm.core.requests import EngineRequest, EngineResult
-from batchllm.engines.protocol import EngineConfig, StepRecord, StopWorker, SubmitRequests, WorkerFailed, WorkerReady, WorkerResults
+from batchllm.engines.engine import EngineFailed, StepperFactory
+from batchllm.engines.protocol import (
+    EngineConfig,
+    StepRecord,
+    StopWorker,
+    SubmitRequests,
+    WorkerFailed,
+    WorkerReady,
+    WorkerResults,
+)
 from batchllm.engines.worker import worker_main
-
-
-
 
 _ERROR_LINE = re.compile(r"\b[A-Za-z_.]*(?:Error|Exception|Exit)\b:?\s*\S")
 _LOG_PREFIX = re.compile(r"^\(?[A-Za-z]*\)?\s*(?:ERROR|WARNING|INFO|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s*")

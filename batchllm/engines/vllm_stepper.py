@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, RequestId, TokenLogprob
-from batchllm.core.sampling import request_seed, SamplingSpec
+from batchllm.core.sampling import SamplingSpec, request_seed
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 from batchllm.models.tokens import PromptTokenizer
 

@@ -13,12 +13,12 @@ import difflib
 import pyarrow as pa
 
 from batchllm.core.errors import UserError
-from batchllm.io.input_source import InputSource, open_inputs
-from batchllm.io.sql import where_row_ids
-from batchllm.models.registry import resolve_model
 from batchllm.dag.context import template_context
 from batchllm.dag.model import DagSpec, NodeSpec
 from batchllm.dag.node_prompt import NodePrompt
+from batchllm.io.input_source import InputSource, open_inputs
+from batchllm.io.sql import where_row_ids
+from batchllm.models.registry import resolve_model
 
 
 def _is_text(kind: pa.DataType) -> bool:

@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar, cast
 
+from batchllm.core.errors import UserError
 from batchllm.core.files import replacing
 from batchllm.dag.model import INPUT_FORMATS, InputSpec
-from batchllm.core.errors import UserError
 from batchllm.io.input_convert import InputFiles, convert
 from batchllm.io.remote_files import local_copy
 from batchllm.models.registry import batchllm_home

@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from batchllm.dag.model import InputSpec
 from batchllm.core.errors import UserError
+from batchllm.dag.model import InputSpec
 from batchllm.io.input_formats import parquet_input
 from batchllm.io.parquet_blocks import BlockReader
 

@@ -31,10 +31,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchllm.core.result_schema import logprobs_rows, result_schema
+from batchllm.core.errors import UserError
 from batchllm.core.files import replacing, write_text_atomically
 from batchllm.core.requests import FinishReason, TokenLogprob, parse_finish_text
-from batchllm.core.errors import UserError
+from batchllm.core.result_schema import logprobs_rows, result_schema
 
 STEP_BITS = 20  # a (row, step) key is row << STEP_BITS | step: up to a million steps a row
 STATS_KEY = b"batchllm.stats"

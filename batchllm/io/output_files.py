@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchllm.core.result_schema import LOGPROBS_FIELD, result_schema
 from batchllm.core.files import replacing
+from batchllm.core.result_schema import LOGPROBS_FIELD, result_schema
 from batchllm.dag.model import ColumnRef, OutputSpec
 from batchllm.io.input_source import ROW_ID
 from batchllm.io.node_journal import ResultJournal

@@ -19,8 +19,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from batchllm.core.files import replacing
 from batchllm.core.errors import UserError
+from batchllm.core.files import replacing
 from batchllm.models.registry import batchllm_home
 
 HINT = "check the URI, and that your credentials for it are set (pyarrow opens s3://, gs://, hdfs://, abfs://, file://)"

@@ -12,6 +12,7 @@ import pyarrow.dataset as ds
 from batchllm.core.errors import UserError
 from batchllm.io.input_source import ROW_ID, InputSource
 
+
 def sql_literal(text: str | Path) -> str:
     """A SQL string literal: `text` in single quotes, its quotes doubled."""
     return "'" + str(text).replace("'", "''") + "'"

@@ -26,8 +26,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchllm.core.files import replacing
 from batchllm.core.errors import UserError
+from batchllm.core.files import replacing
 from batchllm.io.sql import sql_literal
 from batchllm.openai_batch.batch_dag import BatchGroup, node_names
 from batchllm.openai_batch.request_lines import LineRecord, parse_line

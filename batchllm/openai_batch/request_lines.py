@@ -20,11 +20,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
+from batchllm.core.errors import UserError
 from batchllm.core.output_constraint import OutputConstraint
 from batchllm.core.requests import Message
 from batchllm.core.sampling import SAMPLING_KEYS, SamplingError, SamplingSpec, sampling_from, sampling_mapping
 from batchllm.engines.constraints import check_constraint
-from batchllm.core.errors import UserError
 from batchllm.models.embedded import EMBEDDED_MODELS
 
 CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"

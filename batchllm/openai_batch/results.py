@@ -33,7 +33,6 @@ from batchllm.io.sql import sql_literal
 from batchllm.openai_batch.batch_input import MEMORY_LIMIT, READ_BATCH_LINES, BatchInput
 
 
-
 @dataclass(frozen=True)
 class ResultCounts:
     lines: int

@@ -21,10 +21,10 @@ from typing import Any
 
 from rich.console import Console
 
+from batchllm.core.errors import RunIncomplete, UserError
 from batchllm.dag.loader import load_dag_mapping
 from batchllm.engines.devices import DeviceSet, parse_devices
 from batchllm.engines.engine import EngineFactory
-from batchllm.core.errors import RunIncomplete, UserError
 from batchllm.openai_batch.batch_dag import batch_dag
 from batchllm.openai_batch.batch_input import BatchInput, prepare_batch
 from batchllm.openai_batch.results import ResultCounts, write_results
@@ -33,7 +33,6 @@ from batchllm.runtime.console import run_console
 from batchllm.runtime.launch import run_dag
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_summary import closing_lines
-
 
 BATCH_DAG_NAME = "dag"  # the DAG a request file becomes, as its errors name it
 

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import yaml
 
+from batchllm.core.errors import UserError
 from batchllm.costmodel.estimator import ExecutionPlan
 from batchllm.costmodel.profile import Profile, ReplicaShape, find_profile
 from batchllm.dag.model import EngineSpec
-from batchllm.engines.version import installed_engine_version
 from batchllm.engines.hardware import MODEL_DTYPE, HardwareIdentity, differences, same_gpu, this_machine
-from batchllm.core.errors import UserError
+from batchllm.engines.version import installed_engine_version
 
 _GPU_SPEC = re.compile(r"(?:(\d+)x)?(\d+)x([A-Za-z0-9][\w.-]*)\Z")  # [nodes x] GPUs per node x hardware
 _CPU_SPEC = re.compile(r"cpu:(\d+)\Z")

@@ -21,16 +21,16 @@ from pathlib import Path
 
 import numpy as np
 
+from batchllm.core.errors import UserError
 from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.estimator import Workload
 from batchllm.costmodel.profile import Profile
 from batchllm.costmodel.server_pace import ServerPace, ServerPaceStore
-from batchllm.core.errors import UserError
+from batchllm.dag.model import DagSpec
 from batchllm.io.node_data import NodeFacts, NodeSummary, Sources, summarize_dag
 from batchllm.planner.cluster import Cluster, candidate_plans, cluster_profile, run_settings
 from batchllm.planner.length_sources import LengthsFor, profile_lengths
 from batchllm.planner.problem import NodeWorkload, too_big
-from batchllm.dag.model import DagSpec
 
 
 @dataclass(frozen=True)

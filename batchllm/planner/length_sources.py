@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+from batchllm.core.length_prompt import LengthPrompt
 from batchllm.costmodel.length_model.model import LengthModel
 from batchllm.costmodel.length_model.observations import ObservationStore
 from batchllm.costmodel.profile import Profile
-from batchllm.core.length_prompt import LengthPrompt
 from batchllm.costmodel.request_lengths import RequestLengths
 from batchllm.dag.model import DagSpec
 from batchllm.io.node_data import NodeSummary

@@ -14,11 +14,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchllm.core.errors import UserError
 from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.server_pace import ServerPace, ServerPaceStore
+from batchllm.dag.loader import load_dag
+from batchllm.dag.model import DagSpec
+from batchllm.io.dag_checks import check_dag
 from batchllm.io.node_data import Sources
 from batchllm.models.registry import batchllm_home
 from batchllm.planner.baselines import lower_bound_s, max_heuristic, min_heuristic
+from batchllm.planner.best import EXACT_MAX_NODES, best_schedule
 from batchllm.planner.cluster import Cluster, parse_cluster
 from batchllm.planner.exact import exact_schedule
 from batchllm.planner.from_dag import dag_workloads, measured_paces, server_node_facts
@@ -26,14 +31,9 @@ from batchllm.planner.greedy import greedy_schedule
 from batchllm.planner.length_sources import LengthsFor
 from batchllm.planner.preflight import NodePreflight, node_preflight
 from batchllm.planner.problem import PlanProblem, build_problem
-from batchllm.planner.best import EXACT_MAX_NODES, best_schedule
 from batchllm.planner.rollout import rollout_schedule
 from batchllm.planner.schedule import Schedule
 from batchllm.planner.timeline import Timeline
-from batchllm.io.dag_checks import check_dag
-from batchllm.dag.loader import load_dag
-from batchllm.core.errors import UserError
-from batchllm.dag.model import DagSpec
 
 PROFILES_ROOT = Path(__file__).resolve().parent.parent.parent / "profiles"
 

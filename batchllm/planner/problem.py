@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from batchllm.core.errors import UserError
 from batchllm.costmodel.estimator import ExecutionPlan, Workload
 from batchllm.costmodel.profile import Profile, ReplicaShape
 from batchllm.costmodel.request_lengths import RequestLengths
-from batchllm.core.errors import UserError
 from batchllm.io.node_data import NodeSummary
 from batchllm.planner.cluster import Cluster, candidate_plans, cluster_notes
 from batchllm.planner.speed import PlanSpeed, fit_shape_speed, output_curve

@@ -21,14 +21,14 @@ from typing import Callable, cast
 import numpy as np
 import pyarrow.parquet as pq
 
+from batchllm.core.requests import EngineRequest, EngineResult
+from batchllm.core.sampling import SamplingSpec
 from batchllm.costmodel.latency import FEATURES, StepFeatures, StepLatencyModel, step_features
 from batchllm.costmodel.lengths import LengthDistribution
 from batchllm.costmodel.profile import ModelFacts, Profile, ReplicaShape, ShapeProfile
 from batchllm.engines.devices import DeviceSet, Replica, engine_dtype
-from batchllm.engines.hardware import this_machine
 from batchllm.engines.engine import EngineFactory
-from batchllm.core.requests import EngineRequest, EngineResult
-from batchllm.core.sampling import SamplingSpec
+from batchllm.engines.hardware import this_machine
 from batchllm.engines.protocol import EngineConfig, StepRecord
 
 PROMPTS = Path(__file__).resolve().parent.parent.parent / "profiles" / "prompts"

@@ -16,19 +16,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from batchllm.costmodel.calibration.model import ModelCalibration
-from batchllm.costmodel.calibration.store import ProfileStore
-from batchllm.costmodel.profile import Profile
-from batchllm.dag.model import EngineSpec
-from batchllm.engines.devices import DeviceSet, Replica, engine_dtype
-from batchllm.engines.engine import EngineFactory
 from batchllm.core.requests import EngineRequest
 from batchllm.core.sampling import SamplingSpec
+from batchllm.costmodel.calibration.model import ModelCalibration
+from batchllm.costmodel.calibration.store import ProfileStore
+from batchllm.costmodel.latency import step_features
+from batchllm.costmodel.profile import Profile
+from batchllm.dag.model import EngineSpec
+from batchllm.engines.devices import CPU_KV_CACHE_DEFAULT_BYTES, DeviceSet, Replica, engine_dtype
+from batchllm.engines.engine import EngineFactory
 from batchllm.engines.protocol import EngineConfig
 from batchllm.planner.cluster import cluster_profile, local_cluster, run_settings
 from batchllm.profiling.profiler import WARMUP_STEPS, prompts, run_requests, shapes_to_profile
-from batchllm.costmodel.latency import step_features
-from batchllm.engines.devices import CPU_KV_CACHE_DEFAULT_BYTES
 
 
 @dataclass(frozen=True)

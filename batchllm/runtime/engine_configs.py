@@ -7,15 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from batchllm.core.endpoint import Endpoint
 from batchllm.core.errors import UserError
+from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import CPU_KV_CACHE_DEFAULT_BYTES, Replica, engine_dtype
 from batchllm.engines.endpoint.http_engine import endpoint_config
-from batchllm.core.endpoint import Endpoint
 from batchllm.engines.protocol import EngineConfig
 from batchllm.models.registry import resolve_model
 from batchllm.runtime.run_dir import RunDir
-from batchllm.dag.model import DagSpec
-
 
 
 def engine_config(dag: DagSpec, model: str, replica: Replica, run_dir: RunDir, home: Path) -> EngineConfig:

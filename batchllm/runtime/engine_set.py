@@ -15,12 +15,12 @@ engine is reported lost.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from batchllm.engines.engine import Engine, EngineFactory, EngineFailed
 from batchllm.core.requests import EngineRequest, EngineResult
+from batchllm.engines.engine import Engine, EngineFactory, EngineFailed
 from batchllm.engines.protocol import EngineConfig, StepRecord
 
 

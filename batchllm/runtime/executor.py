@@ -32,13 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
+from batchllm.core.endpoint import Endpoint
+from batchllm.core.errors import RunIncomplete
+from batchllm.core.requests import EngineResult
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet
-from batchllm.core.endpoint import Endpoint
 from batchllm.engines.engine import EngineFactory
-from batchllm.core.requests import EngineResult
 from batchllm.engines.protocol import EngineConfig
-from batchllm.core.errors import RunIncomplete
 from batchllm.io.input_source import InputSource
 from batchllm.io.node_journal import ResultJournal, ResultRecord
 from batchllm.io.output_files import FinalSource, InputFile, write_node_file, write_output_set

@@ -10,39 +10,39 @@ from pathlib import Path
 
 from rich.console import Console
 
-from batchllm.io.dag_checks import check_dag
+from batchllm.core.errors import RunIncomplete, UserError
+from batchllm.costmodel.calibration.store import ProfileStore
+from batchllm.costmodel.server_pace import ServerPaceStore
 from batchllm.dag.loader import load_dag
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet
 from batchllm.engines.endpoint.http_engine import with_endpoints
 from batchllm.engines.endpoint.server_check import check_endpoints
 from batchllm.engines.engine import EngineFactory
+from batchllm.engines.process_engine import start_vllm_engine
 from batchllm.engines.settings_check import check_engine_settings
 from batchllm.engines.version import installed_engine_version, untested_vllm_note
-from batchllm.engines.process_engine import start_vllm_engine
-from batchllm.core.errors import RunIncomplete, UserError
+from batchllm.io.dag_checks import check_dag
 from batchllm.io.input_source import InputSource
+from batchllm.io.node_data import NodeFacts
 from batchllm.io.remote_files import check_copy_target
 from batchllm.models.registry import batchllm_home
-from batchllm.costmodel.calibration.store import ProfileStore
-from batchllm.costmodel.server_pace import ServerPaceStore
-from batchllm.io.node_data import NodeFacts
 from batchllm.planner.cluster import local_cluster, run_settings
 from batchllm.planner.from_dag import dag_workloads, measured_paces, server_node_facts
+from batchllm.planner.length_sources import LengthModels
 from batchllm.planner.plan_file import PROFILES_ROOT
 from batchllm.planner.problem import build_problem
 from batchllm.runtime.calibrated_stages import CalibratedStages, RunEstimates, rest_estimate_s
 from batchllm.runtime.executor import Executor, RunResult
 from batchllm.runtime.fingerprint import node_fingerprints
-from batchllm.planner.length_sources import LengthModels
 from batchllm.runtime.length_learning import LengthSampler
 from batchllm.runtime.pilot import PilotSize
 from batchllm.runtime.prepare import RequestPreparer
 from batchllm.runtime.progress import RunProgress
-from batchllm.runtime.server_paces import save_server_paces
 from batchllm.runtime.run_calibration import RunCalibration
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.sequential_stages import SequentialStages
+from batchllm.runtime.server_paces import save_server_paces
 from batchllm.runtime.stage_chooser import RunPlanning
 from batchllm.runtime.stage_planner import SCHEDULE_METHODS
 

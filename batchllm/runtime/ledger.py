@@ -29,7 +29,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-
 UNIT_BITS = 40  # a node has fewer than 2**40 units; the node's index sits above them in a request id
 UNIT_MASK = (1 << UNIT_BITS) - 1
 

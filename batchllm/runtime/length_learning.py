@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from batchllm.core.requests import EngineRequest, FinishReason
-from batchllm.engines.protocol import EngineConfig, WorkerReady
-from batchllm.costmodel.length_model.observations import ObservationStore
 from batchllm.core.length_prompt import LengthPrompt
+from batchllm.core.requests import EngineRequest, FinishReason
+from batchllm.costmodel.length_model.observations import ObservationStore
+from batchllm.engines.protocol import EngineConfig, WorkerReady
 from batchllm.runtime.observer import RunObserver
 from batchllm.runtime.step_result import StepResult
 

@@ -20,13 +20,13 @@ from collections import deque
 import numpy as np
 import pyarrow as pa
 
+from batchllm.core.requests import EngineRequest
 from batchllm.dag.context import template_context
 from batchllm.dag.model import NodeSpec
 from batchllm.dag.node_prompt import NodePrompt
-from batchllm.core.requests import EngineRequest
+from batchllm.dag.sql_names import sql_identifiers
 from batchllm.io.input_source import ROW_ID, InputSource
 from batchllm.io.node_journal import ResultJournal
-from batchllm.dag.sql_names import sql_identifiers
 from batchllm.io.sql import WhereFilter
 from batchllm.runtime.ledger import FinalState, NodeLedger, RowState, UnitStatus, request_id
 

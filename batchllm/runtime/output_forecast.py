@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from batchllm.core.length_prompt import LengthPrompt
 from batchllm.core.requests import EngineRequest
 from batchllm.costmodel.lengths import LengthDistribution
-from batchllm.core.length_prompt import LengthPrompt
 from batchllm.costmodel.request_lengths import RequestLengths, relative_shifts
 
 LogShift = Callable[[Sequence[LengthPrompt]], np.ndarray]  # a length model's per-request shifts

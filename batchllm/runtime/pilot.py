@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
-
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 

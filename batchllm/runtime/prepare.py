@@ -23,13 +23,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from batchllm.core.requests import EngineRequest
 from batchllm.core.text_tokens import estimated_tokens
 from batchllm.costmodel.work import request_work
-from batchllm.core.requests import EngineRequest
 from batchllm.models.tokens import PromptTokenizer
 from batchllm.ordering.balance import balance
 from batchllm.ordering.request_order import order_requests
-
 
 OutputForecast = Callable[[Sequence[EngineRequest]], np.ndarray]  # requests -> predicted output tokens each (x n)
 

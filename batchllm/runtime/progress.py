@@ -17,9 +17,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import NamedTuple
 
 from rich.console import Console
 from rich.markup import escape

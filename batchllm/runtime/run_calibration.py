@@ -29,6 +29,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from batchllm.core.length_prompt import LengthPrompt
+from batchllm.core.requests import EngineResult, FinishReason
 from batchllm.costmodel.calibration.batch_tail import batch_left_s
 from batchllm.costmodel.calibration.model import ModelCalibration, SpeedFactors
 from batchllm.costmodel.calibration.store import ProfileStore
@@ -37,8 +39,6 @@ from batchllm.costmodel.latency import step_features
 from batchllm.costmodel.length_spread import fitted_spread
 from batchllm.costmodel.profile import ReplicaShape
 from batchllm.costmodel.request_lengths import RequestLengths, relative_shifts
-from batchllm.core.length_prompt import LengthPrompt
-from batchllm.core.requests import EngineResult, FinishReason
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 from batchllm.planner.problem import NodeWorkload, PlanProblem, build_problem
 from batchllm.runtime.observer import RunObserver

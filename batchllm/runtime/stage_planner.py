@@ -20,8 +20,8 @@ import time
 from typing import Callable
 
 from batchllm.planner.baselines import max_heuristic, min_heuristic
-from batchllm.planner.problem import PlanProblem
 from batchllm.planner.best import best_schedule
+from batchllm.planner.problem import PlanProblem
 from batchllm.planner.schedule import Schedule
 from batchllm.planner.timeline import Engine, NodeState, Timeline
 from batchllm.runtime.run_state import NodeProgress, RunningPlan

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from batchllm.core.files import write_text_atomically
 from batchllm.core.errors import UserError
+from batchllm.core.files import write_text_atomically
 from batchllm.runtime.run_dir import RunDir
 
 END_STATES = ("finished", "incomplete", "interrupted")

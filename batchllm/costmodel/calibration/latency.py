@@ -31,8 +31,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from batchllm.costmodel.nnls import nnls_normal
 from batchllm.costmodel.latency import StepFeatures, StepLatencyModel
+from batchllm.costmodel.nnls import nnls_normal
 
 PRIOR_STEPS = 32.0  # the prior counts as this many steps
 SCALE_PRIOR_STEPS = 1.0  # the speed factor's prior (1: the profile is right) counts as this many steps

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from batchllm.core.errors import UserError
 from batchllm.core.files import replacing
 from batchllm.costmodel.profile import Profile
 from batchllm.engines.hardware import HardwareIdentity
-from batchllm.core.errors import UserError
 
 STORE_FOLDER = "profiles"
 RECORD_FILE = "store.json"

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from batchllm.core.length_prompt import LengthPrompt
 from batchllm.costmodel.length_model.censored_fit import concordance
 from batchllm.costmodel.length_model.model import LengthModel
 from batchllm.costmodel.length_model.scores import log_error
 from batchllm.costmodel.lengths import LengthDistribution
-from batchllm.core.length_prompt import LengthPrompt
 
 MARGIN = 0.03
 MIN_OUTPUTS = 30

@@ -32,11 +32,11 @@ from pathlib import Path
 import numpy as np
 
 from batchllm.core.files import replacing
+from batchllm.core.length_prompt import LengthPrompt
 from batchllm.costmodel.length_model.censored_fit import fit_censored
 from batchllm.costmodel.length_model.features import FEATURES_VERSION, features, width
 from batchllm.costmodel.length_model.new_sets import NewSetCalibration, calibrate_new_sets, residual_base
 from batchllm.costmodel.lengths import LengthDistribution
-from batchllm.core.length_prompt import LengthPrompt
 from batchllm.costmodel.request_lengths import RequestLengths
 
 MODEL_FILE, NUMBERS_FILE = "length_model.json", "length_model.npz"

@@ -21,11 +21,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchllm.core.files import replacing
+from batchllm.core.length_prompt import LengthPrompt
 from batchllm.costmodel.length_model.features import FEATURES_VERSION
 from batchllm.costmodel.length_model.gate import GateVerdict, gate, within_sets_concordance
 from batchllm.costmodel.length_model.model import LengthModel
 from batchllm.costmodel.lengths import LengthDistribution
-from batchllm.core.length_prompt import LengthPrompt
 
 FOLDER, FILE = "lengths", "observations.parquet"
 TEXT_CHARS = 2000

@@ -22,8 +22,15 @@ from dataclasses import dataclass, replace
 
 from batchllm.engines.endpoint.guard_policy import GuardPolicy, Verdict
 from batchllm.engines.endpoint.guard_targets import OWN_REQUESTS, SERVER_METRICS, GuardTargets
-from batchllm.engines.endpoint.latency_window import (OwnTimings, WindowLatency, exactly, online_latency, own_latency, server_latency,
-                                                      weighted_p99)
+from batchllm.engines.endpoint.latency_window import (
+    OwnTimings,
+    WindowLatency,
+    exactly,
+    online_latency,
+    own_latency,
+    server_latency,
+    weighted_p99,
+)
 from batchllm.engines.endpoint.server_metrics import MetricsSnapshot
 
 

@@ -32,10 +32,10 @@ from dataclasses import replace
 import httpx
 import openai
 
+from batchllm.core.endpoint import Endpoint
 from batchllm.core.requests import EngineRequest, EngineResult
 from batchllm.engines.endpoint.latency_guard import LatencyGuard
 from batchllm.engines.endpoint.request_body import StreamedAnswer, request_body
-from batchllm.core.endpoint import Endpoint
 from batchllm.engines.endpoint.server_metrics import metrics_url, scrape
 from batchllm.engines.engine import Engine, EngineFactory, EngineFailed
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady

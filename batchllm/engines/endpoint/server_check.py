@@ -11,8 +11,8 @@ import os
 
 import httpx
 
-from batchllm.core.errors import UserError
 from batchllm.core.endpoint import Endpoint
+from batchllm.core.errors import UserError
 from batchllm.dag.model import DagSpec, EndpointSpec
 
 CHECK_TIMEOUT_S = 10.0
