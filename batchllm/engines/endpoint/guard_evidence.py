@@ -177,7 +177,7 @@ class ServerHistory:
             return 0.0
         since = newest
         for (before, batch), (after, _) in zip(reversed(kept[:-1]), reversed(kept[1:])):
-            came = (after.ttft.count - before.ttft.count if after.ttft and before.ttft else 0) - len(own.ttfts_s(before.at_s, after.at_s))
+            came = self._online_first_tokens(before, after, own)
             if _others(before, batch) > 0 or came > 0:
                 break
             since = before
@@ -186,9 +186,9 @@ class ServerHistory:
     @staticmethod
     def _online_first_tokens(start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings) -> float:
         """First tokens the server counted between the two, less the batch's own."""
-        if start.ttft is None or end.ttft is None:
-            return 0.0
-        return end.ttft.count - start.ttft.count - len(own.ttfts_s(start.at_s, end.at_s))
+        if start.ttft is None or end.ttft is None or start.ttft.upper_bounds_s != end.ttft.upper_bounds_s:
+            return 0.0  # a histogram missing, or a server restarted with other buckets
+        return end.ttft.minus(start.ttft).count - len(own.ttfts_s(start.at_s, end.at_s))  # since a restart, if there was one
 
     def _online(self, start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings) -> tuple[WindowLatency, bool]:
         """The online p99s of the window and whether online requests were there. TTFT: the server's
