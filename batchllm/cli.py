@@ -211,36 +211,13 @@ def plan(
     """
     import json
 
-    if pilot:
-        _plan_with_pilots(dag, devices, out or Path("runs") / dag.stem, profiles, as_json, endpoint or [])
-        return
-
-    from batchllm.dag.endpoints_section import with_endpoint_options
-    from batchllm.dag.loader import load_dag
-    from batchllm.engines.settings_check import check_engine_settings
-    from batchllm.io.dag_checks import check_dag
-    from batchllm.planner.gantt import chart_paths, write_html, write_png
-    from batchllm.planner.length_sources import LengthModels
-    from batchllm.planner.plan_file import PROFILES_ROOT, plan_dag
     from batchllm.planner.report import print_report, report_json
 
+    if pilot:
+        _plan_with_pilots(dag, devices, out or Path("runs") / dag.stem, profiles, as_json, endpoint or [], chart)
+        return
     try:
-        this_machine = _this_machine_devices()
-        spec = with_endpoint_options(load_dag(dag), endpoint or [])
-        if devices in ("auto", this_machine):  # a plan for this machine: its models and settings are checked as `run` does
-            devices = this_machine
-            check_dag(spec, batchllm_home())
-            check_engine_settings(spec, batchllm_home(), parse_devices("auto").kind)
-        chart, html_path = chart_paths(chart or Path("plans") / f"{dag.stem}-{devices.replace(':', '').replace('/', '_')}.png")
-        models = [node.model for node in spec.nodes.values()]
-        lengths = LengthModels.at_home(batchllm_home(), models)
-        report = plan_dag(spec, devices, profiles_root=profiles or PROFILES_ROOT, compare=compare,
-                          lengths_for=lengths.lengths_for if lengths.models else None)
-        try:
-            write_png(report, chart)
-            write_html(report, html_path)
-        except OSError as error:
-            raise UserError(f"cannot write the chart {str(chart)!r}: {error.strerror or error}", where="--chart") from error
+        report, chart, html_path = _planned(dag, devices, chart, profiles, compare, endpoint or [])
     except UserError as error:
         _fail(error)
     if as_json:
@@ -251,12 +228,44 @@ def plan(
     console.print(f"gantt chart: {chart} and {html_path}")
 
 
-def _plan_with_pilots(dag: Path, devices: str, out: Path, profiles: Path | None, as_json: bool, endpoint: list[str]) -> None:
+def _planned(dag: Path, devices: str, chart: Path | None, profiles: Path | None, compare: bool, endpoint: list[str]):
+    """The plan report of DAG on `devices` (this machine's: its models and settings checked as
+    `run` checks them), its Gantt chart written: (report, chart PNG, chart HTML)."""
+    from batchllm.dag.endpoints_section import with_endpoint_options
+    from batchllm.dag.loader import load_dag
+    from batchllm.engines.settings_check import check_engine_settings
+    from batchllm.io.dag_checks import check_dag
+    from batchllm.planner.gantt import chart_paths, write_html, write_png
+    from batchllm.planner.length_sources import LengthModels
+    from batchllm.planner.plan_file import PROFILES_ROOT, plan_dag
+
+    this_machine = _this_machine_devices()
+    spec = with_endpoint_options(load_dag(dag), endpoint)
+    if devices in ("auto", this_machine):  # a plan for this machine: its models and settings are checked as `run` does
+        devices = this_machine
+        check_dag(spec, batchllm_home())
+        check_engine_settings(spec, batchllm_home(), parse_devices("auto").kind)
+    chart, html_path = chart_paths(chart or Path("plans") / f"{dag.stem}-{devices.replace(':', '').replace('/', '_')}.png")
+    models = [node.model for node in spec.nodes.values()]
+    lengths = LengthModels.at_home(batchllm_home(), models)
+    report = plan_dag(spec, devices, profiles_root=profiles or PROFILES_ROOT, compare=compare,
+                      lengths_for=lengths.lengths_for if lengths.models else None)
+    try:
+        write_png(report, chart)
+        write_html(report, html_path)
+    except OSError as error:
+        raise UserError(f"cannot write the chart {str(chart)!r}: {error.strerror or error}", where="--chart") from error
+    return report, chart, html_path
+
+
+def _plan_with_pilots(dag: Path, devices: str, out: Path, profiles: Path | None, as_json: bool, endpoint: list[str],
+                      chart: Path | None) -> None:
     import json
 
     from batchllm.dag.endpoints_section import with_endpoint_options
     from batchllm.dag.loader import load_dag
     from batchllm.planner.plan_file import PROFILES_ROOT
+    from batchllm.planner.report import report_json, with_pilot
     from batchllm.runtime.launch import run_dag
     from batchllm.runtime.memory import limit_malloc_arenas
 
@@ -269,12 +278,13 @@ def _plan_with_pilots(dag: Path, devices: str, out: Path, profiles: Path | None,
         result, _ = run_dag(with_endpoint_options(load_dag(dag), endpoint), out, parse_devices("auto"),
                             console=Console(quiet=True) if as_json else console, pilots_only=True,
                             profiles_root=profiles or PROFILES_ROOT)
-    pilot_s = result.report.wall_s
-    rest_s = result.rest_estimate_s or 0.0
-    if as_json:
-        typer.echo(json.dumps({"estimated_s": round(pilot_s + rest_s, 3), "pilot_s": round(pilot_s, 3),
-                               "rest_estimated_s": round(rest_s, 3), "out": str(out)}, indent=2))
-        return
+        pilot_s = result.report.wall_s
+        rest_s = result.rest_estimate_s or 0.0
+        if as_json:  # the plan's own schema, on the answer lengths the pilots measured, with the pilots' figures
+            report, chart, html_path = _planned(dag, devices, chart, profiles, False, endpoint)
+            plan = {**report_json(report), "chart_png": str(chart), "chart_html": str(html_path)}
+            typer.echo(json.dumps(with_pilot(plan, pilot_s, rest_s, str(out)), indent=2))
+            return
     console.print(f"pilots run in {pilot_s:.1f} s (engine starts included), kept in {out}; the rest estimated at {rest_s:.1f} s "
                   f"on their answer lengths: {pilot_s + rest_s:.1f} s in all. `batchllm run {dag} --out {out}` goes on from them.",
                   highlight=False, soft_wrap=True)

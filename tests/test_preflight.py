@@ -173,3 +173,18 @@ def test_the_planner_reads_no_data_itself():
         imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module} | \
             {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
         assert not imported & readers, f"{path.name} imports {sorted(imported & readers)}"
+
+
+def test_plan_pilot_json_is_the_plans_json_with_the_pilots_figures(workspace):
+    """`plan --pilot --json` prints the schema `plan --json` prints (nodes with their pre-flight
+    fields, stages, notes), the pilots' figures added: a script reads either."""
+    from batchllm.dag.loader import load_dag
+    from batchllm.planner.plan_file import plan_dag
+    from batchllm.planner.report import report_json, with_pilot
+
+    plan = report_json(plan_dag(load_dag(workspace.dag(DAG)), "1xA100-80G", profiles_root=PROFILES))
+    piloted = with_pilot(plan, pilot_s=12.3456, rest_estimated_s=40.0, out="runs/x")
+    assert set(piloted) == set(plan) | {"pilot_s", "rest_estimated_s", "out"}
+    assert {key: piloted[key] for key in plan if key != "estimated_s"} == {key: plan[key] for key in plan if key != "estimated_s"}
+    assert (piloted["estimated_s"], piloted["pilot_s"], piloted["rest_estimated_s"], piloted["out"]) == (52.346, 12.346, 40.0, "runs/x")
+    assert set(plan["nodes"]["answer"]) >= {"model", "requests", "rounds", "producers"} and plan["stages"]

@@ -137,3 +137,11 @@ def report_json(report: PlanReport) -> dict:
         "compared": [summary(s) for s in report.compared],
         "not_run": [{"method": s.method, "reason": s.reason} for s in report.not_run],
     }
+
+
+def with_pilot(plan: dict, pilot_s: float, rest_estimated_s: float, out: str) -> dict:
+    """`plan --pilot --json`: the plan's JSON (`report_json`, planned on the lengths the pilots
+    measured) with the pilots' figures; `estimated_s` is then the pilots' time plus the rest's
+    estimate, and the schedule's own total stays in `total_s`."""
+    return {**plan, "estimated_s": round(pilot_s + rest_estimated_s, 3), "pilot_s": round(pilot_s, 3),
+            "rest_estimated_s": round(rest_estimated_s, 3), "out": out}
