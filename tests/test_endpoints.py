@@ -32,7 +32,7 @@ BATCHLLM = str(Path(sys.executable).parent / "batchllm")
 SERVER_CORE = "1"  # the server's core; a local engine of the comparison runs on core 0
 START_TIMEOUT_S = 300
 
-# The kill test's DAG (answer, then critique, over 24 questions), one request at a time on a local engine:
+# The kill test's DAG (answer, then critique, over the first QUESTIONS questions), one request at a time on a local engine:
 # temperature 0 gives the same tokens as the server then.
 DAG = KILL_TEST_DAG.replace("max_num_seqs: 4        # results arrive in waves, so a kill can land mid-node", "max_num_seqs: 1") \
     .replace("{path: %s, id_column: id}", "{path: %(questions)s, id_column: id}")
@@ -122,8 +122,13 @@ def model_home(monkeypatch):
     return MODEL_HOME
 
 
+QUESTIONS = 12  # the first 12 example questions: 24 units, enough for a kill to land with work left
+
+
 def write_dag(tmp_path: Path, url: str | None, in_flight: int = 1, extra: str = "") -> Path:
-    text = DAG % {"questions": REPO / "examples" / "questions.parquet"}
+    questions = tmp_path / "questions.parquet"
+    pq.write_table(pq.read_table(REPO / "examples" / "questions.parquet").slice(0, QUESTIONS), questions)
+    text = DAG % {"questions": questions}
     if url is not None:
         text += ENDPOINTS % {"url": url, "in_flight": in_flight} + extra
     path = tmp_path / ("endpoint.yaml" if url else "local.yaml")
@@ -168,7 +173,7 @@ def test_a_dag_through_the_server_gives_the_local_runs_units_and_texts(server, t
     assert result.engines_started == 1  # the server's engine only: no engine started on the devices
     for node in ("answer", "critique"):
         local, served = results(tmp_path / "local", node), results(tmp_path / "served", node)
-        assert sorted(served) == sorted(local) and len(served) == 24
+        assert sorted(served) == sorted(local) and len(served) == QUESTIONS
         assert served == local, node  # temperature 0, one request at a time on both sides: the same tokens
     assert progress.stats["answer"].output_tokens > 0
 
@@ -180,7 +185,7 @@ def test_a_driver_killed_mid_run_resumes_and_commits_every_unit_once(server, tmp
     wait_for(lambda: committed(out) >= 4, driver)
     driver.send_signal(signal.SIGKILL)
     driver.wait()
-    assert committed(out) < 48, "the kill must land with work left"
+    assert committed(out) < 2 * QUESTIONS, "the kill must land with work left"
     deadline = time.monotonic() + 30  # the server aborts what the dead driver had in flight
     while server.metric("vllm:num_requests_running") > 0:
         assert time.monotonic() < deadline, "requests of a killed driver kept running on the server"
@@ -188,7 +193,7 @@ def test_a_driver_killed_mid_run_resumes_and_commits_every_unit_once(server, tmp
     resumed = cli(["run", str(dag), "--out", str(out), "--no-pilot"])
     stdout, stderr = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, stderr
-    assert len(results(out, "answer")) == 24 and len(results(out, "critique")) == 24
+    assert len(results(out, "answer")) == QUESTIONS and len(results(out, "critique")) == QUESTIONS
     assert stdout == f"critiqued: {out}/critiqued.parquet\n"
 
 
@@ -198,12 +203,12 @@ def test_a_server_killed_mid_run_and_started_again_loses_and_repeats_nothing(ser
     wait_for(lambda: committed(out) >= 4, driver)
     server.kill()
     before = committed(out)
-    assert before < 48, "the kill must land with work left"
+    assert before < 2 * QUESTIONS, "the kill must land with work left"
     server.start()  # about 20-45 s: the run waits for it, sending again what was in flight
     stdout, stderr = driver.communicate(timeout=900)
     assert driver.returncode == 0, stderr
     answers, critiques = results(out, "answer"), results(out, "critique")
-    assert len(answers) == 24 and len(critiques) == 24 and all(answers.values())
+    assert len(answers) == QUESTIONS and len(critiques) == QUESTIONS and all(answers.values())
 
 
 def test_a_model_the_server_does_not_serve_is_exit_2_before_anything_runs(server, tmp_path, model_home):

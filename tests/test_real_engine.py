@@ -22,6 +22,7 @@ from batchllm.engines.devices import parse_devices
 from batchllm.engines.process_engine import start_vllm_engine
 from batchllm.io.node_journal import read_records
 from batchllm.runtime.launch import run_dag_file
+from tests.example_rows import example_dag
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parent.parent
@@ -76,20 +77,24 @@ def committed(out: Path, node: str) -> int:
     return read_records(folder).num_rows if folder.exists() else 0
 
 
-def expected_units(dag_name: str) -> dict[str, int]:
-    questions = pq.read_table(REPO / "examples" / "questions.parquet").num_rows
-    chunks = sum(len(c) for c in pq.read_table(REPO / "examples" / "documents.parquet").column("chunks").to_pylist())
-    documents = pq.read_table(REPO / "examples" / "documents.parquet").num_rows
-    return {
-        "ensemble_judge": {"concise": questions, "creative": questions, "judge": questions},
-        "chain_summary": {"summarize": chunks, "evaluate": documents},
-    }.get(dag_name, {})
+def expected_units(dag_name: str, folder: Path) -> dict[str, int]:
+    """Units per node of an example DAG over the inputs in `folder` (as `example_dag` wrote them)."""
+    if dag_name == "ensemble_judge":
+        questions = pq.read_table(folder / "questions.parquet").num_rows
+        return {"concise": questions, "creative": questions, "judge": questions}
+    if dag_name == "chain_summary":
+        documents = pq.read_table(folder / "documents.parquet")
+        return {"summarize": sum(len(c) for c in documents.column("chunks").to_pylist()), "evaluate": documents.num_rows}
+    return {}
+
+
+EXAMPLE_ROWS = {"ensemble_judge": 6, "router": 8, "chain_summary": 3}  # of 24 questions, 24, 12 documents
 
 
 @pytest.mark.parametrize("dag_name", ["ensemble_judge", "router", "chain_summary"])
 def test_example_dag_runs_to_completion(dag_name, tmp_path, model_home, shared_engines):
     out = tmp_path / "out"
-    dag = REPO / "dags" / f"{dag_name}.yaml"
+    dag = example_dag(dag_name, tmp_path, EXAMPLE_ROWS[dag_name])
     result, _ = run_dag_file(dag, out, parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
     assert result.nodes_failed == {}
     from batchllm.dag.loader import load_dag
@@ -101,8 +106,8 @@ def test_example_dag_runs_to_completion(dag_name, tmp_path, model_home, shared_e
         assert len(keys) == len(set(keys)) == committed(out, node), f"{node}: a unit was produced twice"
         assert all(r["text"].strip() for r in records), f"{node}: empty output"  # structured output too
         assert all(r["num_output_tokens"] > 0 for r in records)
-        if node in expected_units(dag_name):
-            assert len(keys) == expected_units(dag_name)[node], node
+        if node in expected_units(dag_name, tmp_path):
+            assert len(keys) == expected_units(dag_name, tmp_path)[node], node
     if dag_name == "router":  # every question is answered by exactly one specialist, then judged through the merge
         routes = {r["row_id"]: r["text"] for r in results(out, "route")}
         assert set(routes.values()) <= {"code", "other"}, "structured output allows the two labels only"
@@ -370,9 +375,9 @@ def test_prompt_tokens_without_transformers_equal_transformers_on_the_embedded_m
 def test_python_api_runs_the_ensemble_example_from_a_pandas_frame_with_the_clis_rows(tmp_path, model_home, shared_engines):
     import batchllm
 
-    dag = REPO / "dags" / "ensemble_judge.yaml"
+    dag = example_dag("ensemble_judge", tmp_path, 6)
     run_dag_file(dag, tmp_path / "cli", parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
-    frame = pq.read_table(REPO / "examples" / "questions.parquet").to_pandas()
+    frame = pq.read_table(tmp_path / "questions.parquet").to_pandas()
     ran = batchllm.run(dag, inputs={"questions": frame}, out=tmp_path / "api", devices="cpu:2", engine_factory=shared_engines,
                        console=Console(quiet=True))
     from_api, from_cli = ran.tables["judged"], pq.read_table(tmp_path / "cli" / "judged.parquet")
@@ -382,12 +387,15 @@ def test_python_api_runs_the_ensemble_example_from_a_pandas_frame_with_the_clis_
     assert all(row["answer_a"] and row["answer_b"] and row["verdict"] for row in from_api.to_pylist())
 
 
+BATCH_QUESTIONS = 10  # of the 24 example questions
+
+
 def batch_request_lines() -> list[str]:
-    """Every example question twice: as a chat for `gpt-4o-mini`, as a completion for `local-base`; one bad line;
+    """The first BATCH_QUESTIONS example questions twice: as a chat for `gpt-4o-mini`, as a completion for `local-base`; one bad line;
     one chat with a JSON-schema response format (a node of its own)."""
     import json
 
-    questions = pq.read_table(REPO / "examples" / "questions.parquet").to_pylist()
+    questions = pq.read_table(REPO / "examples" / "questions.parquet").to_pylist()[:BATCH_QUESTIONS]
     lines = [json.dumps({"custom_id": f"chat-{q['id']}", "method": "POST", "url": "/v1/chat/completions",
                          "body": {"model": "gpt-4o-mini", "max_tokens": 48, "temperature": 0,
                                   "messages": [{"role": "system", "content": "Answer briefly."},
@@ -420,16 +428,17 @@ def test_an_openai_batch_file_with_two_models_is_killed_resumed_and_answers_ever
     first.send_signal(signal.SIGKILL)
     first.wait()
     before = done()
-    assert 1 <= before < 48, "the kill must land with work left"
+    assert 1 <= before < 2 * BATCH_QUESTIONS, "the kill must land with work left"
     assert not results_file.exists(), "the results file is written whole, at the end"
 
     resumed = cli(command)
     stdout, stderr = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, stderr
-    assert stdout == f"{results_file}: 50 lines, 49 succeeded, 1 failed (1 invalid_request)\n"
+    total = 2 * BATCH_QUESTIONS + 2
+    assert stdout == f"{results_file}: {total} lines, {total - 1} succeeded, 1 failed (1 invalid_request)\n"
     lines = [json.loads(line) for line in results_file.read_text().splitlines()]
     ids = [line["custom_id"] for line in lines]
-    assert len(ids) == len(set(ids)) == 50
+    assert len(ids) == len(set(ids)) == total
     bad = lines[5]
     assert bad["custom_id"] == "bad" and bad["response"] is None and bad["error"]["code"] == "invalid_request"
     for line in lines[:5] + lines[6:]:
@@ -442,7 +451,7 @@ def test_an_openai_batch_file_with_two_models_is_killed_resumed_and_answers_ever
     assert json.loads(lines[-1]["response"]["body"]["choices"][0]["message"]["content"])["topic"] in ("code", "other")
     for node in ("gpt_4o_mini_chat", "local_base_completion"):
         keys = [r["row_id"] for r in results(run_dir, node)]
-        assert len(keys) == len(set(keys)) == committed(run_dir, node) == 24, node
+        assert len(keys) == len(set(keys)) == committed(run_dir, node) == BATCH_QUESTIONS, node
 
 
 def test_the_readmes_python_api_example_runs_as_a_plain_script(tmp_path, model_home):
