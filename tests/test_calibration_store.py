@@ -187,21 +187,20 @@ def test_step_features_match_the_profile_builders():
     assert np.allclose([step_features(s) for s in steps], builder(steps))
 
 
-PREPARED = Path.home() / ".cache" / "batchllm" / "models" / "smollm2-135m"
-
-
-@pytest.mark.skipif(not (PREPARED / "tokenizer.json").is_file(), reason="the embedded model is not prepared on this machine")
+@pytest.mark.engine  # the embedded model's package, converted once per checkout into .batchllm-home (as the engine tests do)
 def test_the_planner_counts_prompt_tokens_with_the_models_tokenizer_when_it_is_here(workspace, tmp_path):
     from batchllm.core.requests import EngineRequest
     from batchllm.dag.loader import load_dag
     from batchllm.io.dag_checks import check_dag
+    from batchllm.models.embedded import SMOLLM2_135M
     from batchllm.models.tokens import PromptTokenizer
     from batchllm.planner.cluster import local_cluster
     from batchllm.planner.from_dag import dag_workloads
 
+    prepared = SMOLLM2_135M.prepare(REPO / ".batchllm-home")
     model = workspace.root / "tiny-model"
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(PREPARED / name, model / name)
+        shutil.copy(prepared / name, model / name)
     root = tmp_path / "profiles"
     shutil.copytree(REPO / "profiles" / "cpu-intel-xeon" / "smollm2-135m", root / hardware_name("cpu") / "tiny-model",
                     ignore=shutil.ignore_patterns("logs"))
