@@ -12,6 +12,7 @@ import pytest
 from rich.console import Console
 
 import batchllm.planner.cluster as cluster_module
+from batchllm.core.errors import UserError
 from batchllm.costmodel.profile import Profile
 from batchllm.dag.model import EngineSpec
 from batchllm.engines.devices import DeviceSet
@@ -70,8 +71,10 @@ def test_cpuinfo_gives_the_model_name_and_the_flags_that_pick_vllm_kernels():
 def test_a_host_seen_with_other_flags_runs_engines_as_that_kind_would():
     """BATCHLLM_CPU_FLAGS=avx2 on an AVX-512 host: float32 engines and the AVX2 identity, as on an AVX2-only host."""
     assert seen_with_flags(GENOA, "avx2") == HardwareIdentity("cpu", "AMD EPYC", "float32", ("avx2",))
-    assert seen_with_flags(ROME, " avx512f, avx2 ,avx512_bf16,sse") == HardwareIdentity("cpu", "AMD EPYC 7B12", "bfloat16",
-                                                                                        ("avx2", "avx512f", "avx512_bf16"))
+    assert seen_with_flags(ROME, " avx512f, avx2 ,avx512_bf16") == HardwareIdentity("cpu", "AMD EPYC 7B12", "bfloat16",
+                                                                                    ("avx2", "avx512f", "avx512_bf16"))
+    with pytest.raises(UserError, match=r"'avx2,avx-512' names avx-512, not a CPU kernel flag"):
+        seen_with_flags(GENOA, "avx2,avx-512")
 
 
 def test_nvidia_smi_gives_the_gpu_name_memory_and_count():

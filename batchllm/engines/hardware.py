@@ -100,7 +100,12 @@ def parse_cpuinfo(text: str) -> HardwareIdentity:
 
 def seen_with_flags(here: HardwareIdentity, listing: str) -> HardwareIdentity:
     """`here` with the kernel flags of `listing` (comma-separated, e.g. "avx2"), and the engine dtype they select."""
-    flags = tuple(f for f in KERNEL_FLAGS if f in {word.strip() for word in listing.split(",")})
+    words = {word.strip() for word in listing.split(",") if word.strip()}
+    unknown = sorted(words - set(KERNEL_FLAGS))
+    if unknown:
+        raise UserError(f"{listing!r} names {', '.join(unknown)}, not a CPU kernel flag", where=CPU_FLAGS_ENV,
+                        hint=f"use a comma-separated list of {', '.join(KERNEL_FLAGS)} (e.g. avx2), or unset it")
+    flags = tuple(f for f in KERNEL_FLAGS if f in words)
     return replace(here, cpu_flags=flags, dtype=cpu_engine_dtype(flags) or MODEL_DTYPE)
 
 

@@ -242,7 +242,7 @@ class LatencyGuard:
         """Growth also needs: metrics still there if they ever were, the batch using all it was allowed
         during the level, room under `max_in_flight`, and one more leaving 10 % of the server's capacity
         (as last seen full, at least 1) free."""
-        if level is None or (level.basis == OWN_REQUESTS and self._history.seen > 0):
+        if level is None or self._blind(level):
             return False
         if self._peak_in_flight < self._allowed or self._allowed >= self.max_in_flight:
             return False
@@ -254,9 +254,13 @@ class LatencyGuard:
         """At 0, one request again once a whole window at 0 gave no verdict to cut or ease off, with
         enough observations to say so (or no online request at all), and metrics still there if they
         ever were: what it then shows is exact (its own token gaps)."""
-        if level is None or now_s - self._level_since_s < self.policy.window_s or (level.basis == OWN_REQUESTS and self._history.seen):
+        if level is None or now_s - self._level_since_s < self.policy.window_s or self._blind(level):
             return False
         return level.idle(self.policy) or level.latency.ttft_count >= self.policy.min_observations or level.latency.ttft_p99_s is None
+
+    def _blind(self, level: WindowEvidence) -> bool:
+        """The server's metrics were there and are gone: the guard sees only its own requests now."""
+        return level.basis == OWN_REQUESTS and self._history.seen > 0
 
     def _set_level(self, allowed: int, now_s: float) -> None:
         self._allowed, self._level_since_s, self._peak_in_flight = allowed, now_s, self._in_flight
