@@ -152,17 +152,16 @@ class ServerHistory:
         if not earlier:
             return None
         horizon = [s for s in earlier if s.at_s <= newest.at_s - self.policy.window_s]
-        start = horizon[-1] if horizon else earlier[0]
-        if self._online_first_tokens(start, newest, own) < self.policy.min_observations:
-            wider = [s for s in earlier if s.at_s < start.at_s]
-            while wider and self._online_first_tokens(start, newest, own) < self.policy.min_observations:
-                start = wider.pop()
+        standard = horizon[-1] if horizon else earlier[0]
+        start, wider = standard, [s for s in earlier if s.at_s < standard.at_s]
+        while wider and self._online_first_tokens(start, newest, own) < self.policy.min_observations:
+            start = wider.pop()
         latency, online_seen = self._online(start, newest, own)
-        if not online_seen and start is not (horizon[-1] if horizon else earlier[0]):  # widened for nothing: no online request
-            start = horizon[-1] if horizon else earlier[0]
+        if not online_seen and start is not standard:  # widened for nothing: no online request
+            start = standard
             latency, online_seen = self._online(start, newest, own)
-        window = [(s, batch) for s, batch in self._kept if start.at_s <= s.at_s <= newest.at_s]
-        previous = window[-2][0] if len(window) > 1 else None
+        before_newest = self._kept[-2][0] if len(self._kept) > 1 else None
+        previous = before_newest if before_newest is not None and before_newest.at_s >= start.at_s else None  # in the window
         preempted = newest.preemptions is not None and start.preemptions is not None and newest.preemptions > start.preemptions
         return WindowEvidence(SERVER_METRICS, newest.at_s - start.at_s, latency, online_seen, preempted, newest.kv_usage, newest.waiting,
                               queue_held=newest.waiting > 0 and previous is not None and previous.waiting > 0, running=newest.running,
