@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,6 +10,27 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+
+def pytest_collection_finish(session) -> None:
+    """Everything imported by collection (the test modules, numpy, scipy, ...) lives to the end: kept
+    out of the collector's scans, so a run's `gc.collect()` costs what the test made, not the whole
+    suite's heap (0.2-0.3 s a call before: test_executor.py took 37 s, now 23 s)."""
+    gc.freeze()
+
+
+SLOW_MARKS = ("engine", "ray", "endpoint")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items) -> None:
+    """The tests that start real engines, servers or a Ray cluster run on one worker, in order, so
+    they share one engine or server per module or session as they do without workers; the fast
+    tests spread over the other workers (`-n auto --dist loadgroup` in pyproject.toml)."""
+    for item in items:
+        if any(item.get_closest_marker(mark) for mark in SLOW_MARKS):
+            item.add_marker(pytest.mark.xdist_group("real-engines"))
+
 
 QUESTIONS = [
     ("q1", "What is a prime number?"),

@@ -145,19 +145,21 @@ def test_a_crash_at_any_step_of_compaction_leaves_every_record_exactly_once(tmp_
     assert sorted(read_records(tmp_path / "a").column("row").to_pylist()) == [0, 1, 2, 3, 4]
 
 
-def test_three_hundred_thousand_records_in_segments(tmp_path):
-    journal = ResultJournal(tmp_path / "big", "fp", "big", segment_records=50_000)
-    rows = np.random.default_rng(1).permutation(300_000)
-    for start in range(0, len(rows), 1000):
-        journal.append_many([record(int(r), reason="error: x" if r % 1000 == 0 else "stop") for r in rows[start:start + 1000]])
+def test_thirty_thousand_records_in_six_segments(tmp_path):
+    # The same shape as a large run's journal (segments, a tail, shuffled rows, failures), at a tenth
+    # of the scale: benchmarks/journal_scale.py shows the scale itself.
+    journal = ResultJournal(tmp_path / "big", "fp", "big", segment_records=5_000)
+    rows = np.random.default_rng(1).permutation(30_000)
+    for start in range(0, len(rows), 100):
+        journal.append_many([record(int(r), reason="error: x" if r % 1000 == 0 else "stop") for r in rows[start:start + 100]])
     journal.close()
-    reopened = ResultJournal(tmp_path / "big", "fp", "big", segment_records=50_000)
+    reopened = ResultJournal(tmp_path / "big", "fp", "big", segment_records=5_000)
     assert len(reopened.segment_paths()) == 6
     found_rows, _ = reopened.committed_keys()
-    assert np.array_equal(np.sort(found_rows), np.arange(300_000))
-    window = np.arange(120_000, 120_010)
+    assert np.array_equal(np.sort(found_rows), np.arange(30_000))
+    window = np.arange(12_000, 12_010)
     assert reopened.texts(window, np.zeros(10, np.int64)) == [f"t{r}.0" for r in window]
-    assert reopened.stats().failed == 300
+    assert reopened.stats().failed == 30
 
 
 def test_committed_keys_come_a_segment_at_a_time_then_the_tail(tmp_path):

@@ -242,7 +242,7 @@ def test_plan_prints_json_and_writes_a_legible_gantt_chart(tmp_path):
 
 
 def test_plan_compare_lists_every_method(tmp_path):
-    result = runner.invoke(app, ["plan", str(REPO / "dags" / "router.yaml"), "--devices", "8xA100-80G", "--compare",
+    result = runner.invoke(app, ["plan", str(REPO / "dags" / "router.yaml"), "--devices", "4xA100-80G", "--compare",
                                  "--chart", str(tmp_path / "c.png")])
     assert result.exit_code == 0, result.output
     for method in ("chosen (", "greedy+rollout", "greedy-no-preemption", "max-heuristic", "min-heuristic", "exact", "lower bound"):
