@@ -75,19 +75,19 @@ def test_no_ledger_or_feed_is_alive_while_the_outputs_are_written(workspace, mon
     nothing, not even a loop variable of the run, keeps a feed or a ledger."""
     import gc
 
-    from batchllm.runtime import executor
+    from batchllm.runtime import output_writer
     from batchllm.runtime.ledger import NodeLedger
     from batchllm.runtime.node_feed import NodeFeed
 
     alive: list[int] = []
-    write = executor.write_node_file
+    write = output_writer.write_node_file
 
     def counting_write(*args, **kwargs):
         gc.collect()
         alive.append(sum(isinstance(o, (NodeLedger, NodeFeed)) for o in gc.get_objects()))
         return write(*args, **kwargs)
 
-    monkeypatch.setattr(executor, "write_node_file", counting_write)
+    monkeypatch.setattr(output_writer, "write_node_file", counting_write)
     run(workspace, FakeEngineFactory())
     assert alive == [0, 0, 0]
 

@@ -12,6 +12,7 @@ from batchllm.dag.loader import load_dag
 from batchllm.io.dag_checks import check_dag
 from batchllm.runtime.executor import Executor
 from batchllm.runtime.ledger import UnitStatus
+from batchllm.runtime.node_run import NodeStatus
 from batchllm.runtime.prepare import RequestPreparer, most_output_tokens
 from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.run_dir import RunDir
@@ -47,8 +48,8 @@ def executor(workspace, isolated_home):
         executor.open()
         yield executor
         executor.engines.stop_all()
-        for journal in executor.journals.values():
-            journal.close()
+        for node in executor.nodes:
+            node.journal.close()
     run_dir.close()
 
 
@@ -65,7 +66,7 @@ def test_each_turn_admits_submits_collects_and_commits(executor):
     assert (second.submitted, second.committed, second.ended) == (4, 3, ())
     assert [(c.node, len(c.results)) for c in second.commits] == [("a", 3)]
     assert counts(executor, "a") == {"RUNNING": 1, "COMMITTED": 3}
-    assert executor.journals["a"].stats().committed == 3
+    assert executor.nodes["a"].journal.stats().committed == 3
     assert not executor.stage_over()
 
     third = executor.step()  # the last one: the node is settled and the stage is over
@@ -84,4 +85,18 @@ def test_a_lost_engine_gives_its_units_back_in_the_same_turn(executor):
     assert (result.submitted, result.committed) == (4, 0)
     assert [loss.cause for loss in result.losses] == ["fake engine: died"]
     assert counts(executor, "a") == {"READY": 4}  # READY again, to be queued for the restarted engine
-    assert executor.feeds["a"].has_more()
+    assert executor.nodes["a"].feed.has_more()
+
+
+def test_step_is_the_loops_one_call_from_the_first_stage_to_the_last(executor):
+    """Stages begin and end inside `step()`, engines start and are handed over, and every node
+    finishes; `None` once nothing is left to run."""
+    results = []
+    while (result := executor.step()) is not None:
+        results.append(result)
+        assert len(results) < 1_000, "the run does not end"
+    assert {node.name: node.status for node in executor.nodes} == {n: NodeStatus.FINISHED for n in ("a", "b", "judge")}
+    assert [name for r in results for name in r.ended] == ["a", "b", "judge"]
+    assert sum(r.committed for r in results) == 12  # 4 rows, 3 nodes: each unit once
+    assert [list(stage.nodes) for stage in executor.report.stages] == [["a"], ["b"], ["judge"]]  # sequential: a node a stage
+    assert {n: executor.nodes[n].journal.stats().committed for n in ("a", "b", "judge")} == {"a": 4, "b": 4, "judge": 4}

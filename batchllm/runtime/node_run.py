@@ -1,0 +1,154 @@
+"""One record per node of a run (`NodeRun`), and the run's nodes in topological order (`NodeRuns`).
+
+A node's `status` is the single truth of where it is:
+
+    PENDING  --(a stage assigns it engines)-->  IN_STAGE  --(the stage ends)-->  PENDING
+    PENDING | IN_STAGE  --(every unit committed or skipped, every producer finished)-->  FINISHED
+    PENDING | IN_STAGE  --(a producer failed, or its engine failed past its restarts)-->  FAILED
+
+Invariant: a node has engines (`replicas`) only in the stage that assigned them: all the while it
+is IN_STAGE, and, once FINISHED or FAILED in it, until the stage ends (a node of the next stage
+may take them over); FINISHED and FAILED are final. Where each of its units is, the ledger says
+(`NodeLedger`), not this record.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from batchllm.dag.model import DagSpec, NodeSpec
+from batchllm.engines.protocol import EngineConfig
+from batchllm.io.input_source import InputSource
+from batchllm.io.node_journal import JournalStats, ResultJournal
+from batchllm.runtime.backlog import Backlog
+from batchllm.runtime.fingerprint import node_fingerprints
+from batchllm.runtime.ledger import Ledger, NodeLedger
+from batchllm.runtime.node_feed import MergedUpstream, NodeFeed, Upstream
+from batchllm.runtime.prepare import PreparedWindow
+from batchllm.runtime.run_dir import RunDir
+from batchllm.runtime.run_state import NodeProgress, RunningPlan, RunningSince
+
+
+class NodeStatus(enum.Enum):
+    PENDING = "pending"  # work left, no engines in the current stage
+    IN_STAGE = "in stage"  # work left, engines (or servers) in the current stage
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+@dataclass(eq=False)
+class NodeRun:
+    name: str
+    spec: NodeSpec
+    index: int  # its topological position, which its request ids carry
+    on_servers: bool  # its requests go to servers (`endpoints:`), not to engines on devices
+    journal: ResultJournal
+    earlier: JournalStats  # what earlier invocations committed
+    ledger: NodeLedger
+    feed: NodeFeed
+    status: NodeStatus = NodeStatus.PENDING
+    replicas: list[EngineConfig] = field(default_factory=list)  # its engines in the current stage
+    backlog: Backlog = field(default_factory=Backlog)
+    restarts: int = 0  # engines lost or failed to start, counted against MAX_ENGINE_RESTARTS
+    plan: RunningPlan | None = None  # its engines on devices as the last stage left them
+    since: RunningSince | None = None  # when that plan's engines were ready (or its pilot ended)
+    preparing: tuple[Future[PreparedWindow], bool] | None = None  # the window being prepared, fresh units?
+    took_window: bool = False  # took a window in this run (the first is small)
+
+    @property
+    def is_open(self) -> bool:
+        return self.status in (NodeStatus.PENDING, NodeStatus.IN_STAGE)
+
+    def enter_stage(self, replicas: list[EngineConfig]) -> None:
+        self.status, self.replicas = NodeStatus.IN_STAGE, replicas
+
+    def leave_stage(self) -> None:
+        if self.status is NodeStatus.IN_STAGE:
+            self.status = NodeStatus.PENDING
+        self.replicas = []
+
+    def finish(self) -> None:
+        self.status = NodeStatus.FINISHED
+
+    def fail(self) -> None:
+        self.status = NodeStatus.FAILED
+
+    def progress(self, now_s: float, producers_finished: bool) -> NodeProgress:
+        """Its units done, and how long it has run on its current plan (from how many units done)."""
+        done = self.ledger.committed_units
+        since = self.since if self.plan is not None else None
+        running_s, before = (now_s - since.at_s, since.done_units) if since is not None else (0.0, done)
+        return NodeProgress(done, self.ledger.total_units, producers_finished, running_s, before)
+
+
+class NodeRuns:
+    """The run's nodes in topological order, by name."""
+
+    def __init__(self, runs: list[NodeRun]):
+        self._runs = {run.name: run for run in runs}
+
+    def __getitem__(self, name: str) -> NodeRun:
+        return self._runs[name]
+
+    def __iter__(self) -> Iterator[NodeRun]:
+        return iter(self._runs.values())
+
+    def open_ones(self) -> list[NodeRun]:
+        return [run for run in self if run.is_open]
+
+    def in_stage(self) -> list[NodeRun]:
+        """The nodes the current stage runs, producers first."""
+        return [run for run in self if run.status is NodeStatus.IN_STAGE]
+
+    def with_engines(self) -> list[NodeRun]:
+        """The nodes with engines in the current stage (also those finished in it), producers first."""
+        return [run for run in self if run.replicas]
+
+    def owner_of(self, config: EngineConfig) -> NodeRun | None:
+        """The node whose engine this is in the current stage."""
+        return next((run for run in self if config in run.replicas), None)
+
+    def producers_finished(self, run: NodeRun) -> bool:
+        return all(self[u].status is NodeStatus.FINISHED for u in run.spec.upstream)
+
+    def journals(self) -> dict[str, ResultJournal]:
+        return {run.name: run.journal for run in self}
+
+
+def open_node_runs(dag: DagSpec, sources: dict[str, InputSource], run_dir: RunDir,
+                   note: Callable[[str], None]) -> tuple[NodeRuns, Ledger, dict[str, str]]:
+    """Each node's journal (what earlier invocations committed), the ledger restored from them,
+    and each node's feed; also each node's fingerprint. Damaged journal lines are noted."""
+    order = dag.topological_order()
+    prints = node_fingerprints(dag, sources)
+    journals = {n: ResultJournal(run_dir.journal_folder(n), prints[n], n, samples=dag.nodes[n].sampling.n,
+                                 logprobs=dag.nodes[n].sampling.logprobs) for n in order}
+    for journal in journals.values():
+        for damage in journal.damage:
+            note(f"[yellow]journal damaged:[/yellow] {damage}")
+    ledger = Ledger({n: _node_ledger(dag.nodes[n], sources, journals[n]) for n in order})
+
+    def upstream_of(name: str) -> dict[str, Upstream | MergedUpstream]:
+        """What the node's templates read by name: upstream nodes, and merges of them."""
+        producer = lambda u: Upstream(ledger[u], journals[u])  # noqa: E731
+        return {n: MergedUpstream([producer(u) for u in dag.merges[n]]) if n in dag.merges else producer(n)
+                for n in dag.nodes[name].reads}
+
+    runs = []
+    for index, name in enumerate(order):
+        node = dag.nodes[name]
+        feed = NodeFeed(node, index, ledger[name], sources[node.input_name], journals[name], upstream_of(name))
+        runs.append(NodeRun(name, node, index, dag.on_endpoints(name), journals[name], journals[name].stats(), ledger[name], feed))
+    return NodeRuns(runs), ledger, prints
+
+
+def _node_ledger(node: NodeSpec, sources: Mapping[str, InputSource], journal: ResultJournal) -> NodeLedger:
+    source = sources[node.input_name]
+    steps = source.list_lengths(node.iterate.over) if node.iterate else None
+    ledger = NodeLedger(node.name, source.num_rows, steps)
+    for rows, steps_done in journal.committed_key_batches():  # a segment at a time
+        ledger.restore_committed(rows, steps_done)
+    return ledger
