@@ -36,10 +36,9 @@ from batchllm.engines.devices import DeviceSet, hardware_name, parse_devices
 from batchllm.engines.engine import EngineFactory
 from batchllm.planner.plan_file import PROFILES_ROOT, PlanReport, plan_dag
 from batchllm.runtime.console import run_console
-from batchllm.runtime.executor import RunResult
 from batchllm.runtime.launch import run_dag
 from batchllm.runtime.run_dir import RunDir
-from batchllm.runtime.run_report import RunReport
+from batchllm.runtime.run_report import RunReport, RunResult
 from batchllm.runtime.run_summary import closing_lines
 
 DICT_DAG_NAME = "dag"  # stands for the file in a dict DAG's error messages, and names it unless it has `name:`

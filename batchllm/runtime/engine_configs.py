@@ -10,11 +10,12 @@ from pathlib import Path
 from batchllm.core.endpoint import Endpoint
 from batchllm.core.errors import UserError
 from batchllm.dag.model import DagSpec
-from batchllm.engines.devices import CPU_KV_CACHE_DEFAULT_BYTES, Replica, engine_dtype
+from batchllm.engines.devices import CPU_KV_CACHE_DEFAULT_BYTES, DeviceSet, Replica, engine_dtype
 from batchllm.engines.endpoint.http_engine import endpoint_config
 from batchllm.engines.protocol import EngineConfig
 from batchllm.models.registry import resolve_model
 from batchllm.runtime.run_dir import RunDir
+from batchllm.runtime.stage_chooser import StageChoice
 
 
 def engine_config(dag: DagSpec, model: str, replica: Replica, run_dir: RunDir, home: Path) -> EngineConfig:
@@ -27,6 +28,16 @@ def engine_config(dag: DagSpec, model: str, replica: Replica, run_dir: RunDir, h
         enforce_eager=replica.kind == "cpu" if e.enforce_eager is None else e.enforce_eager, dtype=engine_dtype(replica.kind),
         log_path=str(run_dir.log_path(f"engine-{ref.name.replace('/', '_')}-{replica.kind}{devices}")),
     )
+
+
+def stage_configs(dag: DagSpec, choice: StageChoice, devices: DeviceSet, run_dir: RunDir, home: Path) -> dict[str, list[EngineConfig]]:
+    """Each node of the stage: its replicas' engine settings, on the devices the stage places it on."""
+    configs = {}
+    for name, plan in choice.stage.plans.items():
+        size, placed = plan.shape.devices, choice.stage.placement[name]
+        replicas = [devices.replica(placed[k * size:(k + 1) * size], plan.shape.tp) for k in range(plan.dp)]
+        configs[name] = [engine_config(dag, dag.nodes[name].model, r, run_dir, home) for r in replicas]
+    return configs
 
 
 def endpoint_configs(dag: DagSpec, model: str, servers: tuple[Endpoint, ...], home: Path) -> list[EngineConfig]:

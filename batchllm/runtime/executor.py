@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import time
 from concurrent import futures
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +34,7 @@ from batchllm.engines.engine import EngineFactory
 from batchllm.engines.protocol import EngineConfig
 from batchllm.io.input_source import InputSource
 from batchllm.io.node_journal import ResultRecord
-from batchllm.runtime.engine_configs import endpoint_configs, engine_config
+from batchllm.runtime.engine_configs import endpoint_configs, stage_configs
 from batchllm.runtime.engine_feeding import EngineFeeding
 from batchllm.runtime.engine_set import EngineLoss, EngineSet, Polled
 from batchllm.runtime.ledger import Ledger, node_units
@@ -49,7 +48,7 @@ from batchllm.runtime.prepare import OutputForecast, RequestPreparer, most_outpu
 from batchllm.runtime.progress import NodeStats, RunProgress
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_gantt import write_run_html
-from batchllm.runtime.run_report import RunReport, StageLog, engine_label
+from batchllm.runtime.run_report import RunReport, RunResult, StageLog
 from batchllm.runtime.run_state import NodeProgress, RunningPlan, RunningSince
 from batchllm.runtime.stage_chooser import DeviceLossReplanner, RunPlanning
 from batchllm.runtime.stage_recorder import StageRecorder
@@ -59,20 +58,6 @@ POLL_S = 0.05
 IDLE_S = 0.002  # nothing in an engine and nothing being prepared: the stage is about to end
 MAX_ENGINE_RESTARTS = 2
 SERVER_NOTES_EVERY_S = 1.0  # a server's note walks its guard's window
-
-
-@dataclass(frozen=True)
-class RunResult:
-    engines_started: int
-    nodes_failed: dict[str, str]  # node -> cause
-    outputs: dict[str, Path]
-    report: RunReport
-    rest_estimate_s: float | None = None  # after pilots only: the rest of the run, planned on what they measured
-
-    @property
-    def first_request_s(self) -> float | None:
-        """From the first stage's engines being ready to the first request sent."""
-        return self.report.first_request_s
 
 
 class Executor:
@@ -94,7 +79,6 @@ class Executor:
         self.progress, self.home, self.planning, self.preparer = progress, home, planning, preparer
         self.pilots, self.pilots_only, self.length_sampler = Pilots(pilot, known_prompt_sets), pilots_only, length_sampler
         self.left_at_end: dict[str, NodeProgress] = {}
-        self._ancestors = {name: dag.ancestors(name) for name in dag.nodes}
         self.nodes, self.ledger = NodeRuns([]), Ledger({})
         self.stage: StageLog | None = None  # the current stage's log; None: between stages
         self.stage_nodes: tuple[str, ...] = ()  # the current stage's nodes as it began
@@ -113,7 +97,7 @@ class Executor:
         try:
             while self.step() is not None:
                 pass
-            self.left_at_end = self._planned_progress(self._clock_s())  # what the rest of the run is planned from
+            self.left_at_end = self.nodes.planned_progress(self._clock_s())  # what the rest of the run is planned from
         finally:
             self._end_stage_loop(time.monotonic() - self._started)
         release_free_memory()
@@ -134,11 +118,9 @@ class Executor:
         self.feeding = EngineFeeding(self.engines, self.ledger, self.preparer, self.pilots, self.pilots_only, self.length_sampler,
                                      self._forecast_for)
         for run in self.nodes:
-            pilot = self.pilots.begin(run.spec, run.ledger, prints[run.name]) \
-                if self.planning.calibration is not None and not run.on_servers else None
-            if pilot is not None:
-                self.progress.note(f"pilot: {len(pilot.rows):,} random rows of {run.name} first ({len(pilot.rows) / run.ledger.rows:.1%} "
-                                   f"of {run.ledger.rows:,}), to learn its answer lengths; then the rest is planned on them")
+            if self.planning.calibration is not None and not run.on_servers:
+                if pilot := self.pilots.begin(run.spec, run.ledger, prints[run.name]):
+                    self.progress.note(pilot.note())
         self._started = time.monotonic()
 
     def _forecast_for(self, run: NodeRun) -> OutputForecast:
@@ -154,10 +136,7 @@ class Executor:
             if (calibration := self.planning.calibration) is None:
                 continue
             learnt = calibration.pilot_ended(pilot.node, self.length_sampler.answers(pilot.node) if self.length_sampler else [])
-            held = "" if learnt.spread is None else \
-                f"; the length model's differences between its requests: {learnt.spread:.0%} of them held on it"
-            self.progress.note(f"pilot of {pilot.node} done: mean answer {learnt.mean_output_tokens:.0f} tokens at max_tokens "
-                               f"{learnt.max_tokens} (the prior's {learnt.prior_mean_output_tokens:.0f}){held}; planning the rest on it")
+            self.progress.note(learnt.note(pilot.node))
 
     def _end_stage_loop(self, wall_s: float) -> None:
         """Stop the engines, sync the journals, write the report, and free what only the stage
@@ -222,13 +201,14 @@ class Executor:
         result = self._turn(submitted)
         for observer in (self.recorder, *self._observers()):
             observer.observe(result)
-        if result.losses:
-            self._recover(result.losses)
+        if result.losses and not self._devices_lost():  # gone with their cluster nodes: the stage ends, the rest is re-planned
+            self._count_failures([loss for loss in result.losses if loss.cause])
+            self._reconcile()
         self._note_servers()
         self.progress.tick()
         self._trim.tick()
         for observer in self.planning.observers:
-            observer.tick(self._clock_s(), self.progress, lambda: (self._planned_progress(self._clock_s()), self._running()))
+            observer.tick(self._clock_s(), self.progress, lambda: (self.nodes.planned_progress(self._clock_s()), self.nodes.running_plans()))
         return result
 
     def _turn(self, submitted: int) -> StepResult:
@@ -238,8 +218,7 @@ class Executor:
         commits = []
         for index in dict.fromkeys(indices.tolist()):  # nodes in the order their first result came
             picked = np.flatnonzero(indices == index)
-            run = next(r for r in self.nodes if r.index == index)
-            commits.append(self._commit(run, units[picked], [polled.results[k] for k in picked.tolist()]))
+            commits.append(self._commit(self.nodes.at(index), units[picked], [polled.results[k] for k in picked.tolist()]))
         engine_steps = tuple(EngineStep(owner.name if (owner := self.nodes.owner_of(config)) else None, config, step)
                              for config, step in polled.steps)
         self._release(polled.losses)
@@ -289,37 +268,34 @@ class Executor:
         servers (they take no devices, so they run in every stage until they finish), and
         bring the engines to it."""
         now_s = self._clock_s()
-        on_devices = self._planned_progress(now_s)
-        choice = self.planning.chooser.choose(on_devices, self._running()) if on_devices else None
+        on_devices = self.nodes.planned_progress(now_s)
+        choice = self.planning.chooser.choose(on_devices, self.nodes.running_plans()) if on_devices else None
         if choice is not None and choice.schedule is not None:
             self.report.plan_made(choice.schedule, self.devices.ids)
         self.stage = log = StageLog(len(self.report.stages), now_s, *((choice.stage.duration_s, choice.rest_s, choice.search_s)
                                                                       if choice else (None, None, 0.0)))
         self.recorder.log = log
-        plans = choice.stage.plans if choice is not None else {}
-        placement = choice.stage.placement if choice is not None else {}
         self._replan = self._pilot_ended = False
         for run in self.nodes:
             run.leave_stage()
-        for name, plan in plans.items():
-            size, placed = plan.shape.devices, placement[name]
-            replicas = [self.devices.replica(placed[k * size:(k + 1) * size], plan.shape.tp) for k in range(plan.dp)]
-            self.nodes[name].enter_stage([engine_config(self.dag, self.dag.nodes[name].model, r, self.run_dir, self.home)
-                                          for r in replicas])
-            log.add_node(name, str(plan), [self.devices.ids[i] for i in placed], self.nodes[name].ledger.committed_units)
+        for name, configs in (stage_configs(self.dag, choice, self.devices, self.run_dir, self.home) if choice else {}).items():
+            self.nodes[name].enter_stage(configs)
         for run in self.nodes.open_ones():
             if run.on_servers:
                 run.enter_stage(list(self._endpoint_configs[run.spec.model]))
-                log.add_node(run.name, f"{len(run.replicas)} server(s)", [], run.ledger.committed_units)
+        for run in self.nodes.in_stage():
+            placed = choice.stage.placement.get(run.name, ()) if choice is not None else ()
+            plan = str(choice.stage.plans[run.name]) if choice is not None and placed else f"{len(run.replicas)} server(s)"
+            log.add_node(run.name, plan, [self.devices.ids[i] for i in placed], run.ledger.committed_units)
         self.stage_nodes = tuple(run.name for run in self.nodes.in_stage())
         for run in self.nodes.in_stage():
             self._start_progress(run)
             if run.replicas[0].model:
                 self.preparer.preload(run.replicas[0].model)
         for run in self.nodes:
-            running = RunningPlan(plans[run.name], placement[run.name]) if run.name in plans else None
-            kept = running is not None and run.plan == running
-            run.plan, run.since = running, run.since if kept else None
+            running = RunningPlan(choice.stage.plans[run.name], choice.stage.placement[run.name]) \
+                if choice is not None and run.name in choice.stage.plans else None
+            run.plan, run.since = running, run.since if running is not None and run.plan == running else None
         self._reconcile()
         for run in self.nodes:
             if run.plan is not None and run.since is None:
@@ -329,17 +305,6 @@ class Executor:
         for run in self.nodes.with_engines():
             self.feeding.regroup(run)
         return log
-
-    def _planned_progress(self, now_s: float) -> dict[str, NodeProgress]:
-        """The progress of the nodes the stage chooser places on devices: not on servers, and
-        not behind an unfinished node on servers, directly or through others (the chooser plans
-        the nodes on devices only, so it cannot know when that one ends)."""
-        return {run.name: run.progress(now_s, self.nodes.producers_finished(run)) for run in self.nodes.open_ones()
-                if not run.on_servers and not any(self.nodes[a].on_servers and self.nodes[a].status is not NodeStatus.FINISHED
-                                                  for a in self._ancestors[run.name])}
-
-    def _running(self) -> dict[str, RunningPlan]:
-        return {run.name: run.plan for run in self.nodes if run.plan is not None and run.status is not NodeStatus.FAILED}
 
     def stage_over(self) -> bool:
         """One of the stage's nodes finished or failed, a pilot ended, or devices were lost."""
@@ -353,13 +318,6 @@ class Executor:
         self.stage = self.recorder.log = None
 
     # -- engines -------------------------------------------------------------------------------
-    def _recover(self, losses: tuple[EngineLoss, ...]) -> None:
-        """Engines died in a turn (their units are READY again): re-plan when their cluster
-        nodes are gone, else count the failures and start the engines again."""
-        if not self._devices_lost():
-            self._count_failures([loss for loss in losses if loss.cause])
-            self._reconcile()
-
     def _reconcile(self) -> None:
         """Bring the engines to what the stage assigns; engines that fail to start count as
         restarts of their node, which fails after MAX_ENGINE_RESTARTS."""
@@ -369,13 +327,10 @@ class Executor:
             stopped, failed = self.engines.reconcile([c for run in self.nodes.with_engines() for c in run.replicas])
             self._release(stopped)
             for start in self.engines.starts[starts_before:]:
-                owner = self.nodes.owner_of(start.config)
-                self.stage.add_start(owner.name if owner else None, engine_label(start.config), start.load_time_s)
-                if owner is not None:
-                    self.progress.stats[owner.name].engine_load_s += start.load_time_s
-                    if running := self.engines.get(start.config):
-                        for observer in self._observers():
-                            observer.engine_started(owner.name, start.config, start.load_time_s, running.engine.ready)
+                owner, running = self.nodes.owner_of(start.config), self.engines.get(start.config)
+                if owner is not None and running is not None:
+                    for observer in (self.recorder, *self._observers()):
+                        observer.engine_started(owner.name, start.config, start.load_time_s, running.engine.ready)
             self.feeding.note_block_size([c for run in self.nodes.with_engines() for c in run.replicas])
             if not failed or self._devices_lost():
                 return

@@ -33,7 +33,7 @@ from batchllm.planner.length_sources import LengthModels
 from batchllm.planner.plan_file import PROFILES_ROOT
 from batchllm.planner.problem import build_problem
 from batchllm.runtime.calibrated_stages import CalibratedStages, RunEstimates, rest_estimate_s
-from batchllm.runtime.executor import Executor, RunResult
+from batchllm.runtime.executor import Executor
 from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.length_learning import LengthSampler
 from batchllm.runtime.pilot import PilotSize
@@ -41,6 +41,7 @@ from batchllm.runtime.prepare import RequestPreparer
 from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.run_calibration import RunCalibration
 from batchllm.runtime.run_dir import RunDir
+from batchllm.runtime.run_report import RunResult
 from batchllm.runtime.sequential_stages import SequentialStages
 from batchllm.runtime.server_paces import save_server_paces
 from batchllm.runtime.stage_chooser import RunPlanning

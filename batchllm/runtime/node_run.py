@@ -45,6 +45,7 @@ class NodeRun:
     spec: NodeSpec
     index: int  # its topological position, which its request ids carry
     on_servers: bool  # its requests go to servers (`endpoints:`), not to engines on devices
+    ancestors: frozenset[str]  # the nodes whose outputs reach it, directly or through others
     journal: ResultJournal
     earlier: JournalStats  # what earlier invocations committed
     ledger: NodeLedger
@@ -114,6 +115,22 @@ class NodeRuns:
     def producers_finished(self, run: NodeRun) -> bool:
         return all(self[u].status is NodeStatus.FINISHED for u in run.spec.upstream)
 
+    def planned_progress(self, now_s: float) -> dict[str, NodeProgress]:
+        """The progress of the open nodes the stage chooser places on devices: not on servers, and
+        not behind an unfinished node on servers, directly or through others (the chooser plans
+        the nodes on devices only, so it cannot know when that one ends)."""
+        return {run.name: run.progress(now_s, self.producers_finished(run)) for run in self.open_ones()
+                if not run.on_servers and not any(self[a].on_servers and self[a].status is not NodeStatus.FINISHED
+                                                  for a in run.ancestors)}
+
+    def running_plans(self) -> dict[str, RunningPlan]:
+        """The engines on devices as the last stage left them, of the nodes that did not fail."""
+        return {run.name: run.plan for run in self if run.plan is not None and run.status is not NodeStatus.FAILED}
+
+    def at(self, index: int) -> NodeRun:
+        """The node at this topological position (what its request ids carry)."""
+        return list(self._runs.values())[index]
+
     def journals(self) -> dict[str, ResultJournal]:
         return {run.name: run.journal for run in self}
 
@@ -141,7 +158,8 @@ def open_node_runs(dag: DagSpec, sources: dict[str, InputSource], run_dir: RunDi
     for index, name in enumerate(order):
         node = dag.nodes[name]
         feed = NodeFeed(node, index, ledger[name], sources[node.input_name], journals[name], upstream_of(name))
-        runs.append(NodeRun(name, node, index, dag.on_endpoints(name), journals[name], journals[name].stats(), ledger[name], feed))
+        runs.append(NodeRun(name, node, index, dag.on_endpoints(name), frozenset(dag.ancestors(name)), journals[name],
+                            journals[name].stats(), ledger[name], feed))
     return NodeRuns(runs), ledger, prints
 
 

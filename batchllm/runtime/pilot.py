@@ -72,7 +72,12 @@ class NodePilot:
 
     node: str
     rows: np.ndarray
+    total_rows: int
     taken: bool = False
+
+    def note(self) -> str:
+        return (f"pilot: {len(self.rows):,} random rows of {self.node} first ({len(self.rows) / self.total_rows:.1%} of "
+                f"{self.total_rows:,}), to learn its answer lengths; then the rest is planned on them")
 
 
 class Pilots:
@@ -99,7 +104,7 @@ class Pilots:
         committed = int((ledger.final_state_of(rows) == FinalState.COMMITTED).sum())
         if committed == len(rows) or ledger.committed_units > committed:  # done, or the run went past it
             return None
-        self._running[node.name] = NodePilot(node.name, rows)
+        self._running[node.name] = NodePilot(node.name, rows, ledger.rows)
         return self._running[node.name]
 
     def end(self, nodes: Iterable[str], ledgers: Mapping[str, NodeLedger]) -> list[NodePilot]:

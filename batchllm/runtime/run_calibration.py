@@ -73,6 +73,12 @@ class PilotLearnt:
     max_tokens: int
     spread: float | None
 
+    def note(self, node: str) -> str:
+        held = "" if self.spread is None else \
+            f"; the length model's differences between its requests: {self.spread:.0%} of them held on it"
+        return (f"pilot of {node} done: mean answer {self.mean_output_tokens:.0f} tokens at max_tokens {self.max_tokens} "
+                f"(the prior's {self.prior_mean_output_tokens:.0f}){held}; planning the rest on it")
+
 
 @dataclass
 class _Snapshot:

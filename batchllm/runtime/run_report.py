@@ -130,3 +130,19 @@ class RunReport:
     def write(self, path: Path) -> None:
         """Atomically: a crash leaves the previous report or the new one, never half."""
         write_text_atomically(path, json.dumps(self.to_dict(), indent=1) + "\n")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run returns: its report, the files written, what failed."""
+
+    engines_started: int
+    nodes_failed: dict[str, str]  # node -> cause
+    outputs: dict[str, Path]
+    report: RunReport
+    rest_estimate_s: float | None = None  # after pilots only: the rest of the run, planned on what they measured
+
+    @property
+    def first_request_s(self) -> float | None:
+        """From the first stage's engines being ready to the first request sent."""
+        return self.report.first_request_s

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from batchllm.runtime.progress import NodeStats, RunProgress
 
 if TYPE_CHECKING:
-    from batchllm.runtime.executor import RunResult
+    from batchllm.runtime.run_report import RunResult
 
 
 def closing_lines(result: RunResult, progress: RunProgress, out: Path) -> list[str]:

@@ -1,8 +1,9 @@
-"""Gives what each turn of the executor did to the progress and to the current stage's log in
-the run's report: an observer of `StepResult`s like the calibration and the estimates."""
+"""Gives what each turn of the executor did, and each engine it started, to the progress and to
+the current stage's log in the run's report: an observer like the calibration and the estimates."""
 
 from __future__ import annotations
 
+from batchllm.engines.protocol import EngineConfig, WorkerReady
 from batchllm.runtime.observer import RunObserver
 from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.run_report import StageLog, engine_label
@@ -13,6 +14,11 @@ class StageRecorder(RunObserver):
     def __init__(self, progress: RunProgress):
         self.progress = progress
         self.log: StageLog | None = None  # the current stage's (set when a stage begins)
+
+    def engine_started(self, node: str, config: EngineConfig, load_time_s: float, ready: WorkerReady) -> None:
+        assert self.log is not None, "an engine started outside a stage"
+        self.log.add_start(node, engine_label(config), load_time_s)
+        self.progress.stats[node].engine_load_s += load_time_s
 
     def observe(self, result: StepResult) -> None:
         assert self.log is not None, "a turn outside a stage"
