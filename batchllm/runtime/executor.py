@@ -20,27 +20,23 @@ resumes.
 from __future__ import annotations
 
 import time
-from concurrent import futures
 from pathlib import Path
 
 import numpy as np
 
 from batchllm.core.endpoint import Endpoint
 from batchllm.core.errors import RunIncomplete
-from batchllm.core.requests import EngineResult
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet
 from batchllm.engines.engine import EngineFactory
-from batchllm.engines.protocol import EngineConfig
 from batchllm.io.input_source import InputSource
-from batchllm.io.node_journal import ResultRecord
 from batchllm.runtime.engine_configs import endpoint_configs, stage_configs
 from batchllm.runtime.engine_feeding import EngineFeeding
-from batchllm.runtime.engine_set import EngineLoss, EngineSet, Polled
+from batchllm.runtime.engine_set import EngineLoss, EngineSet
 from batchllm.runtime.ledger import Ledger, node_units
 from batchllm.runtime.length_learning import LengthSampler
 from batchllm.runtime.memory import PeriodicTrim, release_free_memory
-from batchllm.runtime.node_run import NodeRun, NodeRuns, NodeStatus, open_node_runs
+from batchllm.runtime.node_run import NodeRun, NodeRuns, open_node_runs
 from batchllm.runtime.observer import RunObserver
 from batchllm.runtime.output_writer import write_outputs
 from batchllm.runtime.pilot import Pilots, PilotSize
@@ -51,12 +47,10 @@ from batchllm.runtime.run_gantt import write_run_html
 from batchllm.runtime.run_report import RunReport, RunResult, StageLog
 from batchllm.runtime.run_state import NodeProgress, RunningPlan, RunningSince
 from batchllm.runtime.stage_chooser import DeviceLossReplanner, RunPlanning
+from batchllm.runtime.stage_engines import StageEngines
 from batchllm.runtime.stage_recorder import StageRecorder
-from batchllm.runtime.step_result import EngineStep, NodeCommit, StepResult
+from batchllm.runtime.step_result import EngineStep, StepResult
 
-POLL_S = 0.05
-IDLE_S = 0.002  # nothing in an engine and nothing being prepared: the stage is about to end
-MAX_ENGINE_RESTARTS = 2
 SERVER_NOTES_EVERY_S = 1.0  # a server's note walks its guard's window
 
 
@@ -117,6 +111,7 @@ class Executor:
         self.nodes, self.ledger, prints = open_node_runs(self.dag, self.sources, self.run_dir, self.progress.note)
         self.feeding = EngineFeeding(self.engines, self.ledger, self.preparer, self.pilots, self.pilots_only, self.length_sampler,
                                      self._forecast_for)
+        self.stage_engines = StageEngines(self.engines, self.nodes, self.ledger, self.feeding, self.progress.note)
         for run in self.nodes:
             if self.planning.calibration is not None and not run.on_servers:
                 if pilot := self.pilots.begin(run.spec, run.ledger, prints[run.name]):
@@ -156,24 +151,16 @@ class Executor:
             write_run_html(self.report, self.device_ids, self.run_dir.root / "run.html")
         self.progress.keep_counts()
         self.nodes, self.ledger = NodeRuns([]), Ledger({})
-        del self.feeding  # and with it the last reference to the ledger
+        del self.feeding, self.stage_engines  # and with them the last references to the ledger
 
     def _settle(self) -> None:
-        """Mark nodes finished (every producer finished, every unit committed or skipped) or
-        failed (a producer failed)."""
-        for run in self.nodes.open_ones():
-            blocked = [u for u in run.spec.upstream if self.nodes[u].status is NodeStatus.FAILED]
-            if blocked:
-                self._fail(run, f"upstream node {blocked[0]!r} failed")
-                continue
-            if not self.nodes.producers_finished(run):
-                continue
-            if not run.ledger.is_settled() and run.status is not NodeStatus.IN_STAGE:
-                run.feed.admit_all()  # rows no upstream output reaches need no engine
-            if run.ledger.is_settled():
-                run.finish()
-                self._start_progress(run)
-                self.progress.finish_node(run.name)
+        """Nodes finished or failed by what happened (`NodeRuns.settle`), told to the report and progress."""
+        failed, finished = self.nodes.settle()
+        for run, cause in failed:
+            self._fail(run, cause)
+        for run in finished:
+            self._start_progress(run)
+            self.progress.finish_node(run.name)
 
     def _clock_s(self) -> float:
         return time.monotonic() - self._started
@@ -202,7 +189,7 @@ class Executor:
         for observer in (self.recorder, *self._observers()):
             observer.observe(result)
         if result.losses and not self._devices_lost():  # gone with their cluster nodes: the stage ends, the rest is re-planned
-            self._count_failures([loss for loss in result.losses if loss.cause])
+            self._count_losses([loss for loss in result.losses if loss.cause])
             self._reconcile()
         self._note_servers()
         self.progress.tick()
@@ -213,15 +200,15 @@ class Executor:
 
     def _turn(self, submitted: int) -> StepResult:
         """Collect what the engines finished and commit it; nodes finished or failed settle."""
-        polled = self._collect()
+        polled = self.stage_engines.poll()
         indices, units = node_units(np.fromiter((r.request_id for r in polled.results), np.int64, len(polled.results)))
         commits = []
         for index in dict.fromkeys(indices.tolist()):  # nodes in the order their first result came
             picked = np.flatnonzero(indices == index)
-            commits.append(self._commit(self.nodes.at(index), units[picked], [polled.results[k] for k in picked.tolist()]))
+            commits.append(self.nodes.at(index).commit(units[picked], [polled.results[k] for k in picked.tolist()], self.ledger))
         engine_steps = tuple(EngineStep(owner.name if (owner := self.nodes.owner_of(config)) else None, config, step)
                              for config, step in polled.steps)
-        self._release(polled.losses)
+        self.stage_engines.release(polled.losses)
         open_before = {run.name for run in self.nodes.open_ones()}
         self._settle()
         self._end_pilots()
@@ -232,26 +219,6 @@ class Executor:
         """What learns from the run: the planning's, and the length sampler."""
         return (*self.planning.observers, *((self.length_sampler,) if self.length_sampler is not None else ()))
 
-    def _collect(self) -> Polled:
-        """What the engines finished and measured. With nothing in an engine, wait for a window
-        being prepared instead (spinning here would starve the preparing thread)."""
-        if not any(self.ledger.running_on.values()):
-            pending = [run.preparing[0] for run in self.nodes if run.preparing is not None]
-            if pending:
-                futures.wait(pending, timeout=POLL_S, return_when=futures.FIRST_COMPLETED)
-            else:  # work waiting while nothing runs: the servers' guards allow none now
-                time.sleep(POLL_S if any(len(run.backlog) for run in self.nodes.with_engines()) else IDLE_S)
-        return self.engines.poll(POLL_S, busy=lambda slot: self.ledger.running_on[slot] > 0)
-
-    def _commit(self, run: NodeRun, units: np.ndarray, results: list[EngineResult]) -> NodeCommit:
-        """Journal the node's results (of `units`, in the same order) and mark them committed."""
-        rows, steps = run.ledger.row_step_of(units)
-        run.journal.append_many([
-            ResultRecord(row, step, r.texts, r.num_prompt_tokens, r.num_output_tokens, r.finish_text(), r.logprobs)
-            for row, step, r in zip(rows.tolist(), steps.tolist(), results)])
-        run.feed.requeue(self.ledger.commit(run.name, units))
-        return NodeCommit.of(run.name, results)
-
     def _note_servers(self) -> None:
         """What each server's latency guard allows and reads, for the progress and `status`."""
         if time.monotonic() < self._servers_noted_at + SERVER_NOTES_EVERY_S:
@@ -259,8 +226,7 @@ class Executor:
         self._servers_noted_at = time.monotonic()
         for run in self.nodes.with_engines():
             if run.on_servers:
-                running = [self.engines.get(c) for c in run.replicas]
-                self.progress.stats[run.name].servers = tuple(note for r in running if r is not None and (note := r.engine.note()))
+                self.progress.stats[run.name].servers = self.stage_engines.server_notes(run)
 
     # -- stages ------------------------------------------------------------------------------
     def begin_stage(self) -> StageLog:
@@ -320,44 +286,22 @@ class Executor:
     # -- engines -------------------------------------------------------------------------------
     def _reconcile(self) -> None:
         """Bring the engines to what the stage assigns; engines that fail to start count as
-        restarts of their node, which fails after MAX_ENGINE_RESTARTS."""
-        assert self.stage is not None, "engines are reconciled in a stage"
+        restarts of their node (`StageEngines.count_losses`)."""
         while True:
-            starts_before = len(self.engines.starts)
-            stopped, failed = self.engines.reconcile([c for run in self.nodes.with_engines() for c in run.replicas])
-            self._release(stopped)
-            for start in self.engines.starts[starts_before:]:
+            started, failed = self.stage_engines.reconcile()
+            for start in started:
                 owner, running = self.nodes.owner_of(start.config), self.engines.get(start.config)
                 if owner is not None and running is not None:
                     for observer in (self.recorder, *self._observers()):
                         observer.engine_started(owner.name, start.config, start.load_time_s, running.engine.ready)
-            self.feeding.note_block_size([c for run in self.nodes.with_engines() for c in run.replicas])
             if not failed or self._devices_lost():
                 return
-            self._count_failures(failed)
+            self._count_losses(failed)
 
-    def _count_failures(self, losses: list[EngineLoss]) -> None:
-        for loss in losses:
-            run = self.nodes.owner_of(loss.config)
-            if run is None:
-                continue
-            if loss.config.endpoint is not None and self._server_left(run, loss.config):
-                run.replicas = [c for c in run.replicas if c != loss.config]
-                self.feeding.regroup(run)
-                self.progress.note(f"[yellow]server {loss.config.endpoint.url} of {run.name} lost ({loss.cause}); the other servers "
-                                   f"take its requests, and it is tried again at the next stage[/yellow]")
-                continue
-            run.restarts += 1
-            if run.restarts > MAX_ENGINE_RESTARTS:
-                self._fail(run, loss.cause or "engine lost")
-                run.replicas = []
-            else:
-                self.progress.note(f"[yellow]engine for {run.name} lost; restarting ({run.restarts}/{MAX_ENGINE_RESTARTS})[/yellow]")
+    def _count_losses(self, losses: list[EngineLoss]) -> None:
+        for run, cause in self.stage_engines.count_losses(losses):
+            self._fail(run, cause)
         self._settle()
-
-    def _server_left(self, run: NodeRun, lost: EngineConfig) -> bool:
-        """Whether another server of the node runs (one server's loss then does not fail the node)."""
-        return any(c != lost and c.endpoint is not None and self.engines.get(c) is not None for c in run.replicas)
 
     def _fail(self, run: NodeRun, cause: str) -> None:
         run.fail()
@@ -377,12 +321,6 @@ class Executor:
         self._replan = True
         self.progress.note(f"[yellow]cluster nodes lost: re-planning on {self.devices}[/yellow]")
         return True
-
-    def _release(self, losses) -> None:
-        """Units on stopped or lost engines are READY again."""
-        for loss in losses:
-            for node, units in self.ledger.release(loss.slot).items():
-                self.nodes[node].feed.requeue(units)
 
     def _start_progress(self, run: NodeRun) -> None:
         if run.name not in self.progress.stats:

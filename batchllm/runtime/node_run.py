@@ -19,10 +19,13 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from batchllm.core.requests import EngineResult
 from batchllm.dag.model import DagSpec, NodeSpec
 from batchllm.engines.protocol import EngineConfig
 from batchllm.io.input_source import InputSource
-from batchllm.io.node_journal import JournalStats, ResultJournal
+from batchllm.io.node_journal import JournalStats, ResultJournal, ResultRecord
 from batchllm.runtime.backlog import Backlog
 from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.ledger import Ledger, NodeLedger
@@ -30,6 +33,7 @@ from batchllm.runtime.node_feed import MergedUpstream, NodeFeed, Upstream
 from batchllm.runtime.prepare import PreparedWindow
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_state import NodeProgress, RunningPlan, RunningSince
+from batchllm.runtime.step_result import NodeCommit
 
 
 class NodeStatus(enum.Enum):
@@ -77,6 +81,15 @@ class NodeRun:
     def fail(self) -> None:
         self.status = NodeStatus.FAILED
 
+    def commit(self, units: np.ndarray, results: list[EngineResult], ledger: Ledger) -> NodeCommit:
+        """Journal its results (of `units`, in the same order) and mark them committed."""
+        rows, steps = self.ledger.row_step_of(units)
+        self.journal.append_many([
+            ResultRecord(row, step, r.texts, r.num_prompt_tokens, r.num_output_tokens, r.finish_text(), r.logprobs)
+            for row, step, r in zip(rows.tolist(), steps.tolist(), results)])
+        self.feed.requeue(ledger.commit(self.name, units))
+        return NodeCommit.of(self.name, results)
+
     def progress(self, now_s: float, producers_finished: bool) -> NodeProgress:
         """Its units done, and how long it has run on its current plan (from how many units done)."""
         done = self.ledger.committed_units
@@ -114,6 +127,26 @@ class NodeRuns:
 
     def producers_finished(self, run: NodeRun) -> bool:
         return all(self[u].status is NodeStatus.FINISHED for u in run.spec.upstream)
+
+    def settle(self) -> tuple[list[tuple[NodeRun, str]], list[NodeRun]]:
+        """Fail the open nodes a producer of which failed, and finish those whose producers all
+        finished and whose units are all committed or skipped. Returns (failed with the cause,
+        finished)."""
+        failed, finished = [], []
+        for run in self.open_ones():  # producers first: a failure reaches every node below it
+            blocked = [u for u in run.spec.upstream if self[u].status is NodeStatus.FAILED]
+            if blocked:
+                run.fail()
+                failed.append((run, f"upstream node {blocked[0]!r} failed"))
+                continue
+            if not self.producers_finished(run):
+                continue
+            if not run.ledger.is_settled() and run.status is not NodeStatus.IN_STAGE:
+                run.feed.admit_all()  # rows no upstream output reaches need no engine
+            if run.ledger.is_settled():
+                run.finish()
+                finished.append(run)
+        return failed, finished
 
     def planned_progress(self, now_s: float) -> dict[str, NodeProgress]:
         """The progress of the open nodes the stage chooser places on devices: not on servers, and
