@@ -5,7 +5,7 @@ allows now). A new prompt set's pilot goes first, alone."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -16,6 +16,7 @@ from batchllm.runtime.length_learning import LengthSampler
 from batchllm.runtime.node_run import NodeRun
 from batchllm.runtime.pilot import Pilots
 from batchllm.runtime.prepare import OutputForecast, PreparedWindow, RequestPreparer, split
+from batchllm.runtime.progress import NodeStats
 
 FIRST_WINDOW_UNITS = 1_024  # a node's first window in a run (also a resumed one) is small: work at once
 WINDOW_UNITS = 8_192  # later windows: large enough for the prefix order to find what is shared
@@ -30,6 +31,16 @@ class EngineFeeding:
         self.engines, self.ledger, self.preparer = engines, ledger, preparer
         self.pilots, self.pilots_only, self.length_sampler, self.forecast_for = pilots, pilots_only, length_sampler, forecast_for
         self.block_size_tokens = DEFAULT_BLOCK_SIZE_TOKENS
+
+    def feed(self, runs: Iterable[NodeRun], stats: Mapping[str, NodeStats]) -> int:
+        """One turn's feeding of these nodes, producers first: admit, then submit. Returns how
+        many requests were handed to engines."""
+        submitted = 0
+        for run in runs:
+            if (ideal_cached_tokens := self.admit(run)) is not None:
+                stats[run.name].ideal_cached_tokens = (stats[run.name].ideal_cached_tokens or 0) + ideal_cached_tokens
+            submitted += self.submit(run)
+        return submitted
 
     def admit(self, run: NodeRun) -> int | None:
         """Keep the node's backlog ahead of its engines: take a prepared window when it is ready,

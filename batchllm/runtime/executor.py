@@ -1,12 +1,10 @@
 """The executor: runs a DAG in execution stages of (node, plan) pairs on disjoint devices.
 
-`step()` is the run's one loop call. A turn: when no stage runs, the stage chooser names the
-next from what actually happened so far (`StagePlanner` for `plan`/`max`/`min`,
-`SequentialStages` for `sequential`; nodes on servers join every stage until they finish) and
-the engines are brought to it replica by replica (kept, handed over, stopped, started side by
-side); then each node's engines are fed (`EngineFeeding`), the engines' results collected and
-committed to the node's journal and the ledger, engines lost in the turn started again, and
-what happened (`StepResult`) given to the observers: the progress and the stage's log
+`step()` is the run's one loop call. When no stage runs, the stage chooser names the next from
+what happened so far (nodes on servers join every stage until they finish) and the engines are
+brought to it (`StageEngines`); then each node's engines are fed (`EngineFeeding`), their
+results committed to the node's journal and the ledger, lost engines started again, and what
+happened (`StepResult`) given to the observers: the progress and the stage's log
 (`StageRecorder`), the calibration and the estimates. A stage ends when one of its nodes
 finishes or fails, a pilot ends, or devices were lost.
 
@@ -41,17 +39,15 @@ from batchllm.runtime.observer import RunObserver
 from batchllm.runtime.output_writer import write_outputs
 from batchllm.runtime.pilot import Pilots, PilotSize
 from batchllm.runtime.prepare import OutputForecast, RequestPreparer, most_output_tokens
-from batchllm.runtime.progress import NodeStats, RunProgress
+from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_gantt import write_run_html
 from batchllm.runtime.run_report import RunReport, RunResult, StageLog
-from batchllm.runtime.run_state import NodeProgress, RunningPlan, RunningSince
+from batchllm.runtime.run_state import NodeProgress, RunningPlan
 from batchllm.runtime.stage_chooser import DeviceLossReplanner, RunPlanning
 from batchllm.runtime.stage_engines import StageEngines
 from batchllm.runtime.stage_recorder import StageRecorder
 from batchllm.runtime.step_result import EngineStep, StepResult
-
-SERVER_NOTES_EVERY_S = 1.0  # a server's note walks its guard's window
 
 
 class Executor:
@@ -81,7 +77,6 @@ class Executor:
         self._started = time.monotonic()
         self._ready_at_s: float | None = None
         self._trim = PeriodicTrim()
-        self._servers_noted_at = 0.0
         self.report = RunReport(dag.name, str(devices), planning.chooser.method, models={n: s.model for n, s in dag.nodes.items()})
         self.recorder = StageRecorder(progress)
 
@@ -134,11 +129,9 @@ class Executor:
             self.progress.note(learnt.note(pilot.node))
 
     def _end_stage_loop(self, wall_s: float) -> None:
-        """Stop the engines, sync the journals, write the report, and free what only the stage
-        loop reads before the output writes allocate: the node records with their ledgers'
-        per-unit arrays (two bytes a row per node: 60 MB for three nodes at 10M rows), feeds and
-        backlogs. The writes read the journals and the inputs. (A stage cut short by an error
-        is not in the report.)"""
+        """Stop the engines, sync the journals, write the report, and free the node records before
+        the output writes allocate: their ledgers' per-unit arrays (two bytes a row per node: 60 MB
+        for three nodes at 10M rows), feeds and backlogs. (A stage cut short by an error is left out.)"""
         self.stage = self.recorder.log = None
         self.engines.stop_all()
         self.preparer.close()
@@ -177,12 +170,7 @@ class Executor:
             if not self.nodes.open_ones() or (self.pilots_only and not self.pilots):
                 return None
             self.begin_stage()
-        submitted = 0
-        for run in self.nodes.with_engines():  # producers first
-            if (ideal_cached_tokens := self.feeding.admit(run)) is not None:
-                stats = self.progress.stats[run.name]
-                stats.ideal_cached_tokens = (stats.ideal_cached_tokens or 0) + ideal_cached_tokens
-            submitted += self.feeding.submit(run)
+        submitted = self.feeding.feed(self.nodes.with_engines(), self.progress.stats)
         if submitted and self.report.first_request_s is None and self._ready_at_s is not None:
             self.report.first_request_s = time.monotonic() - self._ready_at_s
         result = self._turn(submitted)
@@ -191,7 +179,7 @@ class Executor:
         if result.losses and not self._devices_lost():  # gone with their cluster nodes: the stage ends, the rest is re-planned
             self._count_losses([loss for loss in result.losses if loss.cause])
             self._reconcile()
-        self._note_servers()
+        self.stage_engines.note_servers(self.progress.stats)
         self.progress.tick()
         self._trim.tick()
         for observer in self.planning.observers:
@@ -219,15 +207,6 @@ class Executor:
         """What learns from the run: the planning's, and the length sampler."""
         return (*self.planning.observers, *((self.length_sampler,) if self.length_sampler is not None else ()))
 
-    def _note_servers(self) -> None:
-        """What each server's latency guard allows and reads, for the progress and `status`."""
-        if time.monotonic() < self._servers_noted_at + SERVER_NOTES_EVERY_S:
-            return
-        self._servers_noted_at = time.monotonic()
-        for run in self.nodes.with_engines():
-            if run.on_servers:
-                self.progress.stats[run.name].servers = self.stage_engines.server_notes(run)
-
     # -- stages ------------------------------------------------------------------------------
     def begin_stage(self) -> StageLog:
         """Ask the stage chooser for the next stage of the nodes on devices, add the nodes on
@@ -242,13 +221,10 @@ class Executor:
                                                                       if choice else (None, None, 0.0)))
         self.recorder.log = log
         self._replan = self._pilot_ended = False
-        for run in self.nodes:
-            run.leave_stage()
-        for name, configs in (stage_configs(self.dag, choice, self.devices, self.run_dir, self.home) if choice else {}).items():
-            self.nodes[name].enter_stage(configs)
-        for run in self.nodes.open_ones():
-            if run.on_servers:
-                run.enter_stage(list(self._endpoint_configs[run.spec.model]))
+        assigned = stage_configs(self.dag, choice, self.devices, self.run_dir, self.home) if choice is not None else {}
+        assigned |= {run.name: list(self._endpoint_configs[run.spec.model]) for run in self.nodes.open_ones() if run.on_servers}
+        self.nodes.begin_stage(assigned, {n: RunningPlan(plan, choice.stage.placement[n]) for n, plan in choice.stage.plans.items()}
+                               if choice is not None else {})
         for run in self.nodes.in_stage():
             placed = choice.stage.placement.get(run.name, ()) if choice is not None else ()
             plan = str(choice.stage.plans[run.name]) if choice is not None and placed else f"{len(run.replicas)} server(s)"
@@ -258,14 +234,9 @@ class Executor:
             self._start_progress(run)
             if run.replicas[0].model:
                 self.preparer.preload(run.replicas[0].model)
-        for run in self.nodes:
-            running = RunningPlan(choice.stage.plans[run.name], choice.stage.placement[run.name]) \
-                if choice is not None and run.name in choice.stage.plans else None
-            run.plan, run.since = running, run.since if running is not None and run.plan == running else None
         self._reconcile()
         for run in self.nodes:
-            if run.plan is not None and run.since is None:
-                run.since = RunningSince(self._clock_s(), run.ledger.committed_units)
+            run.start_clock(self._clock_s())
         if self._ready_at_s is None:
             self._ready_at_s = time.monotonic()
         for run in self.nodes.with_engines():
@@ -324,5 +295,4 @@ class Executor:
 
     def _start_progress(self, run: NodeRun) -> None:
         if run.name not in self.progress.stats:
-            self.progress.start_node(NodeStats(run.name, run.spec.model, run.ledger.unit_counts, run.ledger.committed_units,
-                                               earlier=run.earlier, price=self.dag.prices.get(run.spec.model)))
+            self.progress.start_node(run.stats(self.dag.prices.get(run.spec.model)))

@@ -101,10 +101,6 @@ class NodeLedger:
     def units(self) -> int:
         return int(self.status.size)
 
-    @property
-    def iterates(self) -> bool:
-        return self.offsets is not None
-
     def steps_of(self, rows: np.ndarray) -> np.ndarray:
         if self.offsets is None:
             return np.ones(len(rows), np.int64)

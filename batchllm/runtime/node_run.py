@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from batchllm.core.requests import EngineResult
-from batchllm.dag.model import DagSpec, NodeSpec
+from batchllm.dag.model import DagSpec, NodeSpec, Price
 from batchllm.engines.protocol import EngineConfig
 from batchllm.io.input_source import InputSource
 from batchllm.io.node_journal import JournalStats, ResultJournal, ResultRecord
@@ -31,6 +31,7 @@ from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.ledger import Ledger, NodeLedger
 from batchllm.runtime.node_feed import MergedUpstream, NodeFeed, Upstream
 from batchllm.runtime.prepare import PreparedWindow
+from batchllm.runtime.progress import NodeStats
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_state import NodeProgress, RunningPlan, RunningSince
 from batchllm.runtime.step_result import NodeCommit
@@ -81,6 +82,21 @@ class NodeRun:
     def fail(self) -> None:
         self.status = NodeStatus.FAILED
 
+    def set_plan(self, running: RunningPlan | None) -> None:
+        """Its engines on devices in the stage that begins (None: none); a plan kept from the last
+        stage keeps its clock."""
+        self.plan, self.since = running, self.since if running is not None and self.plan == running else None
+
+    def start_clock(self, now_s: float) -> None:
+        """Its engines are ready: a new plan's time on it starts now."""
+        if self.plan is not None and self.since is None:
+            self.since = RunningSince(now_s, self.ledger.committed_units)
+
+    def stats(self, price: Price | None) -> NodeStats:
+        """Its progress counters as it starts in this run (with what earlier invocations did)."""
+        return NodeStats(self.name, self.spec.model, self.ledger.unit_counts, self.ledger.committed_units, earlier=self.earlier,
+                         price=price)
+
     def commit(self, units: np.ndarray, results: list[EngineResult], ledger: Ledger) -> NodeCommit:
         """Journal its results (of `units`, in the same order) and mark them committed."""
         rows, steps = self.ledger.row_step_of(units)
@@ -109,6 +125,14 @@ class NodeRuns:
 
     def __iter__(self) -> Iterator[NodeRun]:
         return iter(self._runs.values())
+
+    def begin_stage(self, assigned: Mapping[str, list[EngineConfig]], plans: Mapping[str, RunningPlan]) -> None:
+        """A stage begins: the nodes it assigns engines (and, on devices, a plan) are IN_STAGE."""
+        for run in self:
+            run.leave_stage()
+            if run.name in assigned:
+                run.enter_stage(assigned[run.name])
+            run.set_plan(plans.get(run.name))
 
     def open_ones(self) -> list[NodeRun]:
         return [run for run in self if run.is_open]

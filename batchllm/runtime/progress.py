@@ -74,11 +74,6 @@ class NodeStats:
         return self.counts().committed
 
     @property
-    def units_expected(self) -> int:
-        """units_total less the undecided rows' likely skips."""
-        return self.counts().expected
-
-    @property
     def units_done_now(self) -> int:
         return self.units_done - self.units_done_before
 

@@ -10,7 +10,7 @@ node, which fails past MAX_ENGINE_RESTARTS.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent import futures
 
 from batchllm.engines.protocol import EngineConfig
@@ -18,15 +18,18 @@ from batchllm.runtime.engine_feeding import EngineFeeding
 from batchllm.runtime.engine_set import EngineLoss, EngineSet, EngineStart, Polled
 from batchllm.runtime.ledger import Ledger
 from batchllm.runtime.node_run import NodeRun, NodeRuns
+from batchllm.runtime.progress import NodeStats
 
 MAX_ENGINE_RESTARTS = 2
 POLL_S = 0.05
 IDLE_S = 0.002  # nothing in an engine and nothing being prepared: the stage is about to end
+SERVER_NOTES_EVERY_S = 1.0  # a server's note walks its guard's window
 
 
 class StageEngines:
     def __init__(self, engines: EngineSet, nodes: NodeRuns, ledger: Ledger, feeding: EngineFeeding, note: Callable[[str], None]):
         self.engines, self.nodes, self.ledger, self.feeding, self.note = engines, nodes, ledger, feeding, note
+        self._servers_noted_at = 0.0
 
     def reconcile(self) -> tuple[list[EngineStart], list[EngineLoss]]:
         """Bring the engines to the nodes' replicas. Returns the engines started, and those that
@@ -76,10 +79,16 @@ class StageEngines:
                 self.note(f"[yellow]engine for {run.name} lost; restarting ({run.restarts}/{MAX_ENGINE_RESTARTS})[/yellow]")
         return failing
 
-    def server_notes(self, run: NodeRun) -> tuple[str, ...]:
-        """What each of the node's servers' latency guards allows and reads now."""
-        running = [self.engines.get(c) for c in run.replicas]
-        return tuple(note for r in running if r is not None and (note := r.engine.note()))
+    def note_servers(self, stats: Mapping[str, NodeStats]) -> None:
+        """What each server's latency guard allows and reads, for the progress and `status` (at
+        most every SERVER_NOTES_EVERY_S)."""
+        if time.monotonic() < self._servers_noted_at + SERVER_NOTES_EVERY_S:
+            return
+        self._servers_noted_at = time.monotonic()
+        for run in self.nodes.with_engines():
+            if run.on_servers:
+                running = [self.engines.get(c) for c in run.replicas]
+                stats[run.name].servers = tuple(note for r in running if r is not None and (note := r.engine.note()))
 
     def _server_left(self, run: NodeRun, lost: EngineConfig) -> bool:
         """Whether another server of the node runs (one server's loss then does not fail the node)."""
