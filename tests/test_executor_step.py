@@ -9,6 +9,8 @@ import pytest
 from rich.console import Console
 
 from batchllm.dag.loader import load_dag
+from batchllm.engines.devices import DeviceSet
+from batchllm.engines.engine import EngineFailed
 from batchllm.io.dag_checks import check_dag
 from batchllm.runtime.executor import Executor
 from batchllm.runtime.ledger import UnitStatus
@@ -99,4 +101,52 @@ def test_step_is_the_loops_one_call_from_the_first_stage_to_the_last(executor):
     assert [name for r in results for name in r.ended] == ["a", "b", "judge"]
     assert sum(r.committed for r in results) == 12  # 4 rows, 3 nodes: each unit once
     assert [list(stage.nodes) for stage in executor.report.stages] == [["a"], ["b"], ["judge"]]  # sequential: a node a stage
+    assert {n: executor.nodes[n].journal.stats().committed for n in ("a", "b", "judge")} == {"a": 4, "b": 4, "judge": 4}
+
+
+class OneCoreLeft:
+    """A cluster whose node holding core 1 is gone: the rest is planned on core 0 alone."""
+
+    def __init__(self, dag):
+        self.dag, self.asked = dag, 0
+
+    def after_loss(self, devices):
+        self.asked += 1
+        if len(devices.ids) == 1:
+            return None  # an engine's own failure, not a lost node
+        left = DeviceSet("cpu", (0,))
+        return left, RunPlanning(SequentialStages(left, self.dag.topological_order()))
+
+
+class FirstStartLost(FakeEngineFactory):
+    """Its first engine never starts (its cluster node is gone); the rest do."""
+
+    def __call__(self, config):
+        if not getattr(self, "failed_once", False):
+            self.failed_once = True
+            raise EngineFailed("engine on core 0-1", "the node holding its devices is gone")
+        return super().__call__(config)
+
+
+def test_devices_lost_as_a_stage_starts_its_engines_end_it_before_any_turn_and_the_rest_is_replanned(workspace, isolated_home):
+    dag = load_dag(workspace.dag(ENSEMBLE_DAG))
+    run_dir = RunDir(workspace.out)
+    run_dir.open(fresh=False)
+    replanner = OneCoreLeft(dag)
+    with RunProgress(Console(quiet=True)) as progress:
+        executor = Executor(dag, check_dag(dag, isolated_home), run_dir, CPU2, FirstStartLost(), progress, isolated_home,
+                            RunPlanning(SequentialStages(CPU2, dag.topological_order())), InlinePreparer(prefix_order=False),
+                            replanner=replanner)
+        executor.open()
+        results = []
+        while (result := executor.step()) is not None:
+            results.append(result)
+            assert len(results) < 1_000, "the run does not end"
+        executor.engines.stop_all()
+        for node in executor.nodes:
+            node.journal.close()
+    run_dir.close()
+    assert replanner.asked >= 1 and executor.devices.ids == (0,)
+    first = executor.report.stages[0]  # planned on both cores, over as it began: no engine, no turn
+    assert first.engine_busy_s == {} and [n.units_after - n.units_before for n in first.nodes.values()] == [0]
     assert {n: executor.nodes[n].journal.stats().committed for n in ("a", "b", "judge")} == {"a": 4, "b": 4, "judge": 4}

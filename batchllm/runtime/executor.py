@@ -163,9 +163,8 @@ class Executor:
         """One turn of the run: the stage that is over ends and, when none runs, the next begins
         (None: nothing is left to run); then the nodes' engines are fed, what they finished is
         committed, lost engines are started again, and the observers are told."""
-        if self.stage is not None and self.stage_over():
+        while self.stage is None or self.stage_over():  # a stage can be over as it begins: its engines' start lost devices
             self.end_stage()
-        if self.stage is None:
             self._settle()
             if not self.nodes.open_ones() or (self.pilots_only and not self.pilots):
                 return None

@@ -2,13 +2,14 @@
 
 A node's `status` is the single truth of where it is:
 
-    PENDING  --(a stage assigns it engines)-->  IN_STAGE  --(the stage ends)-->  PENDING
+    PENDING  --(a stage assigns it engines)-->  IN_STAGE  --(the next stage begins without it)-->  PENDING
     PENDING | IN_STAGE  --(every unit committed or skipped, every producer finished)-->  FINISHED
     PENDING | IN_STAGE  --(a producer failed, or its engine failed past its restarts)-->  FAILED
 
 Invariant: a node has engines (`replicas`) only in the stage that assigned them: all the while it
-is IN_STAGE, and, once FINISHED or FAILED in it, until the stage ends (a node of the next stage
-may take them over); FINISHED and FAILED are final. Where each of its units is, the ledger says
+is IN_STAGE, and, once FINISHED or FAILED (by a producer) in it, until the next stage begins (a
+node of that stage may take them over; a node failed by its own engines' losses has none);
+FINISHED and FAILED are final. Where each of its units is, the ledger says
 (`NodeLedger`), not this record.
 """
 
