@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from batchllm.core.errors import USAGE_EXIT_CODE, RunIncomplete, UserError
+from batchllm.core.process_clock import process_age_s
 from batchllm.engines.devices import parse_devices
 from batchllm.models.embedded import EMBEDDED_MODELS
 from batchllm.models.registry import batchllm_home
@@ -105,7 +106,7 @@ def run(
             pilot_size = None if no_pilot else PilotSize.parse(pilot)
             spec = with_endpoint_options(load_dag(dag), endpoint or [])
             result, progress = run_dag(spec, out, device_set, fresh=fresh, console=console, prefix_order=prefix_order,
-                                       schedule=schedule, pilot=pilot_size, cluster=session)
+                                       schedule=schedule, pilot=pilot_size, cluster=session, command="run")
     finally:
         if session:
             session.close()
@@ -231,6 +232,8 @@ def plan(
 def _planned(dag: Path, devices: str, chart: Path | None, profiles: Path | None, compare: bool, endpoint: list[str]):
     """The plan report of DAG on `devices` (this machine's: its models and settings checked as
     `run` checks them), its Gantt chart written: (report, chart PNG, chart HTML)."""
+    from dataclasses import replace
+
     from batchllm.dag.endpoints_section import with_endpoint_options
     from batchllm.dag.loader import load_dag
     from batchllm.engines.settings_check import check_engine_settings
@@ -250,6 +253,9 @@ def _planned(dag: Path, devices: str, chart: Path | None, profiles: Path | None,
     lengths = LengthModels.at_home(batchllm_home(), models)
     report = plan_dag(spec, devices, profiles_root=profiles or PROFILES_ROOT, compare=compare,
                       lengths_for=lengths.lengths_for if lengths.models else None)
+    if devices == this_machine:  # what `run` itself takes here, before and after its stages
+        command, source = _run_command_times(spec, fallback="plan --pilot")
+        report = replace(report, command=command, command_source=source)
     try:
         write_png(report, chart)
         write_html(report, html_path)
@@ -275,19 +281,38 @@ def _plan_with_pilots(dag: Path, devices: str, out: Path, profiles: Path | None,
         if devices not in ("auto", _this_machine_devices()):
             raise UserError(f"--pilot runs on this machine's engines, not on {devices!r}", where="--devices",
                             hint=f"leave --devices out (this machine: {_this_machine_devices()}), or plan without --pilot")
-        result, _ = run_dag(with_endpoint_options(load_dag(dag), endpoint), out, parse_devices("auto"),
-                            console=Console(quiet=True) if as_json else console, pilots_only=True,
-                            profiles_root=profiles or PROFILES_ROOT)
-        pilot_s = result.report.wall_s
-        rest_s = result.rest_estimate_s or 0.0
+        spec = with_endpoint_options(load_dag(dag), endpoint)
+        result, _ = run_dag(spec, out, parse_devices("auto"), console=Console(quiet=True) if as_json else console, pilots_only=True,
+                            profiles_root=profiles or PROFILES_ROOT, command="plan --pilot")
+        run_command, source = _run_command_times(spec, fallback="plan --pilot")
+        rest_s = (result.rest_estimate_s or 0.0) + (run_command.total_s if run_command is not None else 0.0)
         if as_json:  # the plan's own schema, on the answer lengths the pilots measured, with the pilots' figures
             report, chart, html_path = _planned(dag, devices, chart, profiles, False, endpoint)
             plan = {**report_json(report), "chart_png": str(chart), "chart_html": str(html_path)}
-            typer.echo(json.dumps(with_pilot(plan, pilot_s, rest_s, str(out)), indent=2))
+            typer.echo(json.dumps(with_pilot(plan, process_age_s(), rest_s, str(out)), indent=2))
             return
-    console.print(f"pilots run in {pilot_s:.1f} s (engine starts included), kept in {out}; the rest estimated at {rest_s:.1f} s "
-                  f"on their answer lengths: {pilot_s + rest_s:.1f} s in all. `batchllm run {dag} --out {out}` goes on from them.",
-                  highlight=False, soft_wrap=True)
+    pilot_s = process_age_s()  # this command's, from its process's start: the pilots, their engine starts and the checks
+    parts = f"`run`'s own start and end {run_command.total_s:.1f} s included, {source}" if run_command is not None else \
+        "`run`'s own start and end not measured on this machine yet"
+    console.print(f"pilots run in {pilot_s:.1f} s (this command from its start), kept in {out}; the rest estimated at "
+                  f"{rest_s:.1f} s on their answer lengths ({parts}): {pilot_s + rest_s:.1f} s in all. "
+                  f"`batchllm run {dag} --out {out}` goes on from them.", highlight=False, soft_wrap=True)
+
+
+def _run_command_times(spec, fallback: str | None = None):
+    """A `run` of this DAG's models on this machine: its own start and end as kept here, else
+    (`fallback`) another command's that does the same imports and checks; with where they
+    come from. (None, "") when none was measured."""
+    from batchllm.costmodel.calibration.store import ProfileStore
+    from batchllm.costmodel.command_times import CommandTimesStore, command_key
+    from batchllm.engines.hardware import this_machine
+
+    store, identity = CommandTimesStore(ProfileStore.at_home(batchllm_home())), this_machine(parse_devices("auto").kind)
+    models = [node.model for node in spec.nodes.values()]
+    for command in ("run", *((fallback,) if fallback else ())):
+        if (times := store.load(identity, command_key(command, models))) is not None:
+            return times, f"measured on this machine over {times.commands} `{command}` command{'s' if times.commands != 1 else ''}"
+    return None, ""
 
 
 def _this_machine_devices() -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from batchllm.core.errors import UserError
 from batchllm.costmodel.calibration.store import ProfileStore
+from batchllm.costmodel.command_times import CommandTimes
 from batchllm.costmodel.server_pace import ServerPace, ServerPaceStore
 from batchllm.dag.loader import load_dag
 from batchllm.dag.model import DagSpec
@@ -58,6 +59,13 @@ class PlanReport:
     not_run: tuple[NotRun, ...] = ()
     preflight: dict[str, NodePreflight] = field(default_factory=dict)  # per node, in topological order
     priced: bool = False  # the DAG has `prices:`
+    command: CommandTimes | None = None  # a `run`'s own start and end on this machine (None: planned for other hardware)
+    command_source: str = ""  # where `command` comes from
+
+    @property
+    def estimated_s(self) -> float:
+        """What the user waits for: the stages, and the `run` command's own start and end."""
+        return self.chosen.total_s + (self.command.total_s if self.command is not None else 0.0)
 
     @property
     def search_s(self) -> float:

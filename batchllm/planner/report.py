@@ -102,6 +102,9 @@ def print_report(report: PlanReport, console: Console) -> None:
     console.print("load s: engine start paid in the stage; left: requests still to do after it")
     console.print(f"estimated total {schedule.total_s:.1f} s (lower bound {report.lower_bound_s:.1f} s); "
                   f"search {report.search_s:.2f} s ({report.fit_s:.2f} s fitting node speeds)")
+    if report.command is not None:
+        console.print(f"what `run` takes: about {report.estimated_s:.1f} s: its start {report.command.start_s:.1f} s + the stages "
+                      f"{schedule.total_s:.1f} s + its end {report.command.end_s:.1f} s ({report.command_source})")
     for note in report.problem.notes:
         console.print(f"note: {note}")
     if report.compared:
@@ -128,7 +131,9 @@ def report_json(report: PlanReport) -> dict:
     preflight = preflight_rows(report)
     return {
         "dag": report.dag_name, "devices": str(report.cluster), "hardware": report.cluster.hardware,
-        "device_count": report.cluster.devices, **summary(report.chosen), "estimated_s": round(report.chosen.total_s, 3),
+        "device_count": report.cluster.devices, **summary(report.chosen), "estimated_s": round(report.estimated_s, 3),
+        **({"command_start_s": round(report.command.start_s, 3), "command_end_s": round(report.command.end_s, 3),
+            "command_from": report.command_source} if report.command is not None else {}),
         "fit_s": round(report.fit_s, 4), "lower_bound_s": round(report.lower_bound_s, 3), "notes": list(report.problem.notes),
         "nodes": {n: {"model": node.model, "requests": node.requests, "rounds": len(node.rounds), "producers": list(node.producers),
                       **preflight.get(n, {})}
@@ -141,7 +146,8 @@ def report_json(report: PlanReport) -> dict:
 
 def with_pilot(plan: dict, pilot_s: float, rest_estimated_s: float, out: str) -> dict:
     """`plan --pilot --json`: the plan's JSON (`report_json`, planned on the lengths the pilots
-    measured) with the pilots' figures; `estimated_s` is then the pilots' time plus the rest's
-    estimate, and the schedule's own total stays in `total_s`."""
+    measured) with the pilots' figures; `estimated_s` is then the pilots' time (this command's,
+    from its start) plus the rest's estimate (the `run` command's own start and end included),
+    and the schedule's own total stays in `total_s`."""
     return {**plan, "estimated_s": round(pilot_s + rest_estimated_s, 3), "pilot_s": round(pilot_s, 3),
             "rest_estimated_s": round(rest_estimated_s, 3), "out": out}

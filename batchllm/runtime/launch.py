@@ -5,13 +5,15 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
 
 from batchllm.core.errors import RunIncomplete, UserError
+from batchllm.core.process_clock import process_age_s
 from batchllm.costmodel.calibration.store import ProfileStore
+from batchllm.costmodel.command_times import CommandTimes, CommandTimesStore, command_key
 from batchllm.costmodel.server_pace import ServerPaceStore
 from batchllm.dag.loader import load_dag
 from batchllm.dag.model import DagSpec
@@ -19,6 +21,7 @@ from batchllm.engines.devices import DeviceSet
 from batchllm.engines.endpoint.http_engine import with_endpoints
 from batchllm.engines.endpoint.server_check import check_endpoints
 from batchllm.engines.engine import EngineFactory
+from batchllm.engines.hardware import HardwareIdentity, this_machine
 from batchllm.engines.process_engine import start_vllm_engine
 from batchllm.engines.settings_check import check_engine_settings
 from batchllm.engines.version import installed_engine_version, untested_vllm_note
@@ -41,7 +44,7 @@ from batchllm.runtime.prepare import RequestPreparer
 from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.run_calibration import RunCalibration
 from batchllm.runtime.run_dir import RunDir
-from batchllm.runtime.run_report import RunResult
+from batchllm.runtime.run_report import RunReport, RunResult
 from batchllm.runtime.sequential_stages import SequentialStages
 from batchllm.runtime.server_paces import save_server_paces
 from batchllm.runtime.stage_chooser import RunPlanning
@@ -72,7 +75,7 @@ def run_dag_file(dag_path: Path, out: Path, devices: DeviceSet, **options) -> tu
 def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False, console: Console,
             engine_factory: EngineFactory | None = None, home: Path | None = None,
             prefix_order: bool = True, schedule: str = "plan", pilot: PilotSize | None = PilotSize(), pilots_only: bool = False,
-            profiles_root: Path = PROFILES_ROOT, cluster=None) -> tuple[RunResult, RunProgress]:
+            profiles_root: Path = PROFILES_ROOT, cluster=None, command: str | None = None) -> tuple[RunResult, RunProgress]:
     """Validate everything first (nothing is written on bad input), then run.
 
     `schedule`: `plan` (batchllm's stages, re-planned at every stage boundary), `max` or
@@ -85,7 +88,12 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
 
     `pilot`: how large a new prompt set's pilot is (see runtime.pilot); None: no pilots.
     `pilots_only`: run only the pilots (into `out`, where a later run finds them committed)
-    and estimate the rest on them (`RunResult.rest_estimate_s`)."""
+    and estimate the rest on them (`RunResult.rest_estimate_s`).
+
+    `command`: the CLI command this process is (`run`, `plan --pilot`): its own start (from the
+    process's start to the first stage) and end are measured and kept for this machine
+    (`costmodel.command_times`), and the time left it shows includes its end; None (the
+    Python API, where the process is the caller's): not measured."""
     if schedule not in SCHEDULES:
         raise UserError(f"unknown schedule {schedule!r}", where="--schedule", hint=f"use one of {', '.join(SCHEDULES)}")
     home = home or batchllm_home()
@@ -121,6 +129,7 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
                                                                                      profiles_root))
     sampler = LengthSampler(node_fingerprints(dag, sources), {name: node.model for name, node in dag.nodes.items()},
                             installed_engine_version())
+    timed = _command_timing(command, dag, devices, home) if engine_factory is None and cluster is None else None
     run_dir = RunDir(out)
     run_dir.open(fresh=fresh)
     try:
@@ -128,6 +137,8 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
             executor = Executor(dag, sources, run_dir, devices, engine_factory or with_endpoints(start_vllm_engine), progress, home,
                                 planning, RequestPreparer(prefix_order), replanner, pilot, lengths.known_prompt_sets, pilots_only,
                                 sampler, endpoints)
+            if timed is not None:
+                executor.report.command_start_s, progress.end_s = process_age_s(), timed.expected_end_s
             try:
                 result = executor.run()
                 if pilots_only and executor.planning.calibration is not None:
@@ -144,6 +155,8 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
                 _save_lengths(sampler, home, console)
                 _save_server_paces(dag, progress, home, console)
             progress.close("incomplete" if pilots_only else "finished")
+        if timed is not None:
+            timed.record(result.report, console)
         return result, progress
     finally:
         run_dir.close()
@@ -174,6 +187,38 @@ def _calibrated_planning(dag: DagSpec, sources: dict[str, InputSource], devices:
                                  settings=run_settings(dag.engine, cluster), source=f"a run of {dag.name}",
                                  log_shifts=lengths.log_shifts(dag) if lengths is not None else None)
     return RunPlanning(CalibratedStages(calibration, method), (calibration, RunEstimates(calibration, method)), calibration), None
+
+
+@dataclass(frozen=True)
+class _CommandTiming:
+    """A CLI command's own start and end on this machine: what was kept, and where to keep more."""
+
+    store: CommandTimesStore
+    identity: HardwareIdentity
+    key: str
+    kept: CommandTimes | None
+
+    @property
+    def expected_end_s(self) -> float:
+        return self.kept.end_s if self.kept is not None else 0.0
+
+    def record(self, report: RunReport, console: Console) -> None:
+        """This command's start (to its first stage) and end (from its stage loop's end to now)."""
+        if report.command_start_s is None:
+            return
+        end_s = max(0.0, process_age_s() - report.command_start_s - report.wall_s)
+        try:
+            self.store.record(self.identity, self.key, report.command_start_s, end_s)
+        except OSError as error:
+            console.print(f"this command's start and end were not kept: {error}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _command_timing(command: str | None, dag: DagSpec, devices: DeviceSet, home: Path) -> _CommandTiming | None:
+    if command is None:
+        return None
+    store, identity = CommandTimesStore(ProfileStore.at_home(home)), this_machine(devices.kind)
+    key = command_key(command, [node.model for node in dag.nodes.values()])
+    return _CommandTiming(store, identity, key, store.load(identity, key))
 
 
 def _save_lengths(sampler: LengthSampler, home: Path, console: Console) -> None:

@@ -155,6 +155,7 @@ class RunProgress:
         self._tasks: dict[str, TaskID] = {}
         self.stats: dict[str, NodeStats] = {}
         self.rest: tuple[float, float] | None = None  # (seconds to the run's end, at clock s), calibrated estimate
+        self.end_s = 0.0  # the command's own end after its last result (engines stopped, outputs written), in the time left
         # (s into the run, rest s estimated then, work tokens done, units committed in this run)
         self.estimates: deque = deque(maxlen=MAX_ESTIMATES)
         self.state = "running"
@@ -267,7 +268,7 @@ class RunProgress:
             servers=s.servers if s.finished_at is None else ())
             for s in self.stats.values()}
         rest_s = None if self.rest is None or self.state != "running" else max(
-            self.rest[0] - (now_s - self.rest[1]), *(n.eta_s for n in nodes.values() if n.eta_s is not None), 0.0)  # no node ends after the run
+            self.rest[0] - (now_s - self.rest[1]), *(n.eta_s for n in nodes.values() if n.eta_s is not None), 0.0) + self.end_s
         return RunStatus(state=self.state, elapsed_s=now_s - self._started_s, nodes=nodes, started_at=self.started_at,
                          updated_at=self.wall_time(), rest_s=rest_s)
 

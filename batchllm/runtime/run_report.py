@@ -86,6 +86,7 @@ class RunReport:
     first_request_s: float | None = None  # from the first stage's engines being ready to the first request sent
     failed: dict[str, str] = field(default_factory=dict)  # node -> why it stopped with work left
     outputs: dict[str, dict] = field(default_factory=dict)  # data set -> {path, complete}: complete false after a failed node
+    command_start_s: float | None = None  # the CLI command's own start: from its process's start to the stage loop
 
     def plan_made(self, schedule: Schedule, device_ids: tuple[int, ...]) -> None:
         """Keep the first plan of the run, to compare with what happened."""
@@ -122,7 +123,8 @@ class RunReport:
             stages.append(item)
         return {"dag": self.dag, "devices": self.devices, "schedule": self.method, "wall_s": self.wall_s,
                 "estimated_s": self.estimated_s, "planning_s": self.planning_s, "overhead_s": self.overhead_s,
-                "overhead_share": self.overhead_s / self.wall_s if self.wall_s else 0.0, "models": self.models,
+                "overhead_share": self.overhead_s / self.wall_s if self.wall_s else 0.0,
+                **({"command_start_s": self.command_start_s} if self.command_start_s is not None else {}), "models": self.models,
                 "first_request_s": self.first_request_s,
                 "stages": stages, "planned": self.planned, "failed": self.failed,
                 "outputs": self.outputs}

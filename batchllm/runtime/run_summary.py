@@ -23,6 +23,8 @@ def closing_lines(result: RunResult, progress: RunProgress, out: Path) -> list[s
         stages = f"{len(r.stages)} stage{'' if len(r.stages) == 1 else 's'}"
         lines.append(f"{stages} ({r.method}): {r.wall_s:.1f} s{estimate}, overhead {r.overhead_s:.1f} s "
                      f"({r.overhead_s / r.wall_s:.1%})")
+        if r.command_start_s is not None:
+            lines.append(f"before them: {r.command_start_s:.1f} s, the command's start (imports, checks, planning)")
         lines.append(f"details: {out / 'run.json'}")
     return lines
 

@@ -35,6 +35,11 @@ def _digest(body: object) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
+def hardware_folder(identity: HardwareIdentity) -> str:
+    """The folder of everything kept for this hardware identity."""
+    return f"{identity.folder_name}-{_digest(identity.to_dict())}"
+
+
 def key_settings(settings: dict[str, object]) -> dict[str, object]:
     """The settings that key an entry: those of KEY_SETTINGS the run knows."""
     return {key: settings[key] for key in KEY_SETTINGS if key in settings}
@@ -64,8 +69,7 @@ class ProfileStore:
         return cls(Path(home) / STORE_FOLDER)
 
     def folder(self, identity: HardwareIdentity, model: str, settings: dict[str, object]) -> Path:
-        hardware = f"{identity.folder_name}-{_digest(identity.to_dict())}"
-        return self.root / hardware / f"{model.replace('/', '_')}-{_digest(key_settings(settings))}"
+        return self.root / hardware_folder(identity) / f"{model.replace('/', '_')}-{_digest(key_settings(settings))}"
 
     def load(self, identity: HardwareIdentity, model: str, settings: dict[str, object]) -> StoredProfile | None:
         """The entry for this key, or None when there is none."""
