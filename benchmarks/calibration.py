@@ -2,8 +2,11 @@
 that start from a wrong prior, and from a prior learnt on this machine.
 
     .venv/bin/python benchmarks/calibration.py [OWN_PROFILE_DIR] [--xeon-only]    (about an hour on 2 cores)
+    .venv/bin/python benchmarks/calibration.py --commands
 
 --xeon-only: only the `xeon` foreign cases and the learnt ones (each learnt from a xeon run).
+--commands: what the user waits for instead: whole `plan` and `run` commands, each a process
+timed from outside, against `plan`'s estimate and the run's own (benchmarks/command_estimates.py).
 
 Model: the embedded smollm2-135m; devices cpu:2, planned by batchllm (`schedule: plan`).
 First the machine's own profile is taken with `batchllm profile --quick`'s code (into a
@@ -207,6 +210,11 @@ def pct(value: float | None) -> str:
 
 
 def main() -> None:
+    if "--commands" in sys.argv:
+        from benchmarks.command_estimates import main as commands_main
+
+        commands_main()
+        return
     started = time.monotonic()
     WORK.mkdir(parents=True, exist_ok=True)
     home = batchllm_home()

@@ -132,6 +132,48 @@ def test_a_direction_no_step_informs_keeps_the_prior_rescaled_by_the_measured_sp
     assert model.per_attention_unit_s == pytest.approx(truth.per_attention_unit_s, rel=0.05)
 
 
+def narrow_decodes(count: int, seed: int, model: StepLatencyModel, seqs: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Decode steps of a pilot's few batch sizes only, timed by `model` with 10 % noise."""
+    rng = np.random.default_rng(seed)
+    widths = rng.integers(*seqs, count)
+    features = np.array([(0, 0, n, n * int(rng.integers(100, 400))) for n in widths], float)
+    return features, np.array([model.step_s(StepFeatures(*row)) for row in features]) * np.exp(rng.normal(0.0, 0.1, count))
+
+
+def test_a_pilots_narrow_batches_set_the_level_and_the_profiles_shape_carries_it_to_wide_ones():
+    """The host's learnt profile has the right shape at half the level (another load, a slower
+    day); a pilot's decode steps of 8-16 sequences (of 128 the engine runs) set the level only,
+    and the estimate of a wide step is the truth's. Refitting the shape on them (what a design
+    of 16 sequences at most allows) spreads the noise over the base and per-sequence terms and
+    misses wide steps by more."""
+    prior = scaled(TRUTH, 0.5)
+    features, seconds = narrow_decodes(300, seed=21, model=TRUTH, seqs=(8, 17))
+    held = LatencyCalibration.for_engine(prior, max_num_seqs=128, max_num_batched_tokens=2048)
+    refit = LatencyCalibration.for_engine(prior, max_num_seqs=16, max_num_batched_tokens=2048)
+    for calibration in (held, refit):
+        calibration.observe_many(features, seconds)
+    assert not held.shape_covered and refit.shape_covered
+    assert set(np.round(list(relative(held.model(), prior).values()), 9)) == {round(held.speed_factor(), 9)}  # the shape kept
+    wide = StepFeatures(0, 0, 128, 128 * 1000)
+    held_error = abs(held.model().step_s(wide) / TRUTH.step_s(wide) - 1)
+    assert held_error < 0.02
+    assert abs(refit.model().step_s(wide) / TRUTH.step_s(wide) - 1) > held_error  # here 2.8 % against 1.6 %
+
+
+def test_once_a_decode_step_is_half_as_wide_as_the_engine_runs_the_shape_is_refit():
+    truth = dataclasses.replace(TRUTH, per_decode_seq_s=2 * TRUTH.per_decode_seq_s)  # not the prior's shape
+    calibration = LatencyCalibration.for_engine(TRUTH, max_num_seqs=128, max_num_batched_tokens=2048)
+    features, seconds = narrow_decodes(200, seed=22, model=truth, seqs=(8, 17))
+    calibration.observe_many(features, seconds)
+    kept = relative(calibration.model(), TRUTH)
+    assert max(kept.values()) == pytest.approx(min(kept.values()))  # one factor: the shape is the prior's
+    wide, wide_seconds = narrow_decodes(200, seed=23, model=truth, seqs=(64, 129))
+    calibration.observe_many(wide, wide_seconds)
+    assert calibration.shape_covered
+    refit = relative(calibration.model(), TRUTH)
+    assert refit["per_decode_seq_s"] > 1.5 * refit["base_s"]  # the per-sequence term learnt apart
+
+
 def test_steps_without_a_time_are_skipped_and_memory_does_not_grow():
     calibration = LatencyCalibration.for_engine(FOREIGN, 128, 2048)
     calibration.observe((0.0, 0.0, 8.0, 800.0), 0.0)

@@ -18,6 +18,13 @@ times short on a busy machine, and a run's time is that sum. So the posterior is
 last by measured time over predicted time summed over the steps (`TOTAL_PRIOR_STEPS`
 pseudo-steps at 1): its total over the run's steps is the measured total.
 
+Shape and level: steps refit the model's shape only once they cover the batches the engine
+runs, a decode step of at least SHAPE_COVERAGE of its `max_num_seqs`. Before that (a pilot's
+few small batches, a workload of short answers) they set only its level: the posterior is the
+prior times the speed factor below, so the shape the host's learnt profile (or the shipped or
+analytic one) has across batch sizes carries the estimate to the batches the rest of the run
+will use, instead of a line through the few batch sizes seen.
+
 Speed factor: a foreign prior is mostly off by one factor (another CPU, another dtype,
 a busier machine). That factor is estimated first, as measured time over the prior's time
 summed over the steps (what makes the prior's total right), with `SCALE_PRIOR_STEPS`
@@ -38,6 +45,7 @@ PRIOR_STEPS = 32.0  # the prior counts as this many steps
 SCALE_PRIOR_STEPS = 1.0  # the speed factor's prior (1: the profile is right) counts as this many steps
 TOTAL_PRIOR_STEPS = 1.0  # the total correction's prior (1) counts as this many steps
 COEFFICIENTS = 5  # base + the four features
+SHAPE_COVERAGE = 0.5  # a decode step of this share of max_num_seqs lets the steps refit the shape
 
 
 def prior_design(max_num_seqs: int, max_num_batched_tokens: int) -> np.ndarray:
@@ -70,6 +78,7 @@ class LatencyCalibration:
     _sum_x: np.ndarray = field(default_factory=lambda: np.zeros(COEFFICIENTS), repr=False)  # sum of [1, features]
     _measured_s: float = 0.0  # sum of the steps' measured times
     _prior_s: float = 0.0  # sum of the prior's times for the same steps
+    _widest_decode_seqs: float = 0.0  # the most sequences a decode step observed had
     _cached: StepLatencyModel | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -95,6 +104,7 @@ class LatencyCalibration:
         self._sum_x += row * wall_s
         self._measured_s += wall_s
         self._prior_s += self.prior.step_s(StepFeatures(*features))
+        self._widest_decode_seqs = max(self._widest_decode_seqs, float(features[2]))
         self.steps += 1
         self._cached = None
 
@@ -115,8 +125,15 @@ class LatencyCalibration:
         pseudo_s = SCALE_PRIOR_STEPS * self._prior_s / self.steps
         return (pseudo_s + self._measured_s) / (pseudo_s + self._prior_s)
 
+    @property
+    def shape_covered(self) -> bool:
+        """Whether the steps ran batches wide enough to refit the model's shape (see the module)."""
+        return self._widest_decode_seqs >= SHAPE_COVERAGE * float(self.design[:, 2].max())
+
     def model(self) -> StepLatencyModel:
         """The posterior step-latency model."""
+        if self._cached is None and not self.shape_covered:
+            self._cached = scaled(self.prior, self.speed_factor())
         if self._cached is None:
             factor = self.speed_factor()
             targets = factor * np.array([self.prior.step_s(StepFeatures(*row)) for row in self.design])
