@@ -27,7 +27,9 @@ LogShift = Callable[[Sequence[LengthPrompt]], np.ndarray]  # a length model's pe
 
 
 @dataclass(frozen=True)
-class OutputForecast:
+class CalibratedForecast:
+    """A node's forecast as the run has calibrated it: an `OutputForecast` (runtime.prepare) of its own."""
+
     node: str
     level: LengthDistribution  # the node's calibrated output lengths
     log_shift: LogShift | None = None  # None: every request alike

@@ -42,7 +42,7 @@ from batchllm.costmodel.request_lengths import RequestLengths, relative_shifts
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 from batchllm.planner.problem import NodeWorkload, PlanProblem, build_problem
 from batchllm.runtime.observer import RunObserver
-from batchllm.runtime.output_forecast import LogShift, OutputForecast
+from batchllm.runtime.output_forecast import CalibratedForecast, LogShift
 from batchllm.runtime.run_state import NodeProgress
 from batchllm.runtime.step_result import StepResult
 
@@ -209,10 +209,10 @@ class RunCalibration(RunObserver):
 
         return PilotLearnt(capped_mean(lengths.posterior()), capped_mean(lengths.prior), max_tokens, self.spreads.get(node))
 
-    def output_forecast(self, node: str) -> OutputForecast:
+    def output_forecast(self, node: str) -> CalibratedForecast:
         """The node's answer lengths as calibrated now, for the runtime's split and order."""
         lengths = self.node_lengths[node]
-        return OutputForecast(node, lengths.posterior(self._running_ages(node)), self.log_shifts.get(node),
+        return CalibratedForecast(node, lengths.posterior(self._running_ages(node)), self.log_shifts.get(node),
                               source="prior" if lengths.outputs == 0 else "pilot", spread=self.spreads.get(node, 1.0))
 
     def machine_factors(self) -> SpeedFactors | None:
