@@ -54,7 +54,6 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.console import Console
 
@@ -74,6 +73,7 @@ from batchllm.planner.timeline import Timeline  # noqa: E402
 from batchllm.profiling.quick import quick_profile  # noqa: E402
 from batchllm.runtime import launch  # noqa: E402
 from batchllm.runtime.run_calibration import RunCalibration  # noqa: E402
+from benchmarks.command_estimates import single_node_dag  # noqa: E402
 
 MODEL = "smollm2-135m"
 DEVICES = DeviceSet("cpu", (0, 1))
@@ -104,26 +104,10 @@ FOREIGN = ["xeon", "own x2", "own x0.5"]
 
 
 def dag_file(workload: Workload) -> Path:
-    folder = WORK / "dags"
-    folder.mkdir(parents=True, exist_ok=True)
     texts = workload.prompts()
     if len(texts) != workload.count:
         raise SystemExit(f"{workload.label}: only {len(texts)} prompts")
-    pq.write_table(pa.table({"id": [f"r{i:04d}" for i in range(len(texts))], "prompt": texts}), folder / f"{workload.label}.parquet")
-    path = folder / f"{workload.label}.yaml"
-    path.write_text(f"""name: {workload.label}
-inputs:
-  prompts: {{path: {workload.label}.parquet, id_column: id}}
-engine: {{max_model_len: 2048}}
-nodes:
-  gen:
-    model: {MODEL}
-    prompt: "{{{{ prompt }}}}"
-    sampling: {{max_tokens: {workload.max_tokens}, temperature: 0.0}}
-outputs:
-  out: {{columns: {{answer: gen}}}}
-""")
-    return path
+    return single_node_dag(WORK / "dags", workload.label, texts, workload.max_tokens)
 
 
 def case_home(name: str) -> Path:

@@ -59,25 +59,28 @@ def workloads() -> list[Workload]:
     return [Workload("one-word-300", 16, arithmetic), Workload("long-answers-276", 256, questions)]
 
 
-def dag_file(workload: Workload) -> Path:
-    folder = WORK / "dags"
+def single_node_dag(folder: Path, label: str, prompts: list[str], max_tokens: int) -> Path:
+    """A DAG of one node of the embedded model over these prompts (greedy), and its data, in `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"id": [f"r{i:04d}" for i in range(len(workload.prompts))], "prompt": list(workload.prompts)}),
-                   folder / f"{workload.label}.parquet")
-    path = folder / f"{workload.label}.yaml"
-    path.write_text(f"""name: {workload.label}
+    pq.write_table(pa.table({"id": [f"r{i:04d}" for i in range(len(prompts))], "prompt": prompts}), folder / f"{label}.parquet")
+    path = folder / f"{label}.yaml"
+    path.write_text(f"""name: {label}
 inputs:
-  prompts: {{path: {workload.label}.parquet, id_column: id}}
+  prompts: {{path: {label}.parquet, id_column: id}}
 engine: {{max_model_len: 2048}}
 nodes:
   gen:
     model: {MODEL}
     prompt: "{{{{ prompt }}}}"
-    sampling: {{max_tokens: {workload.max_tokens}, temperature: 0.0}}
+    sampling: {{max_tokens: {max_tokens}, temperature: 0.0}}
 outputs:
   out: {{columns: {{answer: gen}}}}
 """)
     return path
+
+
+def dag_file(workload: Workload) -> Path:
+    return single_node_dag(WORK / "dags", workload.label, list(workload.prompts), workload.max_tokens)
 
 
 def timed(args: list[str], home: Path, log: Path) -> tuple[float, str]:
