@@ -18,11 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-pytest.importorskip("ray")
-
-from batchllm.cluster.local import LocalRayCluster  # noqa: E402
-from batchllm.io.node_journal import read_records  # noqa: E402
-from tests.example_rows import example_dag  # noqa: E402
+from batchllm.cluster.local import LocalRayCluster
+from batchllm.io.node_journal import read_records
+from tests.example_rows import example_dag
 
 pytestmark = pytest.mark.ray
 REPO = Path(__file__).resolve().parent.parent
