@@ -301,17 +301,19 @@ def _plan_with_pilots(dag: Path, devices: str, out: Path, profiles: Path | None,
 
 def _run_command_times(spec, fallback: str | None = None):
     """A `run` of this DAG's models on this machine: its own start and end as kept here, else
-    (`fallback`) another command's that does the same imports and checks; with where they
-    come from. (None, "") when none was measured."""
+    (`fallback`) another command's that does the same imports and checks, less vLLM's settings
+    check (whose verdict that command kept for the run); with where they come from. (None, "")
+    when none was measured."""
     from batchllm.costmodel.calibration.store import ProfileStore
     from batchllm.costmodel.command_times import CommandTimesStore, command_key
     from batchllm.engines.hardware import this_machine
 
     store, identity = CommandTimesStore(ProfileStore.at_home(batchllm_home())), this_machine(parse_devices("auto").kind)
     models = [node.model for node in spec.nodes.values()]
-    for command in ("run", *((fallback,) if fallback else ())):
-        if (times := store.load(identity, command_key(command, models))) is not None:
-            return times, f"measured on this machine over {times.commands} `{command}` command{'s' if times.commands != 1 else ''}"
+    if (times := store.load(identity, command_key("run", models))) is not None:
+        return times, f"measured on this machine over {times.commands} `run` command{'s' if times.commands != 1 else ''}"
+    if fallback and (times := store.load(identity, command_key(fallback, models))) is not None:
+        return times.with_checks_kept(), f"a `{fallback}`'s start and end, less the settings check `run` finds kept"
     return None, ""
 
 

@@ -44,6 +44,14 @@ def test_the_store_keeps_times_per_host_command_and_models(tmp_path):
     assert store.load(identity, "run a") is None  # unreadable: measured again, never an error
 
 
+def test_a_run_after_a_pilot_command_takes_its_start_less_the_settings_check_whose_verdict_it_finds_kept(tmp_path):
+    store, identity = CommandTimesStore(ProfileStore(tmp_path)), this_machine("cpu")
+    piloted = store.record(identity, "plan --pilot a", 26.3, 6.7, checks_s=21.0)
+    assert piloted.checks_s == 21.0
+    assert piloted.with_checks_kept() == CommandTimes(26.3 - 21.0, 6.7, 1, 0.0)
+    assert store.record(identity, "plan --pilot a", 30.3, 6.7, checks_s=23.0).checks_s == 22.0  # a running mean, as the start
+
+
 def test_a_plan_shows_the_runs_own_start_and_end_as_parts_of_the_estimate(workspace):
     report = plan_dag_file(workspace.dag(ENSEMBLE_DAG.replace("tiny-model", "smollm2-135m")), "1xA100-80G")
     plain = report_json(report)

@@ -35,15 +35,21 @@ class CommandTimes:
     start_s: float
     end_s: float
     commands: int = 1  # how many commands measured it
+    checks_s: float = 0.0  # of the start: vLLM's settings check, which a later command skips while its verdict is kept
 
     @property
     def total_s(self) -> float:
         return self.start_s + self.end_s
 
-    def with_measured(self, start_s: float, end_s: float) -> "CommandTimes":
+    def with_measured(self, start_s: float, end_s: float, checks_s: float = 0.0) -> "CommandTimes":
         weight = 1.0 / min(self.commands + 1, KEPT_COMMANDS)
         return CommandTimes(self.start_s + weight * (start_s - self.start_s), self.end_s + weight * (end_s - self.end_s),
-                            self.commands + 1)
+                            self.commands + 1, self.checks_s + weight * (checks_s - self.checks_s))
+
+    def with_checks_kept(self) -> "CommandTimes":
+        """As a later command of the same DAG would take it: vLLM's settings check answered by
+        the verdict the first one kept (a `run` after `plan --pilot`)."""
+        return CommandTimes(max(0.0, self.start_s - self.checks_s), self.end_s, self.commands, 0.0)
 
 
 def command_key(command: str, models: Iterable[str]) -> str:
@@ -62,10 +68,12 @@ class CommandTimesStore:
         entry = self._entries(identity).get(key)
         return CommandTimes(**entry) if entry is not None else None
 
-    def record(self, identity: HardwareIdentity, key: str, start_s: float, end_s: float) -> CommandTimes:
-        """Fold one command's measured start and end into what is kept for `key`, and keep it."""
+    def record(self, identity: HardwareIdentity, key: str, start_s: float, end_s: float, checks_s: float = 0.0) -> CommandTimes:
+        """Fold one command's measured start (`checks_s` of it in vLLM's settings check) and end
+        into what is kept for `key`, and keep it."""
         entries = self._entries(identity)
-        kept = CommandTimes(**entries[key]).with_measured(start_s, end_s) if key in entries else CommandTimes(start_s, end_s)
+        kept = CommandTimes(**entries[key]).with_measured(start_s, end_s, checks_s) if key in entries \
+            else CommandTimes(start_s, end_s, 1, checks_s)
         entries[key] = asdict(kept)
         path = self.path(identity)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -99,8 +100,11 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
     home = home or batchllm_home()
     sources = check_dag(dag, home)
     endpoints = check_endpoints(dag)  # each server answers and serves its model, before anything runs
+    checks_s = 0.0  # how long vLLM's settings check took (a later command finds its verdict kept)
     if engine_factory is None:  # vLLM's engines: vLLM checks the settings first (a caller's own engines check their own)
+        checked_at = time.monotonic()
         check_engine_settings(dag, home, devices.kind)
+        checks_s = time.monotonic() - checked_at
         if note := untested_vllm_note():
             console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     for name, output in dag.outputs.items():  # a bad target found at the end would cost the run's hours
@@ -129,7 +133,7 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
                                                                                      profiles_root))
     sampler = LengthSampler(node_fingerprints(dag, sources), {name: node.model for name, node in dag.nodes.items()},
                             installed_engine_version())
-    timed = _command_timing(command, dag, devices, home) if engine_factory is None and cluster is None else None
+    timed = _command_timing(command, dag, devices, home, checks_s) if engine_factory is None and cluster is None else None
     run_dir = RunDir(out)
     run_dir.open(fresh=fresh)
     try:
@@ -197,6 +201,7 @@ class _CommandTiming:
     identity: HardwareIdentity
     key: str
     kept: CommandTimes | None
+    checks_s: float  # of this command's start: vLLM's settings check
 
     @property
     def expected_end_s(self) -> float:
@@ -208,17 +213,17 @@ class _CommandTiming:
             return
         end_s = max(0.0, process_age_s() - report.command_start_s - report.wall_s)
         try:
-            self.store.record(self.identity, self.key, report.command_start_s, end_s)
+            self.store.record(self.identity, self.key, report.command_start_s, end_s, self.checks_s)
         except OSError as error:
             console.print(f"this command's start and end were not kept: {error}", markup=False, highlight=False, soft_wrap=True)
 
 
-def _command_timing(command: str | None, dag: DagSpec, devices: DeviceSet, home: Path) -> _CommandTiming | None:
+def _command_timing(command: str | None, dag: DagSpec, devices: DeviceSet, home: Path, checks_s: float) -> _CommandTiming | None:
     if command is None:
         return None
     store, identity = CommandTimesStore(ProfileStore.at_home(home)), this_machine(devices.kind)
     key = command_key(command, [node.model for node in dag.nodes.values()])
-    return _CommandTiming(store, identity, key, store.load(identity, key))
+    return _CommandTiming(store, identity, key, store.load(identity, key), checks_s)
 
 
 def _save_lengths(sampler: LengthSampler, home: Path, console: Console) -> None:
