@@ -304,11 +304,10 @@ def _run_command_times(spec, fallback: str | None = None):
     (`fallback`) another command's that does the same imports and checks, less vLLM's settings
     check (whose verdict that command kept for the run); with where they come from. (None, "")
     when none was measured."""
-    from batchllm.costmodel.calibration.store import ProfileStore
     from batchllm.costmodel.command_times import CommandTimesStore, command_key
     from batchllm.engines.hardware import this_machine
 
-    store, identity = CommandTimesStore(ProfileStore.at_home(batchllm_home())), this_machine(parse_devices("auto").kind)
+    store, identity = CommandTimesStore.at_home(batchllm_home()), this_machine(parse_devices("auto").kind)
     models = [node.model for node in spec.nodes.values()]
     if (times := store.load(identity, command_key("run", models))) is not None:
         return times, f"measured on this machine over {times.commands} `run` command{'s' if times.commands != 1 else ''}"

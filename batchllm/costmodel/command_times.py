@@ -61,6 +61,10 @@ def command_key(command: str, models: Iterable[str]) -> str:
 class CommandTimesStore:
     store: ProfileStore
 
+    @classmethod
+    def at_home(cls, home: Path) -> "CommandTimesStore":
+        return cls(ProfileStore.at_home(home))
+
     def path(self, identity: HardwareIdentity) -> Path:
         return self.store.root / hardware_folder(identity) / COMMANDS_FILE
 

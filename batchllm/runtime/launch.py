@@ -221,7 +221,7 @@ class _CommandTiming:
 def _command_timing(command: str | None, dag: DagSpec, devices: DeviceSet, home: Path, checks_s: float) -> _CommandTiming | None:
     if command is None:
         return None
-    store, identity = CommandTimesStore(ProfileStore.at_home(home)), this_machine(devices.kind)
+    store, identity = CommandTimesStore.at_home(home), this_machine(devices.kind)
     key = command_key(command, [node.model for node in dag.nodes.values()])
     return _CommandTiming(store, identity, key, store.load(identity, key), checks_s)
 

@@ -119,6 +119,7 @@ class NodeRuns:
     """The run's nodes in topological order, by name."""
 
     def __init__(self, runs: list[NodeRun]):
+        self._order = list(runs)  # by topological position (`at`)
         self._runs = {run.name: run for run in runs}
 
     def __getitem__(self, name: str) -> NodeRun:
@@ -187,7 +188,7 @@ class NodeRuns:
 
     def at(self, index: int) -> NodeRun:
         """The node at this topological position (what its request ids carry)."""
-        return list(self._runs.values())[index]
+        return self._order[index]
 
     def journals(self) -> dict[str, ResultJournal]:
         return {run.name: run.journal for run in self}
