@@ -185,7 +185,7 @@ def run_case(workload: Workload, prior: str, root: Path, home: Path) -> dict:
             "load_avg": (load_before, os.getloadavg()[0]), "estimates": len(progress.estimates), "notes": notes,
             "whole_wall_s": report.wall_s, "before_s": start_s, "after_s": report.wall_s - end_s,
             "engine_start_s": max(n.engine_start_s for st in report.stages for n in st.nodes.values()),
-            "prompt_factor": calibrated.prompt_factor("gen"), "speed_factor": calibrated.models[MODEL].factors().step,
+            "prompt_factor": calibrated.lengths["gen"].prompt_factor(), "speed_factor": calibrated.models[MODEL].factors().step,
             "load_factor": calibrated.models[MODEL].factors().load}
 
 

@@ -109,12 +109,12 @@ def test_a_pilot_whose_answers_the_length_model_misreads_makes_every_request_ali
     assert calibration.calibrated_workload("gen").workload.output_lengths.log_shift.any()  # the plan's spread, before
     requests = [EngineRequest(i, f"q{i}", sampling=SamplingSpec(max_tokens=96)) for i in range(64)]
     commit(calibration, [96] * 64, 96)  # the pilot: every answer ran to max_tokens
-    before = calibration.output_forecast("gen")(requests)
+    before = calibration.lengths["gen"].forecast()(requests)
     assert before.max() - before.min() > 10  # the model's spread, as it was
 
-    learnt = calibration.pilot_ended("gen", [(LengthPrompt.of(r, "gen"), 96) for r in requests])
+    learnt = calibration.lengths["gen"].pilot_ended([(LengthPrompt.of(r, "gen"), 96) for r in requests])
     assert (learnt.spread, learnt.max_tokens, round(learnt.mean_output_tokens)) == (0.0, 96, 96)
-    after = calibration.output_forecast("gen")(requests)
+    after = calibration.lengths["gen"].forecast()(requests)
     assert after.max() - after.min() < 1e-9 and after[0] == pytest.approx(96, abs=1)
     planned = calibration.calibrated_workload("gen").workload.output_lengths
     assert planned is not None and not planned.log_shift.any()
@@ -131,16 +131,16 @@ def test_a_pilot_the_length_model_reads_well_keeps_its_spread(workspace):
     lengths = np.minimum(np.rint(30 * np.exp(shifts)), 96).astype(int).tolist()
     commit(calibration, lengths, 96)
     requests = [EngineRequest(i, f"q{i}", sampling=SamplingSpec(max_tokens=96)) for i in range(64)]
-    learnt = calibration.pilot_ended("gen", [(LengthPrompt.of(r, "gen"), n) for r, n in zip(requests, lengths)])
+    learnt = calibration.lengths["gen"].pilot_ended([(LengthPrompt.of(r, "gen"), n) for r, n in zip(requests, lengths)])
     assert learnt.spread == 1.0
-    forecast = calibration.output_forecast("gen")(requests)
+    forecast = calibration.lengths["gen"].forecast()(requests)
     assert np.corrcoef(forecast, lengths)[0, 1] > 0.8
 
 
 def test_without_a_length_model_a_pilot_scales_nothing(workspace):
     calibration = calibration_of(workspace, None)
     commit(calibration, [40] * 64, 96)
-    learnt = calibration.pilot_ended("gen", [])
+    learnt = calibration.lengths["gen"].pilot_ended([])
     assert learnt.spread is None and round(learnt.mean_output_tokens) == 40
 
 
@@ -156,8 +156,8 @@ def test_after_a_pilot_nothing_of_it_counts_as_still_running(workspace):
     prompt = calibration.calibrated_workload("gen").workload.prompt_tokens.mean()
     last_step = StepRecord(0.05, 0, 0, 2, int(2 * (prompt + 90)), 0, 0)  # two outputs at age 90 in the last step
     calibration.observe(StepResult(0, (), (EngineStep("gen", EngineConfig("m", Replica("cpu", (0,))), last_step),), (), ()))
-    stale = calibration.output_forecast("gen").level.mean()
+    stale = calibration.lengths["gen"].forecast().level.mean()
     assert stale > 31  # taken as two outputs of at least 90 still running
-    calibration.pilot_ended("gen")
+    calibration.lengths["gen"].pilot_ended()
     level = calibration.calibrated_workload("gen").profile.lengths
-    assert level.mean() == pytest.approx(30, abs=0.5) and calibration.output_forecast("gen").level.mean() == pytest.approx(30, abs=0.5)
+    assert level.mean() == pytest.approx(30, abs=0.5) and calibration.lengths["gen"].forecast().level.mean() == pytest.approx(30, abs=0.5)

@@ -108,14 +108,14 @@ class Executor:
                                      self._forecast_for)
         self.stage_engines = StageEngines(self.engines, self.nodes, self.ledger, self.feeding, self.progress.note)
         for run in self.nodes:
-            if self.planning.calibration is not None and not run.on_servers:
+            if run.name in self.planning.lengths:  # a pilot teaches a node's lengths to a cost model
                 if pilot := self.pilots.begin(run.spec, run.ledger, prints[run.name]):
                     self.progress.note(pilot.note())
         self._started = time.monotonic()
 
     def _forecast_for(self, run: NodeRun) -> OutputForecast:
-        calibration = self.planning.calibration
-        return calibration.output_forecast(run.name) if calibration is not None and not run.on_servers else most_output_tokens
+        lengths = self.planning.lengths.get(run.name)
+        return lengths.forecast() if lengths is not None else most_output_tokens
 
     def _end_pilots(self) -> None:
         """A pilot of this stage has every result: the stage ends, and the rest is planned on it."""
@@ -123,9 +123,9 @@ class Executor:
         self._pilot_ended = self._pilot_ended or bool(ended)
         for pilot in ended:
             self.nodes[pilot.node].since = None  # the rest is a run of its own from the next stage on, not a pilot's sequel
-            if (calibration := self.planning.calibration) is None:
+            if (lengths := self.planning.lengths.get(pilot.node)) is None:
                 continue
-            learnt = calibration.pilot_ended(pilot.node, self.length_sampler.answers(pilot.node) if self.length_sampler else [])
+            learnt = lengths.pilot_ended(self.length_sampler.answers(pilot.node) if self.length_sampler else [])
             self.progress.note(learnt.note(pilot.node))
 
     def _end_stage_loop(self, wall_s: float) -> None:

@@ -190,7 +190,8 @@ def _calibrated_planning(dag: DagSpec, sources: dict[str, InputSource], devices:
     calibration = RunCalibration(build_problem(cluster, workloads.nodes, workloads.notes), workloads.nodes, store=store,
                                  settings=run_settings(dag.engine, cluster), source=f"a run of {dag.name}",
                                  log_shifts=lengths.log_shifts(dag) if lengths is not None else None)
-    return RunPlanning(CalibratedStages(calibration, method), (calibration, RunEstimates(calibration, method)), calibration), None
+    return RunPlanning(CalibratedStages(calibration, method), (calibration, RunEstimates(calibration, method)), calibration,
+                       calibration.lengths), None
 
 
 @dataclass(frozen=True)

@@ -15,41 +15,37 @@
 - at the end `save` files what was measured in the local profile store, so the next plan
   on this machine starts from it.
 
-Outputs still being generated are censored observations at their age: an engine's last
-step gives how many sequences decode and their total context, so their mean age is that
-context per sequence less the node's mean prompt.
+Each node's answer lengths are its own object (`costmodel.calibration.node_lengths`), which
+the runtime sees as `OutputLengths`: this observer feeds them the node's outputs and its
+engines' steps.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from batchllm.core.length_prompt import LengthPrompt
-from batchllm.core.requests import EngineResult, FinishReason
+from batchllm.core.requests import EngineResult
 from batchllm.costmodel.calibration.batch_tail import batch_left_s
 from batchllm.costmodel.calibration.model import ModelCalibration, SpeedFactors
+from batchllm.costmodel.calibration.node_lengths import NodeLengths, output_length
+from batchllm.costmodel.calibration.output_forecast import LogShift
 from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.estimator import Workload
 from batchllm.costmodel.latency import step_features
-from batchllm.costmodel.length_spread import fitted_spread
 from batchllm.costmodel.profile import ReplicaShape
 from batchllm.costmodel.request_lengths import RequestLengths, relative_shifts
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 from batchllm.planner.problem import NodeWorkload, PlanProblem, build_problem
 from batchllm.runtime.observer import RunObserver
-from batchllm.runtime.output_forecast import CalibratedForecast, LogShift
 from batchllm.runtime.run_state import NodeProgress
 from batchllm.runtime.step_result import StepResult
 
-PILOT_PRIOR_OUTPUTS = 0.5  # the prior's weight in outputs once a node's pilot has ended (a random sample of the set)
-PROMPT_PRIOR_UNITS = 8.0  # the planner's prompt estimate counts as this many measured prompts
 MIN_STEPS_TO_SAVE = 30  # fewer measured steps than this teach the store nothing
-SNAPSHOT_MAX_AGE_S = 10.0  # an engine's last step older than this says nothing about what runs now
 RECENT_STEPS = 8  # an engine's last steps: measured over predicted time is how fast it goes now
 
 
@@ -58,38 +54,12 @@ def shape_key(config: EngineConfig) -> str:
 
 
 @dataclass
-class NodeEvidence:
-    prompt_tokens: int = 0  # measured, over `units` results
-    units: int = 0
-
-
-@dataclass(frozen=True)
-class PilotLearnt:
-    """What a node's pilot taught: its answers' mean length and the prior's (both cut at the
-    node's max_tokens), and how much of its length model's spread held (None: no length model)."""
-
-    mean_output_tokens: float
-    prior_mean_output_tokens: float
-    max_tokens: int
-    spread: float | None
-
-    def note(self, node: str) -> str:
-        held = "" if self.spread is None else \
-            f"; the length model's differences between its requests: {self.spread:.0%} of them held on it"
-        return (f"pilot of {node} done: mean answer {self.mean_output_tokens:.0f} tokens at max_tokens {self.max_tokens} "
-                f"(the prior's {self.prior_mean_output_tokens:.0f}){held}; planning the rest on it")
-
-
-@dataclass
 class _Snapshot:
     """An engine's last step, and its recent ones (for what the machine does right now)."""
 
     node: str
     shape: str
-    decode_seqs: int
-    decode_context: int
     prefill_tokens: int
-    at_s: float
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))  # (features, wall_s)
 
 
@@ -102,17 +72,19 @@ class RunCalibration(RunObserver):
         store says the evidence came from; `log_shifts`: per node, its model's length model
         (per-request shifts), where one is used."""
         self.problem, self.workloads, self.store = problem, workloads, store
-        self.log_shifts = log_shifts or {}
-        self.spreads: dict[str, float] = {}  # per node whose pilot ended: how much of its length model's spread held
         self.settings, self.source, self.clock = settings or {}, source, clock
         self.by_node = {w.name: w for w in workloads}
         self.models: dict[str, ModelCalibration] = {}
         for w in workloads:
             self.models.setdefault(w.profile.model, ModelCalibration(w.profile))
-        self.node_lengths = {w.name: ModelCalibration(w.profile).lengths for w in workloads}
-        self.node_evidence = {w.name: NodeEvidence() for w in workloads}
-        self._snapshots: dict[tuple, _Snapshot] = {}
-        self._version, self._built_version = 0, 0
+        self.lengths = {w.name: NodeLengths(w.name, w.profile.lengths, max_tokens=int(np.max(w.workload.max_tokens, initial=1)),
+                                            requests_per_unit=w.requests_per_unit,
+                                            planned_prompt_tokens=float(np.mean(w.workload.prompt_tokens)) if len(w.workload) else 0.0,
+                                            log_shift=(log_shifts or {}).get(w.name), clock=clock)
+                        for w in workloads}
+        self._snapshots: dict[Hashable, _Snapshot] = {}
+        self._version = 0
+        self._built_version: tuple[int, ...] = ()  # `_version` and each node's lengths' version, when last built
         self._calibrated = problem
 
     # -- what the executor tells it --------------------------------------------------------------
@@ -138,7 +110,10 @@ class RunCalibration(RunObserver):
         engine, key = config.sharing_key(), shape_key(config)
         model.observe_step(key, step_features(step), step.wall_s)
         previous = self._snapshots.get(engine)
-        snapshot = _Snapshot(node, key, step.decode_seqs, step.decode_context, step.prefill_tokens, self.clock(),
+        if previous is not None and previous.node != node:  # the engine runs another node now: none of the last one's
+            self.lengths[previous.node].observe_running(engine, 0, 0)
+        self.lengths[node].observe_running(engine, step.decode_seqs, step.decode_context)
+        snapshot = _Snapshot(node, key, step.prefill_tokens,
                              previous.recent if previous is not None and previous.shape == key else deque(maxlen=RECENT_STEPS))
         snapshot.recent.append((step_features(step), step.wall_s))
         self._snapshots[engine] = snapshot
@@ -149,24 +124,20 @@ class RunCalibration(RunObserver):
         if model is None:
             return
         n = self.by_node[node].requests_per_unit
-        evidence = self.node_evidence[node]
         for result in results:
-            if result.is_error:
-                continue
-            length, finished = round(result.num_output_tokens / n), result.finish_reason != FinishReason.LENGTH
-            model.lengths.observe(length, finished, n)
-            self.node_lengths[node].observe(length, finished, n)
-            evidence.prompt_tokens += result.num_prompt_tokens
-            evidence.units += 1
+            if (seen := output_length(result, n)) is not None:
+                model.lengths.observe(*seen, n)
+        self.lengths[node].observe(results)
         self._version += 1
 
     # -- the calibrated cost model ------------------------------------------------------------
     def calibrated_problem(self) -> PlanProblem:
         """The planner's problem on the calibrated profiles and prompt sizes (rebuilt only
         when something was measured since the last one)."""
-        if self._built_version == self._version:
+        version = (self._version, *(lengths.version for lengths in self.lengths.values()))
+        if self._built_version == version:
             return self._calibrated
-        self._built_version = self._version
+        self._built_version = version
         self._calibrated = build_problem(self.problem.cluster, [self.calibrated_workload(w.name) for w in self.workloads],
                                          self.problem.notes)
         return self._calibrated
@@ -174,46 +145,14 @@ class RunCalibration(RunObserver):
     def calibrated_workload(self, node: str) -> NodeWorkload:
         item = self.by_node[node]
         model = self.models[item.profile.model]
-        lengths = self.node_lengths[node]
-        own = lengths.outputs > 0 or any(s.node == node for s in self._live_snapshots())
-        posterior = lengths.posterior(self._running_ages(node)) if own else None
+        lengths = self.lengths[node]
+        posterior = lengths.posterior() if lengths.has_evidence else None
         profile = model.profile(posterior, self.machine_factors())
         workload = self._scaled_prompts(node)
         if posterior is not None and workload.output_lengths is not None:  # the run's own lengths, each request's shift kept
-            shifts = self.spreads.get(node, 1.0) * workload.output_lengths.log_shift
+            shifts = lengths.spread_now * workload.output_lengths.log_shift
             workload = replace(workload, output_lengths=RequestLengths(posterior, relative_shifts(shifts), "pilot"))
         return replace(item, profile=profile, workload=workload)
-
-    def pilot_ended(self, node: str, answers: Sequence[tuple[LengthPrompt, int]] = ()) -> "PilotLearnt":
-        """The node's pilot has every answer: a random sample of its own prompt set, all of it
-        ended (no short-first bias), so from now on the prior (another prompt set's lengths)
-        weighs as PILOT_PRIOR_OUTPUTS outputs, not as many as a run's first ones need.
-        `answers`: the pilot's requests as the length model reads them, with their answers'
-        lengths; where the node's length model spreads requests, how much of that spread
-        holds on them scales it from now on."""
-        lengths = self.node_lengths[node]
-        self.node_lengths[node] = lengths = replace(lengths, prior_outputs=min(lengths.prior_outputs, PILOT_PRIOR_OUTPUTS), _last=None)
-        for engine, snapshot in self._snapshots.items():  # an engine's last step counts the outputs that ended in it: none runs now
-            if snapshot.node == node:
-                self._snapshots[engine] = replace(snapshot, decode_seqs=0, decode_context=0)
-        self._version += 1
-        log_shift = self.log_shifts.get(node)
-        if log_shift is not None and answers:
-            prompts = [prompt for prompt, _ in answers]
-            self.spreads[node] = fitted_spread(lengths.posterior(), log_shift(prompts), [length for _, length in answers],
-                                               [p.max_tokens for p in prompts])
-        max_tokens = int(np.max(self.by_node[node].workload.max_tokens, initial=1))
-
-        def capped_mean(distribution) -> float:
-            return float(RequestLengths.shared(distribution, 1, "pilot").expected(max_tokens)[0])
-
-        return PilotLearnt(capped_mean(lengths.posterior()), capped_mean(lengths.prior), max_tokens, self.spreads.get(node))
-
-    def output_forecast(self, node: str) -> CalibratedForecast:
-        """The node's answer lengths as calibrated now, for the runtime's split and order."""
-        lengths = self.node_lengths[node]
-        return CalibratedForecast(node, lengths.posterior(self._running_ages(node)), self.log_shifts.get(node),
-                              source="prior" if lengths.outputs == 0 else "pilot", spread=self.spreads.get(node, 1.0))
 
     def machine_factors(self) -> SpeedFactors | None:
         """Speed factors over every model measured: for a model no engine ran yet."""
@@ -225,18 +164,9 @@ class RunCalibration(RunObserver):
         load = float(np.exp(sum(f.loads * np.log(f.load) for f in measured) / loads)) if loads else 1.0
         return SpeedFactors(step, load, steps, loads)
 
-    def prompt_factor(self, node: str) -> float:
-        """Measured prompt tokens over the planner's estimate, the estimate counting as
-        PROMPT_PRIOR_UNITS prompts."""
-        planned = float(np.mean(self.by_node[node].workload.prompt_tokens)) if len(self.by_node[node].workload) else 0.0
-        evidence = self.node_evidence[node]
-        if planned <= 0 or not evidence.units:
-            return 1.0
-        return (PROMPT_PRIOR_UNITS * planned + evidence.prompt_tokens) / (PROMPT_PRIOR_UNITS + evidence.units) / planned
-
     def _scaled_prompts(self, node: str) -> Workload:
         workload = self.by_node[node].workload
-        factor = self.prompt_factor(node)
+        factor = self.lengths[node].prompt_factor()
         if factor == 1.0:
             return workload
         prompts = np.maximum(np.round(workload.prompt_tokens * factor), 1).astype(np.int64)
@@ -248,42 +178,27 @@ class RunCalibration(RunObserver):
         """When nothing of the node waits any more (every output left is being generated,
         no prefill), the time its replicas' running outputs still take (the slowest
         replica's); None otherwise."""
-        item = self.by_node[node]
-        snapshots = [s for s in self._live_snapshots() if s.node == node]
+        item, node_lengths = self.by_node[node], self.lengths[node]
+        running = node_lengths.running_engines()
+        snapshots = [(self._snapshots[engine], *decoding) for engine, decoding in running.items()]
         left = (progress.total_units - progress.done_units) * item.requests_per_unit
-        if not progress.total_known or not snapshots or any(s.prefill_tokens for s in snapshots) or \
-                sum(s.decode_seqs for s in snapshots) < left or len(item.workload) == 0:
+        if not progress.total_known or not snapshots or any(s.prefill_tokens for s, _, _ in snapshots) or \
+                sum(seqs for _, seqs, _ in snapshots) < left or len(item.workload) == 0:
             return None
         model = self.models[item.profile.model]
-        lengths = self.node_lengths[node].posterior(self._running_ages(node))
-        prompt = self._mean_prompt_tokens(node)
-        max_tokens = int(np.max(item.workload.max_tokens))
+        lengths = node_lengths.posterior()
+        prompt = node_lengths.mean_prompt_tokens()
+        max_tokens = node_lengths.max_tokens
         tails = []
-        for snapshot in snapshots:
+        for snapshot, decode_seqs, decode_context in snapshots:
             calibration = model.latency.get(snapshot.shape)
             latency = calibration.model() if calibration is not None and calibration.steps else \
                 model.profile(fallback=self.machine_factors()).shapes[snapshot.shape].latency
             predicted = sum(latency.step_s(f) for f, _ in snapshot.recent)
             factor = sum(w for _, w in snapshot.recent) / predicted if predicted > 0 else 1.0
-            age = max(0, round(snapshot.decode_context / snapshot.decode_seqs - prompt))
-            tails.append(batch_left_s(latency, lengths, snapshot.decode_seqs, age, prompt, max_tokens, factor))
+            age = max(0, round(decode_context / decode_seqs - prompt))
+            tails.append(batch_left_s(latency, lengths, decode_seqs, age, prompt, max_tokens, factor))
         return max(tails)
-
-    def _mean_prompt_tokens(self, node: str) -> float:
-        evidence = self.node_evidence[node]
-        if evidence.units:
-            return evidence.prompt_tokens / evidence.units
-        return float(np.mean(self._scaled_prompts(node).prompt_tokens)) if len(self.by_node[node].workload) else 0.0
-
-    def _live_snapshots(self) -> list[_Snapshot]:
-        now = self.clock()
-        return [s for s in self._snapshots.values() if now - s.at_s <= SNAPSHOT_MAX_AGE_S and s.decode_seqs > 0]
-
-    def _running_ages(self, node: str) -> list[tuple[int, float]]:
-        """(tokens so far, sequences) of the node's outputs being generated now."""
-        prompt = self._mean_prompt_tokens(node)
-        return [(max(1, round(s.decode_context / s.decode_seqs - prompt)), float(s.decode_seqs))
-                for s in self._live_snapshots() if s.node == node]
 
     def _model_of(self, node: str | None) -> ModelCalibration | None:
         item = self.by_node.get(node) if node is not None else None

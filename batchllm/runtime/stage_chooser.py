@@ -8,13 +8,15 @@ node's engines), and runs the stage it names. Three choosers implement it: `Stag
 model: node by node on all devices).
 
 `RunPlanning` bundles a chooser with the observers that learn from the run for it (a
-calibrated chooser's calibration and estimates). A `DeviceLossReplanner` is asked, on a
+calibrated chooser's calibration and estimates) and, under a cost model, each node's answer
+lengths as they are learnt (`OutputLengths`: the runtime's forecasts and the pilots' end). A `DeviceLossReplanner` is asked, on a
 cluster, after engines were lost: when their nodes are gone it gives the surviving
 devices and a new `RunPlanning` for them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -22,6 +24,7 @@ from batchllm.runtime.observer import RunObserver
 from batchllm.runtime.run_state import NodeProgress, RunningPlan
 
 if TYPE_CHECKING:
+    from batchllm.costmodel.calibration.node_lengths import OutputLengths
     from batchllm.engines.devices import DeviceSet
     from batchllm.planner.schedule import Schedule
     from batchllm.planner.timeline import StageRecord
@@ -52,6 +55,7 @@ class RunPlanning:
     chooser: StageChooser
     observers: tuple[RunObserver, ...] = ()
     calibration: RunCalibration | None = field(default=None)  # what the run measured, to file in the store at its end
+    lengths: Mapping[str, OutputLengths] = field(default_factory=dict)  # by node; none: no pilots, max_tokens forecasts
 
 
 class DeviceLossReplanner(Protocol):

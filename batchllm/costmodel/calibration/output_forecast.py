@@ -28,7 +28,7 @@ LogShift = Callable[[Sequence[LengthPrompt]], np.ndarray]  # a length model's pe
 
 @dataclass(frozen=True)
 class CalibratedForecast:
-    """A node's forecast as the run has calibrated it: an `OutputForecast` (runtime.prepare) of its own."""
+    """A node's forecast as the run has calibrated it: each request's expected output tokens (x n)."""
 
     node: str
     level: LengthDistribution  # the node's calibrated output lengths
