@@ -39,6 +39,7 @@ from batchllm.runtime.console import run_console
 from batchllm.runtime.launch import run_dag
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_report import RunReport, RunResult
+from batchllm.runtime.run_spec import RunSpec
 from batchllm.runtime.run_summary import closing_lines
 
 DICT_DAG_NAME = "dag"  # stands for the file in a dict DAG's error messages, and names it unless it has `name:`
@@ -101,9 +102,9 @@ def run(dag: str | os.PathLike | Mapping, inputs: Mapping[str, Any] | None = Non
     written = _write_tables(tables)
     try:
         device_set = devices if isinstance(devices, DeviceSet) else session.devices() if session else parse_devices(devices)
-        result, progress = run_dag(spec, out_dir, device_set, fresh=fresh, console=console or run_console(),
-                                   engine_factory=engine_factory, prefix_order=prefix_order, schedule=schedule,
-                                   profiles_root=profiles_root, cluster=session)
+        result, progress = run_dag(spec, RunSpec(out_dir, device_set, fresh=fresh, schedule=schedule, prefix_order=prefix_order,
+                                                 profiles_root=profiles_root),
+                                   console=console or run_console(), engine_factory=engine_factory, cluster=session)
     except UserError:
         written.undo()
         raise

@@ -92,6 +92,7 @@ def run(
     from batchllm.runtime.launch import run_dag
     from batchllm.runtime.memory import limit_malloc_arenas
     from batchllm.runtime.pilot import PilotSize
+    from batchllm.runtime.run_spec import RunSpec
 
     limit_malloc_arenas()  # this process is the driver, from here on (runtime/memory.py says why)
     console = run_console()
@@ -105,8 +106,8 @@ def run(
                 console.print(f"Ray cluster {session.address}: {device_set}", highlight=False)
             pilot_size = None if no_pilot else PilotSize.parse(pilot)
             spec = with_endpoint_options(load_dag(dag), endpoint or [])
-            result, progress = run_dag(spec, out, device_set, fresh=fresh, console=console, prefix_order=prefix_order,
-                                       schedule=schedule, pilot=pilot_size, cluster=session, command="run")
+            result, progress = run_dag(spec, RunSpec(out, device_set, fresh=fresh, schedule=schedule, prefix_order=prefix_order,
+                                                     pilot=pilot_size, command="run"), console=console, cluster=session)
     finally:
         if session:
             session.close()
@@ -274,6 +275,7 @@ def _plan_with_pilots(dag: Path, devices: str, out: Path, profiles: Path | None,
     from batchllm.planner.report import report_json, with_pilot
     from batchllm.runtime.launch import run_dag
     from batchllm.runtime.memory import limit_malloc_arenas
+    from batchllm.runtime.run_spec import RunSpec
 
     limit_malloc_arenas()
     console = run_console()
@@ -282,8 +284,8 @@ def _plan_with_pilots(dag: Path, devices: str, out: Path, profiles: Path | None,
             raise UserError(f"--pilot runs on this machine's engines, not on {devices!r}", where="--devices",
                             hint=f"leave --devices out (this machine: {_this_machine_devices()}), or plan without --pilot")
         spec = with_endpoint_options(load_dag(dag), endpoint)
-        result, _ = run_dag(spec, out, parse_devices("auto"), console=Console(quiet=True) if as_json else console, pilots_only=True,
-                            profiles_root=profiles or PROFILES_ROOT, command="plan --pilot")
+        result, _ = run_dag(spec, RunSpec(out, parse_devices("auto"), pilots_only=True, profiles_root=profiles or PROFILES_ROOT,
+                                          command="plan --pilot"), console=Console(quiet=True) if as_json else console)
         run_command, source = _run_command_times(spec, fallback="plan --pilot")
         rest_s = (result.rest_estimate_s or 0.0) + (run_command.total_s if run_command is not None else 0.0)
         if as_json:  # the plan's own schema, on the answer lengths the pilots measured, with the pilots' figures

@@ -151,7 +151,7 @@ def test_a_node_on_servers_runs_beside_the_nodes_on_devices_and_its_consumer_fol
     servers = (endpoint("http://a:1/v1"), endpoint("http://b:1/v1"))
     monkeypatch.setattr(launch, "check_endpoints", lambda dag: {"served-model": servers})
     factory = FakeEngineFactory()
-    result, _ = launch.run_dag(load_dag(workspace.dag(MIXED)), workspace.out, DeviceSet("cpu", (0, 1)), console=Console(quiet=True),
+    result, _ = launch.run_dag_file(workspace.dag(MIXED), workspace.out, DeviceSet("cpu", (0, 1)), console=Console(quiet=True),
                                engine_factory=factory, schedule="sequential", pilot=None, prefix_order=False)
     on_servers = [e for e in factory.started if e.config.endpoint is not None]
     assert sorted(e.config.endpoint.url for e in on_servers) == ["http://a:1/v1", "http://b:1/v1"]
@@ -215,7 +215,7 @@ def test_a_chain_behind_a_node_on_servers_waits_for_it_and_one_lost_server_does_
     servers = (endpoint("http://a:1/v1"), endpoint("http://b:1/v1"))
     monkeypatch.setattr(launch, "check_endpoints", lambda dag: {"served-model": servers})
     factory = FakeEngineFactory(die_after=[1])  # the first engine started, server a's, dies after one answer
-    result, _ = launch.run_dag(load_dag(workspace.dag(CHAIN)), workspace.out, DeviceSet("cpu", (0, 1)), console=Console(quiet=True),
+    result, _ = launch.run_dag_file(workspace.dag(CHAIN), workspace.out, DeviceSet("cpu", (0, 1)), console=Console(quiet=True),
                                engine_factory=factory, schedule="sequential", pilot=None, prefix_order=False)
     assert [e.config.endpoint.url for e in factory.started[:2]] == ["http://a:1/v1", "http://b:1/v1"]
     assert all(e.config.endpoint is None for e in factory.started[2:])  # server a was not started again in that stage

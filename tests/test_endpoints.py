@@ -19,10 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
-from batchllm.dag.loader import load_dag
 from batchllm.engines.devices import DeviceSet, engine_dtype
 from batchllm.models.embedded import SMOLLM2_135M
-from batchllm.runtime.launch import run_dag
+from batchllm.runtime.launch import run_dag_file
 from tests.test_real_engine import KILL_TEST_DAG
 
 pytestmark = pytest.mark.endpoint
@@ -168,8 +167,8 @@ def wait_for(condition, process: subprocess.Popen, timeout_s: float = 600) -> No
 def test_a_dag_through_the_server_gives_the_local_runs_units_and_texts(server, tmp_path, model_home):
     quiet = Console(quiet=True)
     local_dag, served_dag = (write_dag(tmp_path, url, questions_count=COMPARED_QUESTIONS) for url in (None, server.url))
-    run_dag(load_dag(local_dag), tmp_path / "local", DeviceSet("cpu", (0,)), console=quiet, schedule="sequential", pilot=None)
-    result, progress = run_dag(load_dag(served_dag), tmp_path / "served", DeviceSet("cpu", (0,)), console=quiet, pilot=None)
+    run_dag_file(local_dag, tmp_path / "local", DeviceSet("cpu", (0,)), console=quiet, schedule="sequential", pilot=None)
+    result, progress = run_dag_file(served_dag, tmp_path / "served", DeviceSet("cpu", (0,)), console=quiet, pilot=None)
     assert result.engines_started == 1  # the server's engine only: no engine started on the devices
     for node in ("answer", "critique"):
         local, served = results(tmp_path / "local", node), results(tmp_path / "served", node)

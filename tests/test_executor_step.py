@@ -18,6 +18,7 @@ from batchllm.runtime.node_run import NodeStatus
 from batchllm.runtime.prepare import RequestPreparer, most_output_tokens
 from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.run_dir import RunDir
+from batchllm.runtime.run_spec import RunInputs, RunSpec
 from batchllm.runtime.sequential_stages import SequentialStages
 from batchllm.runtime.stage_chooser import RunPlanning
 from tests.conftest import ENSEMBLE_DAG
@@ -45,8 +46,9 @@ def executor(workspace, isolated_home):
     run_dir.open(fresh=False)
     factory = FakeEngineFactory()  # each engine answers at most 3 requests per poll and runs 8 at once
     with RunProgress(Console(quiet=True)) as progress:
-        executor = Executor(dag, check_dag(dag, isolated_home), run_dir, CPU2, factory, progress, isolated_home,
-                            RunPlanning(SequentialStages(CPU2, dag.topological_order())), InlinePreparer(prefix_order=False))
+        executor = Executor(RunSpec(workspace.out, CPU2, home=isolated_home), RunInputs(dag, check_dag(dag, isolated_home)), run_dir,
+                            factory, progress, RunPlanning(SequentialStages(CPU2, dag.topological_order())),
+                            InlinePreparer(prefix_order=False))
         executor.open()
         yield executor
         executor.engines.stop_all()
@@ -134,9 +136,9 @@ def test_devices_lost_as_a_stage_starts_its_engines_end_it_before_any_turn_and_t
     run_dir.open(fresh=False)
     replanner = OneCoreLeft(dag)
     with RunProgress(Console(quiet=True)) as progress:
-        executor = Executor(dag, check_dag(dag, isolated_home), run_dir, CPU2, FirstStartLost(), progress, isolated_home,
-                            RunPlanning(SequentialStages(CPU2, dag.topological_order())), InlinePreparer(prefix_order=False),
-                            replanner=replanner)
+        executor = Executor(RunSpec(workspace.out, CPU2, home=isolated_home), RunInputs(dag, check_dag(dag, isolated_home)), run_dir,
+                            FirstStartLost(), progress, RunPlanning(SequentialStages(CPU2, dag.topological_order())),
+                            InlinePreparer(prefix_order=False), replanner=replanner)
         executor.open()
         results = []
         while (result := executor.step()) is not None:

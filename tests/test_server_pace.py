@@ -107,7 +107,7 @@ def test_a_run_files_its_servers_pace_and_the_next_plan_reads_it(workspace, monk
     monkeypatch.setattr(launch, "check_endpoints", lambda dag: {"served": servers})
     monkeypatch.setattr(server_pace, "MIN_MEASURED_S", 0.0)  # the stand-in servers answer in milliseconds
     factory = FakeEngineFactory()
-    launch.run_dag(load_dag(workspace.dag(ON_SERVERS)), workspace.out, DeviceSet("cpu", (0,)), console=Console(quiet=True),
+    launch.run_dag_file(workspace.dag(ON_SERVERS), workspace.out, DeviceSet("cpu", (0,)), console=Console(quiet=True),
                    engine_factory=factory, schedule="sequential", pilot=None, prefix_order=False)
     pace = ServerPaceStore(isolated_home).load("served", urls)
     assert pace is not None and pace.source == "a run of dag" and pace.measured_s > 0

@@ -32,6 +32,7 @@ from batchllm.planner.plan_file import PROFILES_ROOT
 from batchllm.runtime.console import run_console
 from batchllm.runtime.launch import run_dag
 from batchllm.runtime.run_dir import RunDir
+from batchllm.runtime.run_spec import RunSpec
 from batchllm.runtime.run_summary import closing_lines
 
 BATCH_DAG_NAME = "dag"  # the DAG a request file becomes, as its errors name it
@@ -73,9 +74,9 @@ def run_batch(requests_file: Path, output: Path, models: Mapping[str, str], *, r
                     dag_mapping["engine"] = dict(engine)
                 dag = load_dag_mapping(dag_mapping, Path.cwd(), BATCH_DAG_NAME)
                 device_set = devices if isinstance(devices, DeviceSet) else parse_devices(devices)
-                result, progress = run_dag(dag, run_dir, device_set, fresh=fresh, console=console or run_console(),
-                                           engine_factory=engine_factory, prefix_order=prefix_order, schedule=schedule,
-                                           profiles_root=profiles_root)
+                result, progress = run_dag(dag, RunSpec(run_dir, device_set, fresh=fresh, schedule=schedule, prefix_order=prefix_order,
+                                                        profiles_root=profiles_root),
+                                           console=console or run_console(), engine_factory=engine_factory)
                 summary = tuple(closing_lines(result, progress, run_dir))
             except RunIncomplete as stopped:
                 incomplete = str(stopped)

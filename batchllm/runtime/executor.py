@@ -18,16 +18,11 @@ resumes.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 
-from batchllm.core.endpoint import Endpoint
 from batchllm.core.errors import RunIncomplete
-from batchllm.dag.model import DagSpec
-from batchllm.engines.devices import DeviceSet
 from batchllm.engines.engine import EngineFactory
-from batchllm.io.input_source import InputSource
 from batchllm.runtime.engine_configs import endpoint_configs, stage_configs
 from batchllm.runtime.engine_feeding import EngineFeeding
 from batchllm.runtime.engine_set import EngineLoss, EngineSet
@@ -37,12 +32,13 @@ from batchllm.runtime.memory import PeriodicTrim, release_free_memory
 from batchllm.runtime.node_run import NodeRun, NodeRuns, open_node_runs
 from batchllm.runtime.observer import RunObserver
 from batchllm.runtime.output_writer import write_outputs
-from batchllm.runtime.pilot import Pilots, PilotSize
+from batchllm.runtime.pilot import Pilots
 from batchllm.runtime.prepare import OutputForecast, RequestPreparer, most_output_tokens
 from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_gantt import write_run_html
 from batchllm.runtime.run_report import RunReport, RunResult, StageLog
+from batchllm.runtime.run_spec import RunInputs, RunSpec
 from batchllm.runtime.run_state import NodeProgress, RunningPlan
 from batchllm.runtime.stage_chooser import DeviceLossReplanner, RunPlanning
 from batchllm.runtime.stage_engines import StageEngines
@@ -51,23 +47,19 @@ from batchllm.runtime.step_result import EngineStep, StepResult
 
 
 class Executor:
-    def __init__(self, dag: DagSpec, sources: dict[str, InputSource], run_dir: RunDir, devices: DeviceSet,
-                 engine_factory: EngineFactory, progress: RunProgress, home: Path, planning: RunPlanning,
-                 preparer: RequestPreparer, replanner: DeviceLossReplanner | None = None, pilot: PilotSize | None = PilotSize(),
-                 known_prompt_sets: frozenset[str] = frozenset(), pilots_only: bool = False,
-                 length_sampler: LengthSampler | None = None, endpoints: dict[str, tuple[Endpoint, ...]] | None = None):
-        """`pilot`: the size of a new prompt set's pilot (None: no pilots); `known_prompt_sets`:
-        the node fingerprints whose outputs the local store has seen (their prompt sets are not new);
-        `pilots_only`: run the pilots, then stop (no outputs are written); `length_sampler`:
-        remembers a sample of each node's requests for the length model (an observer too);
-        `endpoints`: the servers of each model the DAG sends to servers (`endpoints:`), checked."""
-        self.dag, self.sources, self.run_dir, self.devices = dag, sources, run_dir, devices
+    def __init__(self, spec: RunSpec, inputs: RunInputs, run_dir: RunDir, engine_factory: EngineFactory, progress: RunProgress,
+                 planning: RunPlanning, preparer: RequestPreparer, replanner: DeviceLossReplanner | None = None,
+                 length_sampler: LengthSampler | None = None):
+        """`inputs`: what the checks found (their known prompt sets need no pilot); `length_sampler`:
+        remembers a sample of each node's requests for the length model (an observer too)."""
+        dag, devices = inputs.dag, spec.devices
+        self.dag, self.sources, self.run_dir, self.devices, self.home = dag, inputs.sources, run_dir, devices, spec.home
         self.device_ids = devices.ids  # every device the run started with (run.html draws a row for each)
         self.replanner = replanner  # on a cluster: a new planning on the devices left when nodes are gone
         self.engines = EngineSet(engine_factory)
-        self._endpoint_configs = {model: endpoint_configs(dag, model, servers, home) for model, servers in (endpoints or {}).items()}
-        self.progress, self.home, self.planning, self.preparer = progress, home, planning, preparer
-        self.pilots, self.pilots_only, self.length_sampler = Pilots(pilot, known_prompt_sets), pilots_only, length_sampler
+        self._endpoint_configs = {model: endpoint_configs(dag, model, servers, spec.home) for model, servers in inputs.endpoints.items()}
+        self.progress, self.planning, self.preparer = progress, planning, preparer
+        self.pilots, self.pilots_only, self.length_sampler = Pilots(spec.pilot, inputs.known_prompt_sets), spec.pilots_only, length_sampler
         self.left_at_end: dict[str, NodeProgress] = {}
         self.nodes, self.ledger = NodeRuns([]), Ledger({})
         self.stage: StageLog | None = None  # the current stage's log; None: between stages

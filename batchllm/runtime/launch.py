@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -34,24 +35,21 @@ from batchllm.models.registry import batchllm_home
 from batchllm.planner.cluster import local_cluster, run_settings
 from batchllm.planner.from_dag import dag_workloads, measured_paces, server_node_facts
 from batchllm.planner.length_sources import LengthModels
-from batchllm.planner.plan_file import PROFILES_ROOT
 from batchllm.planner.problem import build_problem
 from batchllm.runtime.calibrated_stages import CalibratedStages, RunEstimates, rest_estimate_s
 from batchllm.runtime.executor import Executor
 from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.length_learning import LengthSampler
-from batchllm.runtime.pilot import PilotSize
 from batchllm.runtime.prepare import RequestPreparer
 from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.run_calibration import RunCalibration
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_report import RunReport, RunResult
+from batchllm.runtime.run_spec import RunInputs, RunSpec
 from batchllm.runtime.sequential_stages import SequentialStages
 from batchllm.runtime.server_paces import save_server_paces
 from batchllm.runtime.stage_chooser import RunPlanning
-from batchllm.runtime.stage_planner import SCHEDULE_METHODS
 
-SCHEDULES = (*SCHEDULE_METHODS, "sequential")
 RUN_GC_THRESHOLD = 50_000  # allocations between young collections during a run (Python's default: 700)
 
 
@@ -68,85 +66,55 @@ def _run_gc() -> Iterator[None]:
         gc.set_threshold(*before)
 
 
-def run_dag_file(dag_path: Path, out: Path, devices: DeviceSet, **options) -> tuple[RunResult, RunProgress]:
-    """`run_dag` on a DAG file (the same options)."""
-    return run_dag(load_dag(dag_path), out, devices, **options)
+def run_dag_file(dag_path: Path, out: Path, devices: DeviceSet, *, console: Console, engine_factory: EngineFactory | None = None,
+                 cluster=None, **spec: Any) -> tuple[RunResult, RunProgress]:
+    """`run_dag` on a DAG file, the `RunSpec` given by its fields."""
+    return run_dag(load_dag(dag_path), RunSpec(out, devices, **spec), console=console, engine_factory=engine_factory,
+                   cluster=cluster)
 
 
-def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False, console: Console,
-            engine_factory: EngineFactory | None = None, home: Path | None = None,
-            prefix_order: bool = True, schedule: str = "plan", pilot: PilotSize | None = PilotSize(), pilots_only: bool = False,
-            profiles_root: Path = PROFILES_ROOT, cluster=None, command: str | None = None) -> tuple[RunResult, RunProgress]:
-    """Validate everything first (nothing is written on bad input), then run.
+def run_dag(dag: DagSpec, spec: RunSpec, *, console: Console, engine_factory: EngineFactory | None = None,
+            cluster=None) -> tuple[RunResult, RunProgress]:
+    """Check everything first (nothing is written on bad input), then run.
 
-    `schedule`: `plan` (batchllm's stages, re-planned at every stage boundary), `max` or
-    `min` (the heuristics, for comparison), or `sequential` (node by node, one engine on
-    all devices; also what `plan` falls back to when a model has no profile here).
-
-    `cluster`: a connected `batchllm.cluster.session.RaySession`; `devices` are then its
-    nodes' devices, engines run as Ray actors, and a lost node's work is re-planned on
-    the devices that survive.
-
-    `pilot`: how large a new prompt set's pilot is (see runtime.pilot); None: no pilots.
-    `pilots_only`: run only the pilots (into `out`, where a later run finds them committed)
-    and estimate the rest on them (`RunResult.rest_estimate_s`).
-
-    `command`: the CLI command this process is (`run`, `plan --pilot`): its own start (from the
-    process's start to the first stage) and end are measured and kept for this machine
-    (`costmodel.command_times`), and the time left it shows includes its end; None (the
-    Python API, where the process is the caller's): not measured."""
-    if schedule not in SCHEDULES:
-        raise UserError(f"unknown schedule {schedule!r}", where="--schedule", hint=f"use one of {', '.join(SCHEDULES)}")
-    home = home or batchllm_home()
-    sources = check_dag(dag, home)
-    endpoints = check_endpoints(dag)  # each server answers and serves its model, before anything runs
-    checks_s = 0.0  # how long vLLM's settings check took (a later command finds its verdict kept)
-    if engine_factory is None:  # vLLM's engines: vLLM checks the settings first (a caller's own engines check their own)
-        checked_at = time.monotonic()
-        check_engine_settings(dag, home, devices.kind)
-        checks_s = time.monotonic() - checked_at
-        if note := untested_vllm_note():
-            console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
-    for name, output in dag.outputs.items():  # a bad target found at the end would cost the run's hours
-        if output.copy_to is not None:
-            check_copy_target(output.copy_to, where=dag.where(output.line, f"outputs.{name}.copy_to"))
-    lengths = LengthModels.at_home(home, [node.model for node in dag.nodes.values()])
-    for model, why in lengths.verdicts.items():
-        console.print(f"length model for {model}: {why}", markup=False, highlight=False, soft_wrap=True)
-    planning = None
+    `engine_factory`: the engines (None: vLLM's, which check the DAG's settings first).
+    `cluster`: a connected `batchllm.cluster.session.RaySession`; `spec.devices` are then its
+    nodes' devices, engines run as Ray actors, and a lost node's work is re-planned on the
+    devices that survive."""
+    inputs, checks_s, lengths = _checked_inputs(dag, spec, vllm_engines=engine_factory is None, console=console)
     on_devices = dag.on_devices()  # the part the planner places: nodes on servers take no devices
-    if schedule != "sequential" and on_devices.nodes:
-        planning, why_not = _calibrated_planning(on_devices, sources, devices, schedule, profiles_root, home, lengths,
-                                                 server_node_facts(dag, measured_paces(dag, ServerPaceStore(home))))
+    planning = None
+    if spec.planned and on_devices.nodes:
+        planning, why_not = _calibrated_planning(on_devices, inputs.sources, spec.devices, spec.schedule, spec.profiles_root,
+                                                 spec.home, lengths,
+                                                 server_node_facts(dag, measured_paces(dag, ServerPaceStore(spec.home))))
         if planning is None:
             console.print(f"[yellow]no plan:[/yellow] {why_not}; running node by node on all devices", soft_wrap=True)
         for note in planning.calibration.problem.notes if planning and planning.calibration else ():  # e.g. what the profile differs in from this machine
             console.print(f"plan note: {note}", markup=False, highlight=False, soft_wrap=True)
-    planning = planning or RunPlanning(SequentialStages(devices, on_devices.topological_order()))
+    planning = planning or RunPlanning(SequentialStages(spec.devices, on_devices.topological_order()))
     replanner = None
     if cluster is not None:
         from batchllm.cluster.replan import NodeLossReplanner
         from batchllm.engines.ray_engine import start_ray_engine
 
         engine_factory = engine_factory or with_endpoints(start_ray_engine)
-        replanner = NodeLossReplanner(cluster.alive_nodes, lambda left: _planning_for(on_devices, sources, left, schedule,
-                                                                                     profiles_root))
-    sampler = LengthSampler(node_fingerprints(dag, sources), {name: node.model for name, node in dag.nodes.items()},
+        replanner = NodeLossReplanner(cluster.alive_nodes, lambda left: _planning_for(on_devices, inputs.sources, left, spec))
+    sampler = LengthSampler(node_fingerprints(dag, inputs.sources), {name: node.model for name, node in dag.nodes.items()},
                             installed_engine_version())
-    timed = _command_timing(command, dag, devices, home, checks_s) if engine_factory is None and cluster is None else None
-    run_dir = RunDir(out)
-    run_dir.open(fresh=fresh)
+    timed = _command_timing(spec, dag, checks_s) if engine_factory is None and cluster is None else None
+    run_dir = RunDir(spec.out)
+    run_dir.open(fresh=spec.fresh)
     try:
         with _run_gc(), RunProgress(console, status_path=run_dir.status_path) as progress:
-            executor = Executor(dag, sources, run_dir, devices, engine_factory or with_endpoints(start_vllm_engine), progress, home,
-                                planning, RequestPreparer(prefix_order), replanner, pilot, lengths.known_prompt_sets, pilots_only,
-                                sampler, endpoints)
+            executor = Executor(spec, inputs, run_dir, engine_factory or with_endpoints(start_vllm_engine), progress, planning,
+                                RequestPreparer(spec.prefix_order), replanner, sampler)
             if timed is not None:
                 executor.report.command_start_s, progress.end_s = process_age_s(), timed.expected_end_s
             try:
                 result = executor.run()
-                if pilots_only and executor.planning.calibration is not None:
-                    result = replace(result, rest_estimate_s=rest_estimate_s(executor.planning.calibration, schedule,
+                if spec.pilots_only and executor.planning.calibration is not None:
+                    result = replace(result, rest_estimate_s=rest_estimate_s(executor.planning.calibration, spec.schedule,
                                                                              executor.left_at_end))
             except KeyboardInterrupt:
                 progress.close("interrupted")
@@ -156,9 +124,9 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
                 raise
             finally:
                 _save_learnt(executor.planning.calibration, console)
-                _save_lengths(sampler, home, console)
-                _save_server_paces(dag, progress, home, console)
-            progress.close("incomplete" if pilots_only else "finished")
+                _save_lengths(sampler, spec.home, console)
+                _save_server_paces(dag, progress, spec.home, console)
+            progress.close("incomplete" if spec.pilots_only else "finished")
         if timed is not None:
             timed.record(result.report, console)
         return result, progress
@@ -166,10 +134,32 @@ def run_dag(dag: DagSpec, out: Path, devices: DeviceSet, *, fresh: bool = False,
         run_dir.close()
 
 
-def _planning_for(dag: DagSpec, sources: dict[str, InputSource], devices: DeviceSet, schedule: str,
-                  profiles_root: Path) -> RunPlanning:
+def _checked_inputs(dag: DagSpec, spec: RunSpec, *, vllm_engines: bool, console: Console) -> tuple[RunInputs, float, LengthModels]:
+    """Every check of the DAG before anything is written: its inputs, its servers (each answers
+    and serves its model), vLLM's verdict on its settings (`vllm_engines`; a caller's own engines
+    check their own), its copy targets; then the length models its models have here. Also how
+    long vLLM's check took (a later command finds its verdict kept)."""
+    sources = check_dag(dag, spec.home)
+    endpoints = check_endpoints(dag)
+    checks_s = 0.0
+    if vllm_engines:
+        checked_at = time.monotonic()
+        check_engine_settings(dag, spec.home, spec.devices.kind)
+        checks_s = time.monotonic() - checked_at
+        if note := untested_vllm_note():
+            console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    for name, output in dag.outputs.items():  # a bad target found at the end would cost the run's hours
+        if output.copy_to is not None:
+            check_copy_target(output.copy_to, where=dag.where(output.line, f"outputs.{name}.copy_to"))
+    lengths = LengthModels.at_home(spec.home, [node.model for node in dag.nodes.values()])
+    for model, why in lengths.verdicts.items():
+        console.print(f"length model for {model}: {why}", markup=False, highlight=False, soft_wrap=True)
+    return RunInputs(dag, sources, endpoints, lengths.known_prompt_sets), checks_s, lengths
+
+
+def _planning_for(dag: DagSpec, sources: dict[str, InputSource], devices: DeviceSet, spec: RunSpec) -> RunPlanning:
     """How stages are chosen on these devices, as `run_dag` picks it (without its notes)."""
-    planning = _calibrated_planning(dag, sources, devices, schedule, profiles_root)[0] if schedule != "sequential" else None
+    planning = _calibrated_planning(dag, sources, devices, spec.schedule, spec.profiles_root, spec.home)[0] if spec.planned else None
     return planning or RunPlanning(SequentialStages(devices, dag.topological_order()))
 
 
@@ -219,11 +209,11 @@ class _CommandTiming:
             console.print(f"this command's start and end were not kept: {error}", markup=False, highlight=False, soft_wrap=True)
 
 
-def _command_timing(command: str | None, dag: DagSpec, devices: DeviceSet, home: Path, checks_s: float) -> _CommandTiming | None:
-    if command is None:
+def _command_timing(spec: RunSpec, dag: DagSpec, checks_s: float) -> _CommandTiming | None:
+    if spec.command is None:
         return None
-    store, identity = CommandTimesStore.at_home(home), this_machine(devices.kind)
-    key = command_key(command, [node.model for node in dag.nodes.values()])
+    store, identity = CommandTimesStore.at_home(spec.home), this_machine(spec.devices.kind)
+    key = command_key(spec.command, [node.model for node in dag.nodes.values()])
     return _CommandTiming(store, identity, key, store.load(identity, key), checks_s)
 
 
