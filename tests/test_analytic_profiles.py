@@ -8,6 +8,7 @@ import pytest
 
 from batchllm.core.errors import UserError
 from batchllm.costmodel.analytic import analytic_profile, load_catalog, lognormal_lengths
+from batchllm.costmodel.latency import StepFeatures
 from batchllm.costmodel.profile import find_profile
 
 GPUS, MODELS = load_catalog()
@@ -27,14 +28,14 @@ def test_tensor_parallel_degree_must_divide_the_heads():
 
 def test_decode_step_of_a_13b_model_is_near_the_published_a100_figure():
     latency = analytic_profile(MODELS["vicuna-13b"], GPUS["A100-80G"]).shapes["w1-tp1"].latency
-    one_sequence_ms = 1000 * latency.decode_run_s(1, 200, 1)
+    one_sequence_ms = 1000 * latency.step_s(StepFeatures(0, 0, 1, 200))
     assert 15 <= one_sequence_ms <= 25  # SamuLLM's artifact measured 18.5-20.7 ms at B=1
 
 
 def test_h100_is_faster_than_a100():
     a100 = analytic_profile(MODELS["llama-2-13b"], GPUS["A100-80G"]).shapes["w1-tp1"].latency
     h100 = analytic_profile(MODELS["llama-2-13b"], GPUS["H100-80G"]).shapes["w1-tp1"].latency
-    assert h100.decode_run_s(64, 20000, 1) < a100.decode_run_s(64, 20000, 1)
+    assert h100.step_s(StepFeatures(0, 0, 64, 20000)) < a100.step_s(StepFeatures(0, 0, 64, 20000))
     assert h100.per_prefill_token_s < a100.per_prefill_token_s
 
 

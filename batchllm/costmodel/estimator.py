@@ -100,18 +100,3 @@ def estimate(profile: Profile, plan: ExecutionPlan, workload: Workload, *, seed:
         results.append(result)
     run_s = max((r.total_s for r in results), default=0.0)
     return Estimate(load_s + run_s, load_s, run_s, finish, outputs, results)
-
-
-@dataclass(frozen=True)
-class EstimateSpread:
-    mean_s: float
-    min_s: float
-    max_s: float
-    samples: tuple[float, ...]
-
-
-def estimate_spread(profile: Profile, plan: ExecutionPlan, workload: Workload, *, seeds: int = 5,
-                    include_load: bool = True) -> EstimateSpread:
-    """Total time over several output-length samples (seeds 0..seeds-1): how sure the estimate is."""
-    totals = tuple(estimate(profile, plan, workload, seed=seed, include_load=include_load).total_s for seed in range(seeds))
-    return EstimateSpread(float(np.mean(totals)), min(totals), max(totals), totals)

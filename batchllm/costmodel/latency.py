@@ -46,11 +46,6 @@ class StepLatencyModel:
         return (self.base_s + self.per_prefill_token_s * f.prefill_tokens + self.per_attention_unit_s * f.prefill_attention
                 + self.per_decode_seq_s * f.decode_seqs + self.per_context_token_s * f.decode_context)
 
-    def decode_run_s(self, seqs: int, context: float, steps: int) -> float:
-        """Total time of `steps` pure-decode steps: `seqs` sequences, context growing by `seqs` a step."""
-        per_step = self.base_s + self.per_decode_seq_s * seqs + self.per_context_token_s * context
-        return steps * per_step + self.per_context_token_s * seqs * steps * (steps - 1) / 2
-
     def decode_steps_within(self, seqs: int, context: float, budget_s: float) -> int:
         """How many whole pure-decode steps fit in `budget_s` (at least 0)."""
         a = self.per_context_token_s * seqs / 2

@@ -111,13 +111,6 @@ class Profile:
         settings = {key: value for key, value in engine.items() if key != "dtype" or self.identity is None}
         return hardware + self.settings_differences(settings)
 
-    def check_settings(self, engine: dict[str, object]) -> None:
-        """Refuse to estimate a run whose engine settings differ from the profile's."""
-        differ = self.settings_differences(engine)
-        if differ:
-            raise UserError(f"profile {self.hardware}/{self.model} was taken with other engine settings ({'; '.join(differ)})",
-                            hint="re-run `batchllm profile` with these settings, or run with the profiled ones")
-
     # -- files --------------------------------------------------------------
     def save(self, directory: Path, step_tables: dict[str, list[dict]] | None = None) -> None:
         directory.mkdir(parents=True, exist_ok=True)

@@ -34,11 +34,9 @@ class CalibratedStages:
         """The next stage, planned on the calibrated cost model."""
         return StagePlanner(self.calibration.calibrated_problem(), self.method).choose(progress, running)
 
-
-def rest_estimate_s(calibration: RunCalibration, method: str, nodes: dict[str, NodeProgress]) -> float:
-    """The rest of a run from where `nodes` stand, planned on the calibrated cost model
-    (no engine running: the planned stages start their own)."""
-    return StagePlanner(calibration.calibrated_problem(), known_method(method)).plan(nodes, {}).total_s if nodes else 0.0
+    def rest_s(self, progress: dict[str, NodeProgress]) -> float:
+        """The rest of the run, planned on the calibrated cost model."""
+        return StagePlanner(self.calibration.calibrated_problem(), self.method).rest_s(progress)
 
 
 class RunEstimates(RunObserver):

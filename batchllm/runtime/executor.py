@@ -39,7 +39,7 @@ from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_gantt import write_run_html
 from batchllm.runtime.run_report import RunReport, RunResult, StageLog
 from batchllm.runtime.run_spec import RunInputs, RunSpec
-from batchllm.runtime.run_state import NodeProgress, RunningPlan
+from batchllm.runtime.run_state import RunningPlan
 from batchllm.runtime.stage_chooser import DeviceLossReplanner, RunPlanning
 from batchllm.runtime.stage_engines import StageEngines
 from batchllm.runtime.stage_recorder import StageRecorder
@@ -60,7 +60,6 @@ class Executor:
         self._endpoint_configs = {model: endpoint_configs(dag, model, servers, spec.home) for model, servers in inputs.endpoints.items()}
         self.progress, self.planning, self.preparer = progress, planning, preparer
         self.pilots, self.pilots_only, self.length_sampler = Pilots(spec.pilot, inputs.known_prompt_sets), spec.pilots_only, length_sampler
-        self.left_at_end: dict[str, NodeProgress] = {}
         self.nodes, self.ledger = NodeRuns([]), Ledger({})
         self.stage: StageLog | None = None  # the current stage's log; None: between stages
         self.stage_nodes: tuple[str, ...] = ()  # the current stage's nodes as it began
@@ -78,7 +77,7 @@ class Executor:
         try:
             while self.step() is not None:
                 pass
-            self.left_at_end = self.nodes.planned_progress(self._clock_s())  # what the rest of the run is planned from
+            rest_s = self.planning.chooser.rest_s(self.nodes.planned_progress(self._clock_s())) if self.pilots_only else None
         finally:
             self._end_stage_loop(time.monotonic() - self._started)
         release_free_memory()
@@ -91,7 +90,7 @@ class Executor:
                 journal.close()
         if self.report.failed:
             raise RunIncomplete("; ".join(f"node {n}: {cause}" for n, cause in self.report.failed.items()), outputs)
-        return RunResult(len(self.engines.starts), dict(self.report.failed), outputs, self.report)
+        return RunResult(len(self.engines.starts), dict(self.report.failed), outputs, self.report, rest_s)
 
     def open(self) -> None:
         """Each node's record: its journal, ledger and feed, and its pilot where its prompt set is new."""

@@ -6,7 +6,7 @@ import gc
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from batchllm.planner.cluster import local_cluster, run_settings
 from batchllm.planner.from_dag import dag_workloads, measured_paces, server_node_facts
 from batchllm.planner.length_sources import LengthModels
 from batchllm.planner.problem import build_problem
-from batchllm.runtime.calibrated_stages import CalibratedStages, RunEstimates, rest_estimate_s
+from batchllm.runtime.calibrated_stages import CalibratedStages, RunEstimates
 from batchllm.runtime.executor import Executor
 from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.length_learning import LengthSampler
@@ -113,9 +113,6 @@ def run_dag(dag: DagSpec, spec: RunSpec, *, console: Console, engine_factory: En
                 executor.report.command_start_s, progress.end_s = process_age_s(), timed.expected_end_s
             try:
                 result = executor.run()
-                if spec.pilots_only and executor.planning.calibration is not None:
-                    result = replace(result, rest_estimate_s=rest_estimate_s(executor.planning.calibration, spec.schedule,
-                                                                             executor.left_at_end))
             except KeyboardInterrupt:
                 progress.close("interrupted")
                 raise

@@ -31,6 +31,9 @@ class SequentialStages:
         self._devices = tuple(start + i for start in starts for i in range(per_node))
         self._order = order
 
+    def rest_s(self, progress: dict[str, NodeProgress]) -> None:
+        return None
+
     def choose(self, progress: dict[str, NodeProgress], running: dict[str, RunningPlan]) -> StageChoice:
         started = time.perf_counter()
         ready = [n for n in self._order if n in progress and progress[n].total_known]

@@ -47,6 +47,11 @@ class StageChooser(Protocol):
         engines by node."""
         ...
 
+    def rest_s(self, progress: dict[str, NodeProgress]) -> float | None:
+        """The rest of the run from where `progress` stands, no engine running (the planned
+        stages start their own); None: no cost model to say."""
+        ...
+
 
 @dataclass(frozen=True)
 class RunPlanning:

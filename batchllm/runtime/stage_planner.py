@@ -50,6 +50,9 @@ class StagePlanner:
         schedule = self.plan(progress, running)
         return StageChoice(schedule.stages[0], schedule.total_s, schedule, time.perf_counter() - started)
 
+    def rest_s(self, progress: dict[str, NodeProgress]) -> float:
+        return self.plan(progress, {}).total_s if progress else 0.0
+
     def plan(self, progress: dict[str, NodeProgress], running: dict[str, RunningPlan]) -> Schedule:
         """The whole rest of the run from here, as the method plans it."""
         timeline = Timeline(self.problem, 0.0, self._states(progress, running), self._engines(running))

@@ -34,7 +34,7 @@ handful of decode steps already rescales the prefill terms too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -150,7 +150,3 @@ class LatencyCalibration:
             self._cached = StepLatencyModel(*map(float, coefficients))
         return self._cached
 
-    def with_prior_steps(self, prior_steps: float) -> "LatencyCalibration":
-        """The same evidence against a prior of another weight."""
-        return replace(self, prior_steps=prior_steps, _gram=self._gram.copy(), _h=self._h.copy(), _sum_x=self._sum_x.copy(),
-                       _cached=None)
