@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from batchllm.engines.endpoint.guard_policy import GuardPhase
 from batchllm.engines.endpoint.latency_guard import LatencyGuard
 from batchllm.engines.endpoint.latency_window import p99_of
 from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
@@ -60,6 +61,8 @@ class Trace:
     batch_while_online: list[int]  # the batch's requests on the server at each step where online requests were there
     allowed: list[tuple[float, int]]  # (at, the guard's allowance) after each step
     batch_tokens: int
+    online_steps_at: list[float] = field(default_factory=list)  # when each step where online requests were there began
+    phases: list[tuple[float, GuardPhase]] = field(default_factory=list)  # (at, the guard's phase) after each step
 
     def online_p99s(self, from_s: float, until_s: float) -> tuple[float | None, float | None]:
         """The online requests' own p99 TTFT (those sent in the stretch) and inter-token latency (gaps that ended in it)."""
@@ -132,6 +135,7 @@ def run(scenario: Scenario, guard: LatencyGuard | None, duration_s: float) -> Tr
                 server.add(batch[-1])
         if any(r.online for r in server.running + server.waiting):
             trace.batch_while_online.append(len(batch))
+            trace.online_steps_at.append(now_s)
         now_s = server.step(now_s)
         if guard is None:
             continue
@@ -155,6 +159,7 @@ def run(scenario: Scenario, guard: LatencyGuard | None, duration_s: float) -> Tr
                 batch.remove(request)
             next_scrape_s = now_s + SCRAPE_S
         trace.allowed.append((now_s, guard.allowed(now_s, len(batch))))
+        trace.phases.append((now_s, guard.phase))
     return trace
 
 

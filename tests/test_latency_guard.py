@@ -28,6 +28,9 @@ SATURATED = Scenario(lambda n: 0.05 + 0.01 * n, poisson(2.0, 180, seed=3), onlin
 # an online request every 10 s whose long prompt takes 50 steps (7-12 s to its first token, alone),
 # 30 tokens after: online requests always on the server, few first tokens in any 10 s window
 LONG = Scenario(ONE_SLOW_CORE, tuple(0.5 + 10.0 * k for k in range(25)), online_tokens=30, online_prefill_steps=50)
+# an online answer of 100 tokens every 15 s on one slow core: two on the server at almost every step,
+# each answer 20-30 s long; one batch request beside them makes each step 1.4x as long
+CROWDED_SLOW_CORE = Scenario(ONE_SLOW_CORE, tuple(0.5 + 15.0 * k for k in range(21)), online_tokens=100)
 
 
 def slo_of(alone: Trace, from_s: float, until_s: float) -> LatencySlo:
@@ -121,6 +124,35 @@ def test_online_requests_longer_than_the_window_never_see_more_than_one_batch_re
     guard = LatencyGuard(slo_of(alone, 0.0, 250.0) if with_slo else None, 64)
     beside = run(LONG, guard, 250.0)
     assert max(beside.batch_while_online) <= 1
+
+
+@pytest.mark.parametrize("with_slo", [True, False], ids=["slo", "baseline"])
+def test_where_one_batch_request_beside_online_ones_is_too_many_the_batch_keeps_off_them_until_a_lull(with_slo):
+    """Cut to 0 from 1 on a stretch where the batch never had more than 1: held back. No probe a
+    window after (each broke a window: the old guard ran beside online requests in a quarter of
+    their steps here); the batch runs only while no online request is on the server."""
+    alone = run(CROWDED_SLOW_CORE, None, 300.0)
+    guard = LatencyGuard(slo_of(alone, 0.0, 300.0) if with_slo else None, 64)
+    beside = run(CROWDED_SLOW_CORE, guard, 300.0)
+    assert guard.phase in (GuardPhase.HELD, GuardPhase.WAITING)
+    after_120s = [batch for at, batch in zip(beside.online_steps_at, beside.batch_while_online) if at >= 120.0]
+    assert len(after_120s) > 500 and sum(1 for batch in after_120s if batch) <= len(after_120s) // 100
+    assert max(beside.batch_while_online) <= 1
+    if guard.phase is GuardPhase.HELD:
+        assert guard.reading(300.0).describe().startswith("held back (online p99 ")
+        assert "beside one batch request; 1 in flight only while no online request runs, until a lull)" in guard.reading(300.0).describe()
+
+
+def test_a_guard_held_back_grows_again_after_a_lull():
+    """Held back beside the crowded slow core's online answers for 120 s; then none for 60 s: the
+    batch starts again and grows on the idle server."""
+    scenario = Scenario(ONE_SLOW_CORE, tuple(0.5 + 15.0 * k for k in range(9)), online_tokens=100)  # the last at 120.5 s
+    guard = LatencyGuard(None, 64)
+    trace = run(scenario, guard, 240.0)
+    held = [at for at, phase in trace.phases if phase is GuardPhase.HELD]
+    assert held and min(held) < 120.0 and max(held) < 200.0  # held back beside them, out after a window of none
+    assert max(allowed for at, allowed in trace.allowed if 215.0 <= at) >= 4
+    assert guard.phase in (GuardPhase.SLOW_START, GuardPhase.STEADY)
 
 
 def test_when_the_server_stops_answering_metrics_the_batch_grows_no_more():

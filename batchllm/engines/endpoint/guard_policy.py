@@ -68,6 +68,7 @@ class GuardPolicy:
 class GuardPhase(enum.Enum):
     BASELINE = "measuring baseline"  # 0 in flight: what the online traffic shows alone
     WAITING = "waiting"  # over target (or saturated) alone: 0 in flight, 1 while no online request is there
+    HELD = "held back"  # one batch request beside online ones broke a target: 0 beside them, 1 while none is there
     SLOW_START = "slow start"  # guarding; growth doubles
     STEADY = "guarding"  # guarding; growth adds one, an excess eases off by one
     DRAINING = "draining a cut"  # a cut: until the batch is down to its allowance

@@ -29,8 +29,8 @@ class GuardReading:
     ttft_target_s: float | None
     itl_target_s: float | None
     basis: str  # "server metrics" or "own requests"
-    phase: str  # a GuardPhase's value: "measuring baseline", "waiting", "slow start", "guarding", "draining a cut"
-    why: str | None = None  # waiting: why the batch waits
+    phase: str  # a GuardPhase's value: "measuring baseline", "waiting", "held back", "slow start", "guarding", "draining a cut"
+    why: str | None = None  # waiting or held back: why the batch waits
 
     def describe(self) -> str:
         """`in flight <= 12; online p99 TTFT 0.21 s (target 0.25), inter-token 31 ms (target 40)`, the
@@ -47,6 +47,8 @@ class GuardReading:
                 f"inter-token {itl}{target(self.itl_target_s, 1000, 0)}")
         if self.phase == "waiting":
             return f"waiting ({self.why}; 1 in flight only while no online request runs); {text}"
+        if self.phase == "held back":
+            return f"held back ({self.why}; 1 in flight only while no online request runs, until a lull); {text}"
         return text if self.phase in ("guarding", "slow start") else f"{self.phase}; {text}"
 
 

@@ -13,6 +13,13 @@ Phases (`GuardPhase`; the rules and their numbers in `guard_policy.py`):
   queued with no batch at all: 0 in flight, 1 while no online request is on the server. It ends
   when a window shows the online traffic under its ease bounds and no sign of overload: SLOW_START
   at 1 with an SLO; without one, a new BASELINE (an overloaded server's latency is no baseline).
+- HELD, when even one batch request beside online requests broke a target (a cut to 0 with online
+  requests there): as WAITING, 0 in flight while online requests are on the server and 1 while
+  none is, until a whole window without online requests (a lull: nobody to harm); then SLOW_START
+  at 1, and when online requests come back the level last judged beside them, 0, and one more
+  try a window later. At most one try beside online requests per lull: a probe a window, as at 0
+  otherwise, harmed every window where one batch request is too many (one slow core, online
+  answers longer than the window).
 - SLOW_START and STEADY, guarding: at each new snapshot (without metrics: each new timing), the
   window since the last cut took effect and the stretch since the level was set give a `Verdict`
   (`guard_evidence.judge`), and `TRANSITIONS` the next phase and allowance. Growth needs positive
@@ -123,6 +130,8 @@ class LatencyGuard:
             self._measure_baseline(now_s)
         elif self.phase is GuardPhase.WAITING:
             self._wait(now_s)
+        elif self.phase is GuardPhase.HELD:
+            self._hold(now_s)
         elif self.phase is GuardPhase.DRAINING:
             if self._in_flight <= self._allowed or now_s - self._draining_since_s >= self.policy.window_s:
                 self.phase, self._cut_settled_s = GuardPhase.STEADY, now_s
@@ -210,6 +219,16 @@ class LatencyGuard:
         elif why is not None:
             self._why_waiting = why
 
+    def _hold(self, now_s: float) -> None:
+        """HELD: 1 only while no online request is on the server; out after a whole window without any."""
+        self._allowed = 1 if self._history.others_now(now_s) == 0 else 0
+        if not self._new_observation(now_s) or now_s - self._level_since_s < self.policy.window_s:
+            return
+        level = self._history.evidence(now_s, self._level_since_s, self._own, self._silent_s)
+        if level is not None and level.idle(self.policy):
+            self.phase, self._why_waiting = GuardPhase.SLOW_START, None
+            self._set_level(1, now_s)
+
     def _decide(self, now_s: float) -> None:
         assert self.phase in GUARDING_PHASES and self._targets is not None
         since_cut = self._evidence(now_s, self._cut_settled_s)
@@ -227,6 +246,11 @@ class LatencyGuard:
                 verdict = Verdict.GROW
         phase, change = TRANSITIONS[(self.phase, verdict)]
         allowed = min(self.max_in_flight, change(Levels(self._allowed, self._beside_online), self.policy))
+        if verdict is Verdict.CUT and self._allowed == 1 and allowed == 0 and self._one_was_too_many(since_cut):
+            why = excess(since_cut, self._targets, self.policy) or "a cut"
+            self.phase, self._why_waiting, self._beside_online = GuardPhase.HELD, f"{why} beside one batch request", 0
+            self._set_level(0, now_s)
+            return
         self.phase = phase
         grown_in_a_lull = verdict is Verdict.GROW and level is not None and level.idle(self.policy)
         if (level is not None and level.online_seen and not grown_in_a_lull) or verdict in (Verdict.CUT, Verdict.RETURN):
@@ -237,6 +261,16 @@ class LatencyGuard:
             self._allowed, self._draining_since_s = allowed, now_s
         elif allowed != self._allowed:
             self._set_level(allowed, now_s)
+
+    def _one_was_too_many(self, evidence: WindowEvidence) -> bool:
+        """The evidence of a cut at 1 shows online requests beside one batch request (it ran) and
+        never more over all its stretch (the server's metrics; a widened window can reach back to a
+        higher level's harm)."""
+        since, newest_at_s = self._history.batch_at_most_since(1), self._history.newest_at_s
+        if self._peak_in_flight < 1 or not evidence.online_seen or evidence.basis != SERVER_METRICS or since is None \
+                or newest_at_s is None:
+            return False
+        return newest_at_s - evidence.span_s >= since
 
     def _may_grow(self, level: WindowEvidence | None) -> bool:
         """Growth also needs: metrics still there if they ever were, the batch using all it was allowed
