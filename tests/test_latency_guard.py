@@ -126,33 +126,55 @@ def test_online_requests_longer_than_the_window_never_see_more_than_one_batch_re
     assert max(beside.batch_while_online) <= 1
 
 
-@pytest.mark.parametrize("with_slo", [True, False], ids=["slo", "baseline"])
-def test_where_one_batch_request_beside_online_ones_is_too_many_the_batch_keeps_off_them_until_a_lull(with_slo):
-    """Cut to 0 from 1 on a stretch where the batch never had more than 1: held back. No probe a
-    window after (each broke a window: the old guard ran beside online requests in a quarter of
-    their steps here); the batch runs only while no online request is on the server."""
-    alone = run(CROWDED_SLOW_CORE, None, 300.0)
-    guard = LatencyGuard(slo_of(alone, 0.0, 300.0) if with_slo else None, 64)
-    beside = run(CROWDED_SLOW_CORE, guard, 300.0)
-    assert guard.phase in (GuardPhase.HELD, GuardPhase.WAITING)
-    after_120s = [batch for at, batch in zip(beside.online_steps_at, beside.batch_while_online) if at >= 120.0]
-    assert len(after_120s) > 500 and sum(1 for batch in after_120s if batch) <= len(after_120s) // 100
-    assert max(beside.batch_while_online) <= 1
-    if guard.phase is GuardPhase.HELD:
-        assert guard.reading(300.0).describe().startswith("held back (online p99 ")
-        assert "beside one batch request; 1 in flight only while no online request runs, until a lull)" in guard.reading(300.0).describe()
-
-
-def test_a_guard_held_back_grows_again_after_a_lull():
-    """Held back beside the crowded slow core's online answers for 120 s; then none for 60 s: the
-    batch starts again and grows on the idle server."""
-    scenario = Scenario(ONE_SLOW_CORE, tuple(0.5 + 15.0 * k for k in range(9)), online_tokens=100)  # the last at 120.5 s
+def test_where_one_batch_request_beside_online_ones_is_too_many_the_batch_keeps_off_them_until_a_lull():
+    """A cut from 1 to 0 on the level's own evidence, the batch at exactly 1 beside online requests:
+    held back. No try a window later (each broke a window: the old guard ran beside online
+    requests in a quarter of their steps here); the batch runs only while no online request is on
+    the server, and progress says why."""
     guard = LatencyGuard(None, 64)
-    trace = run(scenario, guard, 240.0)
+    beside = run(CROWDED_SLOW_CORE, guard, 300.0)
+    held_at = min(at for at, phase in beside.phases if phase is GuardPhase.HELD)
+    assert held_at < 120.0 and guard.phase is GuardPhase.HELD
+    assert any(allowed == 1 for at, allowed in beside.allowed if at > held_at)  # the trickle, in a lull
+    after = [batch for at, batch in zip(beside.online_steps_at, beside.batch_while_online) if at > held_at]
+    assert len(after) > 500 and sum(1 for batch in after if batch) <= len(after) // 100 and max(after) <= 1
+    described = guard.reading(300.0).describe()
+    assert described.startswith("held back (online p99 ") and \
+        " beside one batch request; 1 in flight only while no online request runs, until a lull); in flight <= " in described
+
+
+def test_with_an_slo_the_crowded_slow_core_sees_at_most_one_batch_request_and_seldom_that():
+    alone = run(CROWDED_SLOW_CORE, None, 300.0)
+    guard = LatencyGuard(slo_of(alone, 0.0, 300.0), 64)
+    beside = run(CROWDED_SLOW_CORE, guard, 300.0)
+    assert max(beside.batch_while_online) <= 1
+    late = [batch for at, batch in zip(beside.online_steps_at, beside.batch_while_online) if at >= 120.0]
+    assert len(late) > 500 and sum(1 for batch in late if batch) <= len(late) // 100
+
+
+def test_a_guard_held_back_grows_again_after_a_lull_and_drops_to_0_when_online_requests_return():
+    """Held back beside the crowded slow core's online answers; none from 120.5 to 240 s: the
+    batch starts again and grows on the idle server; one comes at 240.5 s, and the first scrape
+    that shows it takes the batch back to 0 (the level last judged beside them), not to half the
+    lull's level."""
+    scenario = Scenario(ONE_SLOW_CORE, tuple(0.5 + 15.0 * k for k in range(9)) + (240.5, 255.5, 270.5), online_tokens=100)
+    guard = LatencyGuard(None, 64)
+    trace = run(scenario, guard, 290.0)
     held = [at for at, phase in trace.phases if phase is GuardPhase.HELD]
     assert held and min(held) < 120.0 and max(held) < 200.0  # held back beside them, out after a window of none
-    assert max(allowed for at, allowed in trace.allowed if 215.0 <= at) >= 4
-    assert guard.phase in (GuardPhase.SLOW_START, GuardPhase.STEADY)
+    assert max(allowed for at, allowed in trace.allowed if 215.0 <= at < 240.0) >= 4
+    after = [allowed for at, allowed in trace.allowed if 240.5 <= at < 290.0]  # steps of 5 s at the lull's level
+    assert after[0] >= 4 and next(allowed for allowed in after if allowed < after[0]) == 0
+
+
+def test_a_cut_to_0_on_a_higher_levels_harm_or_on_the_online_traffics_own_is_no_hold():
+    """Saturated alone, then light: the cuts that follow the growth to 2 and the online traffic's own
+    excess at 0 are ordinary cuts, and the batch grows again (the stretch judged was not 1 beside them)."""
+    scenario = Scenario(lambda n: 0.05 + 0.01 * n, poisson(2.0, 60, seed=3) + poisson(0.5, 240, seed=7, from_s=60.0), online_tokens=64,
+                        max_num_seqs=8)
+    trace = run(scenario, LatencyGuard(None, 64), 240.0)
+    assert all(phase is not GuardPhase.HELD for _, phase in trace.phases)
+    assert max(allowed for at, allowed in trace.allowed if at >= 200.0) >= 2
 
 
 def test_when_the_server_stops_answering_metrics_the_batch_grows_no_more():

@@ -77,9 +77,10 @@ class Executor:
         try:
             while self.step() is not None:
                 pass
-            rest_s = self.planning.chooser.rest_s(self.nodes.planned_progress(self._clock_s())) if self.pilots_only else None
+            left = self.nodes.planned_progress(self._clock_s()) if self.pilots_only else None  # the rest is planned from here
         finally:
             self._end_stage_loop(time.monotonic() - self._started)
+        rest_s = self.planning.chooser.rest_s(left) if left is not None and not self.report.failed else None
         release_free_memory()
         try:
             outputs = {} if self.pilots_only else write_outputs(self.dag, self.sources, journals, self.run_dir, self.report)

@@ -84,7 +84,7 @@ class RunCalibration(RunObserver):
                         for w in workloads}
         self._snapshots: dict[Hashable, _Snapshot] = {}
         self._version = 0
-        self._built_version: tuple[int, ...] = ()  # `_version` and each node's lengths' version, when last built
+        self._built_version = self._versions()  # when the problem was last built (the prior's: nothing measured yet)
         self._calibrated = problem
 
     # -- what the executor tells it --------------------------------------------------------------
@@ -134,13 +134,17 @@ class RunCalibration(RunObserver):
     def calibrated_problem(self) -> PlanProblem:
         """The planner's problem on the calibrated profiles and prompt sizes (rebuilt only
         when something was measured since the last one)."""
-        version = (self._version, *(lengths.version for lengths in self.lengths.values()))
+        version = self._versions()
         if self._built_version == version:
             return self._calibrated
         self._built_version = version
         self._calibrated = build_problem(self.problem.cluster, [self.calibrated_workload(w.name) for w in self.workloads],
                                          self.problem.notes)
         return self._calibrated
+
+    def _versions(self) -> tuple[int, ...]:
+        """What was measured so far, as counters: its own and each node's lengths'."""
+        return (self._version, *(lengths.version for lengths in self.lengths.values()))
 
     def calibrated_workload(self, node: str) -> NodeWorkload:
         item = self.by_node[node]

@@ -54,7 +54,8 @@ class RunSpec:
         if self.pilots_only and self.pilot is None:
             raise ValueError("pilots_only needs a pilot size, got pilot=None")
         if not self.devices.ids:
-            raise ValueError(f"a run needs at least one device, got {self.devices}")
+            raise UserError(f"a run needs at least one device, got {self.devices}", where="--devices",
+                            hint="name the devices, e.g. cpu:2 or cuda:0,1, or leave the default (auto)")
 
     @property
     def planned(self) -> bool:

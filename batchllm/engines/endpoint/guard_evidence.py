@@ -130,25 +130,15 @@ class ServerHistory:
     def oldest_at_s(self) -> float | None:
         return self._kept[0][0].at_s if self._kept else None
 
-    @property
-    def newest_at_s(self) -> float | None:
-        return self._kept[-1][0].at_s if self._kept else None
-
     def fresh(self, now_s: float) -> MetricsSnapshot | None:
         """The newest snapshot, if it is at most a window old."""
         if self._kept and now_s - self._kept[-1][0].at_s <= self.policy.window_s:
             return self._kept[-1][0]
         return None
 
-    def batch_at_most_since(self, limit: int) -> float | None:
-        """The oldest snapshot's time from which every snapshot kept, to the newest, showed the batch
-        with at most `limit` in flight; None when the newest showed more (or none is kept)."""
-        since = None
-        for snapshot, batch in reversed(self._kept):
-            if batch > limit:
-                break
-            since = snapshot.at_s
-        return since
+    def batch_beside_online(self, since_s: float) -> set[int]:
+        """The batch's counts in flight at the snapshots from `since_s` on that showed online requests."""
+        return {batch for snapshot, batch in self._kept if snapshot.at_s >= since_s and _others(snapshot, batch) > 0}
 
     def others_now(self, now_s: float) -> float | None:
         """Requests on the server, in the fresh snapshot, that are not the batch's."""

@@ -246,9 +246,13 @@ class LatencyGuard:
                 verdict = Verdict.GROW
         phase, change = TRANSITIONS[(self.phase, verdict)]
         allowed = min(self.max_in_flight, change(Levels(self._allowed, self._beside_online), self.policy))
-        if verdict is Verdict.CUT and self._allowed == 1 and allowed == 0 and self._one_was_too_many(since_cut):
-            why = excess(since_cut, self._targets, self.policy) or "a cut"
+        if verdict is Verdict.CUT and (self._history.others_now(now_s) or 0) > 0:
+            allowed = min(allowed, self._beside_online)  # a level grown in a lull is no level to halve beside them
+        if verdict is Verdict.CUT and self._allowed == 1 and allowed == 0 and (why := self._one_was_too_many(level)):
+            if since_cut.queue_held:
+                self._capacity_running = since_cut.running
             self.phase, self._why_waiting, self._beside_online = GuardPhase.HELD, f"{why} beside one batch request", 0
+            self._cut_settled_s = now_s
             self._set_level(0, now_s)
             return
         self.phase = phase
@@ -262,15 +266,15 @@ class LatencyGuard:
         elif allowed != self._allowed:
             self._set_level(allowed, now_s)
 
-    def _one_was_too_many(self, evidence: WindowEvidence) -> bool:
-        """The evidence of a cut at 1 shows online requests beside one batch request (it ran) and
-        never more over all its stretch (the server's metrics; a widened window can reach back to a
-        higher level's harm)."""
-        since, newest_at_s = self._history.batch_at_most_since(1), self._history.newest_at_s
-        if self._peak_in_flight < 1 or not evidence.online_seen or evidence.basis != SERVER_METRICS or since is None \
-                or newest_at_s is None:
-            return False
-        return newest_at_s - evidence.span_s >= since
+    def _one_was_too_many(self, level: WindowEvidence | None) -> str | None:
+        """What the level at 1 showed over a target itself, when the batch had exactly 1 on the server
+        at every scrape since it was set that showed online requests (on the server's metrics: not a
+        higher level's harm, nor the online traffic's own with no batch); None otherwise."""
+        if level is None or level.basis != SERVER_METRICS or not level.online_seen or self._targets is None:
+            return None
+        if self._history.batch_beside_online(self._level_since_s) != {1}:
+            return None
+        return excess(level, self._targets, self.policy)
 
     def _may_grow(self, level: WindowEvidence | None) -> bool:
         """Growth also needs: metrics still there if they ever were, the batch using all it was allowed
