@@ -198,14 +198,18 @@ class LatencyGuard:
         why = excess(alone, self._targets, self.policy, ease=True) or excess(alone, self._targets, self.policy)
         return None if why is None else f"{why} with no batch"
 
+    def _trickle(self, now_s: float) -> WindowEvidence | None:
+        """WAITING's and HELD's allowance, 1 only while no online request is on the server (none
+        known: 0); then, at a new observation once the level ran a whole window, what it showed."""
+        self._allowed = 1 if self._history.others_now(now_s) == 0 else 0
+        if not self._new_observation(now_s) or now_s - self._level_since_s < self.policy.window_s:
+            return None
+        return self._history.evidence(now_s, self._level_since_s, self._own, self._silent_s)
+
     def _wait(self, now_s: float) -> None:
         """WAITING: 1 only while no online request is on the server; out once a window of the online
         traffic alone (or beside that trickle) shows it under its ease bounds."""
-        others = self._history.others_now(now_s)
-        self._allowed = 1 if others == 0 else 0
-        if not self._new_observation(now_s) or now_s - self._level_since_s < self.policy.window_s:
-            return
-        alone = self._history.evidence(now_s, self._level_since_s, self._own, self._silent_s)
+        alone = self._trickle(now_s)
         if alone is None or alone.span_s < self.policy.window_s:
             return
         enough = not alone.online_seen or alone.latency.ttft_count >= self.policy.min_observations
@@ -221,10 +225,7 @@ class LatencyGuard:
 
     def _hold(self, now_s: float) -> None:
         """HELD: 1 only while no online request is on the server; out after a whole window without any."""
-        self._allowed = 1 if self._history.others_now(now_s) == 0 else 0
-        if not self._new_observation(now_s) or now_s - self._level_since_s < self.policy.window_s:
-            return
-        level = self._history.evidence(now_s, self._level_since_s, self._own, self._silent_s)
+        level = self._trickle(now_s)
         if level is not None and level.idle(self.policy):
             self.phase, self._why_waiting = GuardPhase.SLOW_START, None
             self._set_level(1, now_s)
