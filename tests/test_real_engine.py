@@ -91,12 +91,28 @@ def expected_units(dag_name: str, folder: Path) -> dict[str, int]:
 EXAMPLE_ROWS = {"ensemble_judge": 6, "router": 8, "chain_summary": 3}  # of 24 questions, 24, 12 documents
 
 
-@pytest.mark.parametrize("dag_name", ["ensemble_judge", "router", "chain_summary"])
-def test_example_dag_runs_to_completion(dag_name, tmp_path, model_home, shared_engines):
-    out = tmp_path / "out"
-    dag = example_dag(dag_name, tmp_path, EXAMPLE_ROWS[dag_name])
-    result, _ = run_dag_file(dag, out, parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
+@pytest.fixture(scope="module")
+def ensemble_run(tmp_path_factory, shared_engines):
+    """The ensemble example run once through `run_dag_file`, as the command runs it: (its folder, its run's output folder)."""
+    folder = tmp_path_factory.mktemp("ensemble")
+    dag, out = example_dag("ensemble_judge", folder, EXAMPLE_ROWS["ensemble_judge"]), folder / "out"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BATCHLLM_HOME", str(MODEL_HOME))
+        result, _ = run_dag_file(dag, out, parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
     assert result.nodes_failed == {}
+    return folder, out
+
+
+@pytest.mark.parametrize("dag_name", ["ensemble_judge", "router", "chain_summary"])
+def test_example_dag_runs_to_completion(dag_name, tmp_path, model_home, shared_engines, request):
+    if dag_name == "ensemble_judge":  # shared with the Python API's test
+        tmp_path, out = request.getfixturevalue("ensemble_run")
+        dag = tmp_path / "ensemble_judge.yaml"
+    else:
+        out = tmp_path / "out"
+        dag = example_dag(dag_name, tmp_path, EXAMPLE_ROWS[dag_name])
+        result, _ = run_dag_file(dag, out, parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
+        assert result.nodes_failed == {}
     from batchllm.dag.loader import load_dag
 
     spec = load_dag(dag)
@@ -372,22 +388,22 @@ def test_prompt_tokens_without_transformers_equal_transformers_on_the_embedded_m
     assert fast.token_ids_many(requests) == [list(e if isinstance(e, list) else e["input_ids"]) for e in expected]
 
 
-def test_python_api_runs_the_ensemble_example_from_a_pandas_frame_with_the_clis_rows(tmp_path, model_home, shared_engines):
+def test_python_api_runs_the_ensemble_example_from_a_pandas_frame_with_the_clis_rows(tmp_path, model_home, shared_engines,
+                                                                                     ensemble_run):
     import batchllm
 
-    dag = example_dag("ensemble_judge", tmp_path, 6)
-    run_dag_file(dag, tmp_path / "cli", parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
-    frame = pq.read_table(tmp_path / "questions.parquet").to_pandas()
-    ran = batchllm.run(dag, inputs={"questions": frame}, out=tmp_path / "api", devices="cpu:2", engine_factory=shared_engines,
-                       console=Console(quiet=True))
-    from_api, from_cli = ran.tables["judged"], pq.read_table(tmp_path / "cli" / "judged.parquet")
+    folder, cli_out = ensemble_run
+    frame = pq.read_table(folder / "questions.parquet").to_pandas()
+    ran = batchllm.run(folder / "ensemble_judge.yaml", inputs={"questions": frame}, out=tmp_path / "api", devices="cpu:2",
+                       engine_factory=shared_engines, console=Console(quiet=True))
+    from_api, from_cli = ran.tables["judged"], pq.read_table(cli_out / "judged.parquet")
     assert from_api.schema == from_cli.schema and from_api.num_rows == from_cli.num_rows == len(frame)
     for column in ("row_id", "question"):
         assert from_api.column(column) == from_cli.column(column), column
     assert all(row["answer_a"] and row["answer_b"] and row["verdict"] for row in from_api.to_pylist())
 
 
-BATCH_QUESTIONS = 10  # of the 24 example questions
+BATCH_QUESTIONS = 6  # of the 24 example questions
 
 
 def batch_request_lines() -> list[str]:

@@ -64,7 +64,9 @@ def both_outputs(tmp_path_factory):
     run_batch(requests, ours, {"smol": "smollm2-135m"}, run_dir=root / "run", devices="cpu:2", schedule="sequential",
               console=Console(quiet=True), engine={"max_num_seqs": 1})
     theirs = root / "vllm.jsonl"
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    # VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine core runs the model itself, not in a worker process of its own
+    # (one import of vLLM fewer; the numerics are the same)
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     done = subprocess.run([sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(requests), "-o", str(theirs),
                            "--model", str(model_dir), "--served-model-name", "smol", "--max-num-seqs", "1", "--enforce-eager",
                            "--dtype", dtype, "--kv-cache-memory-bytes", str(1 << 30), "--seed", "0"],
