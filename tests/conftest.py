@@ -32,6 +32,38 @@ def pytest_collection_modifyitems(items) -> None:
             item.add_marker(pytest.mark.xdist_group("real-engines"))
 
 
+@pytest.fixture(scope="session")
+def shared_engines():
+    """An engine factory that keeps real engines alive for the whole test session (one per
+    sharing key), for the tests that run on the real engine (marked `engine`)."""
+    from batchllm.engines.process_engine import start_vllm_engine
+
+    engines = {}
+
+    class Shared:
+        def __init__(self, engine):
+            self._engine, self.config, self.ready = engine, engine.config, engine.ready
+
+        drain_steps = property(lambda self: self._engine.drain_steps)
+        submit = property(lambda self: self._engine.submit)
+        poll = property(lambda self: self._engine.poll)
+        in_flight_limit = property(lambda self: self._engine.in_flight_limit)
+        note = property(lambda self: self._engine.note)
+
+        def stop(self):
+            pass  # stopped at the end of the session
+
+    def factory(config):
+        key = config.sharing_key()
+        if key not in engines:
+            engines[key] = start_vllm_engine(config)
+        return Shared(engines[key])
+
+    yield factory
+    for engine in engines.values():
+        engine.stop()
+
+
 QUESTIONS = [
     ("q1", "What is a prime number?"),
     ("q2", "How do I sort a list in Python?"),

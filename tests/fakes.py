@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, TokenLogprob
+import hashlib
+
+import numpy as np
+
+from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, ModelTask, TokenLogprob
 from batchllm.engines.engine import EngineFailed
 from batchllm.engines.protocol import EngineConfig, WorkerReady
 
@@ -15,12 +19,21 @@ def fake_text(request: EngineRequest) -> str:
     return f"<{request.prompt}>"
 
 
+def fake_vector(request: EngineRequest, dimensions: int) -> np.ndarray:
+    """Deterministic, normalised float32: a function of the prompt, so tests can check which row got which."""
+    seed = int.from_bytes(hashlib.sha256(request.prompt.encode()).digest()[:8], "little")
+    vector = np.random.default_rng(seed).standard_normal(dimensions).astype(np.float32)
+    return vector / np.linalg.norm(vector)
+
+
 def fake_logprobs(text: str, top: int) -> tuple[TokenLogprob, ...]:
     """A token per character, each with log probability -0.5 (and `top` alternatives)."""
     return tuple(TokenLogprob(c, -0.5, tuple((c if k == 0 else f"alt{k}", -0.5 - k) for k in range(top))) for c in text)
 
 
 class FakeEngine:
+    VECTOR_DIMENSIONS = 8  # what an EMBED config's engine gives (the tests' BertModel directory says hidden_size 8)
+
     def __init__(self, config: EngineConfig, *, die_after: int | None = None, per_poll: int = 3, answer=fake_text):
         self.config, self.answer = config, answer
         self.ready = WorkerReady(0.0, 10_000, 16, 8, 64, 512, "fake")
@@ -50,6 +63,10 @@ class FakeEngine:
             if self._die_after is not None and self._answered >= self._die_after:
                 break  # like the real engine: what was delivered is kept, the failure comes next
             self._answered += 1
+            if self.config.task is ModelTask.EMBED:
+                results.append(EngineResult(request.request_id, ("",), len(request.prompt), 0, FinishReason.STOP,
+                                            vector=fake_vector(request, self.VECTOR_DIMENSIONS)))
+                continue
             text = self.answer(request)
             logprobs = fake_logprobs(text, request.sampling.top_logprobs) if request.sampling.logprobs else None
             results.append(EngineResult(request.request_id, (text,) * request.n, len(request.prompt), len(text), FinishReason.STOP,

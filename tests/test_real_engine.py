@@ -37,35 +37,6 @@ def model_home(monkeypatch):
     return MODEL_HOME
 
 
-@pytest.fixture(scope="session")
-def shared_engines():
-    """An engine factory that keeps engines alive for the whole test session."""
-    engines = {}
-
-    class Shared:
-        def __init__(self, engine):
-            self._engine, self.config, self.ready = engine, engine.config, engine.ready
-
-        drain_steps = property(lambda self: self._engine.drain_steps)
-        submit = property(lambda self: self._engine.submit)
-        poll = property(lambda self: self._engine.poll)
-        in_flight_limit = property(lambda self: self._engine.in_flight_limit)
-        note = property(lambda self: self._engine.note)
-
-        def stop(self):
-            pass  # stopped at the end of the session
-
-    def factory(config):
-        key = config.sharing_key()
-        if key not in engines:
-            engines[key] = start_vllm_engine(config)
-        return Shared(engines[key])
-
-    yield factory
-    for engine in engines.values():
-        engine.stop()
-
-
 def results(out: Path, node: str) -> list[dict]:
     """A finished run's results of a node (its node file: row_id, step, text, tokens, finish_reason)."""
     return pq.read_table(out / "nodes" / f"{node}.parquet").to_pylist()

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import Enum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from batchllm.core.output_constraint import OutputConstraint
 from batchllm.core.sampling import DEFAULT_SAMPLING, SamplingSpec
+
+if TYPE_CHECKING:
+    import numpy as np
 
 RequestId = int | str  # opaque to engines, which give it back with the result (the runtime's: see runtime/ledger.py)
 
@@ -49,6 +52,13 @@ class EngineRequest(NamedTuple):
         if self.messages is not None:
             return [{"role": role, "content": content} for role, content in self.messages]
         return ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": self.prompt}]
+
+
+class ModelTask(str, Enum):
+    """What a node asks of its model: text, or one vector a row (a pooling model's)."""
+
+    GENERATE = "generate"
+    EMBED = "embed"
 
 
 class FinishReason(str, Enum):
@@ -94,6 +104,7 @@ class EngineResult(NamedTuple):
     finish_reason: FinishReason
     error: str | None = None  # why it could not run (finish_reason ERROR)
     logprobs: tuple[TokenLogprob, ...] | None = None  # of texts[0], token by token, when the request asked for them
+    vector: np.ndarray | None = None  # an embedding request's pooled vector (float32; texts are empty then)
 
     @classmethod
     def failed(cls, request_id: RequestId, num_prompt_tokens: int, why: str) -> "EngineResult":

@@ -18,6 +18,7 @@ import networkx as nx
 
 from batchllm.core.errors import UserError
 from batchllm.core.paths import is_uri
+from batchllm.core.requests import ModelTask
 from batchllm.core.result_schema import LOGPROB_FIELDS, RESULT_FIELD_NAMES
 from batchllm.core.sampling import SAMPLING_KEYS, SamplingError, SamplingSpec, sampling_from
 from batchllm.dag.endpoints_section import parse_endpoints
@@ -35,6 +36,7 @@ from batchllm.dag.model import (
     Price,
 )
 from batchllm.dag.node_prompt import message_templates
+from batchllm.dag.node_task import EMBED_FIELDS, EMBED_SAMPLING, default_field, parse_task
 from batchllm.dag.sql_names import sql_identifiers
 from batchllm.dag.templates import compile_expression, compile_template
 from batchllm.dag.yaml_lines import LineDict, read_yaml
@@ -209,13 +211,14 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
     if not raw:
         top.fail("nodes", "the DAG declares no nodes", "add at least one LLM stage under `nodes:`")
     section = _Section(path, raw, "nodes", top.line("nodes"), set(raw))
-    allowed = {"model", "input", "prompt", "system", "messages", "chat", "sampling", "where", "iterate", "output"}
+    allowed = {"model", "task", "input", "prompt", "system", "messages", "chat", "sampling", "where", "iterate", "output"}
     parsed: dict[str, tuple[_Section, NodeSpec, set[str]]] = {}
     for name, body in raw.items():
         _check_name(section, name, "node")
         if name in ROW_NAMES | ITERATION_NAMES:
             section.fail(name, f"node name {name!r} is reserved", "rename the node")
         node = _Section(path, body, f"nodes.{name}", section.line(name), allowed)
+        task = parse_task(node)
         default_input = next(iter(inputs)) if len(inputs) == 1 else ...
         input_name = node.get("input", str, default_input, expect="the name of an input")
         if input_name not in inputs:
@@ -268,8 +271,8 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
             input_name=input_name,
             prompt=templates["prompt"].source if "prompt" in templates else "",
             system=templates["system"].source if "system" in templates else None,
-            chat=node.get("chat", bool, True, expect="true or false"),
-            sampling=_parse_sampling(node, path),
+            chat=node.get("chat", bool, task is ModelTask.GENERATE, expect="true or false"),
+            sampling=EMBED_SAMPLING if task is ModelTask.EMBED else _parse_sampling(node, path),
             where=where_text,
             iterate=iterate,
             line=section.line(name),
@@ -279,9 +282,15 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
             merges_read=merges_read,
             reads=reads,
             messages=messages,
+            task=task,
         )
         parsed[name] = (node, spec, names)
     for name, (node, spec, _) in parsed.items():
+        for read in spec.reads:
+            for member in merges.get(read, (read,)):
+                if parsed[member][1].task is ModelTask.EMBED:
+                    node.fail(None, f"node {name!r} reads {member!r} as text, but {member!r} is an embed node: its result is a vector",
+                              f"take {member}.vector into an output column (outputs: ... columns: {{v: {member}.vector}}) instead")
         for up in spec.upstream:
             if parsed[up][1].input_name != spec.input_name:
                 node.fail(None, f"node {name!r} reads node {up!r}, which runs over another input ({parsed[up][1].input_name!r})",
@@ -334,10 +343,12 @@ def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], node
                 out.fail("columns", f"outputs.{name}.columns.{column} must be a string, got {_show(ref)}")
             head, _, field = ref.partition(".")
             if head in nodes or head in merges:
-                field = field or "text"
+                tasks = {nodes[m].task for m in merges.get(head, (head,))}
+                task = next(iter(tasks)) if len(tasks) == 1 else ModelTask.GENERATE
+                field = field or default_field(task)
                 json_fields = _json_fields(head, nodes, merges)
                 with_logprobs = all(nodes[m].sampling.logprobs for m in merges.get(head, (head,)))
-                known = (*RESULT_FIELD_NAMES, *(LOGPROB_FIELDS if with_logprobs else ()))
+                known = EMBED_FIELDS if task is ModelTask.EMBED else (*RESULT_FIELD_NAMES, *(LOGPROB_FIELDS if with_logprobs else ()))
                 if field not in known and field not in json_fields:
                     hint = (f"set `sampling: {{logprobs: true}}` on {head!r} to keep them" if field in LOGPROB_FIELDS
                             else f"fields: {', '.join((*known, *json_fields))}")

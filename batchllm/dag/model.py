@@ -12,6 +12,7 @@ from pathlib import Path
 
 from batchllm.core.latency_slo import LatencySlo
 from batchllm.core.output_constraint import OutputConstraint
+from batchllm.core.requests import ModelTask
 from batchllm.core.sampling import SamplingSpec
 
 # What an input may be read from (`io.input_formats`), and what an output data set may be written as.
@@ -67,6 +68,7 @@ class NodeSpec:
     # The chat as turns (a template each), or as one expression that yields the list (see dag.node_prompt);
     # `prompt` and `system` are "" and None then.
     messages: tuple[MessageTemplate, ...] | str | None = None
+    task: ModelTask = ModelTask.GENERATE  # EMBED: one vector a unit, of its prompt as plain text (no chat template)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from batchllm.core.requests import EngineRequest, EngineResult
+from batchllm.core.requests import EngineRequest, EngineResult, ModelTask
 from batchllm.engines.devices import Replica
 
 if TYPE_CHECKING:
@@ -27,11 +27,12 @@ class EngineConfig:
     dtype: str | None = None  # None: the model's own (bfloat16 for the embedded model)
     log_path: str | None = None  # where the engine's own logs go
     endpoint: Endpoint | None = None  # a server that already serves the model (its replica names no devices then)
+    task: ModelTask = ModelTask.GENERATE  # EMBED: the engine runs the model as a pooling model (prefill only, one vector a request)
 
     def sharing_key(self) -> tuple:
         """Two configs with the same key can be served by one running engine."""
         return (self.model, self.replica, self.max_model_len, self.max_num_seqs, self.kv_cache_memory_bytes, self.enforce_eager, self.dtype,
-                self.endpoint)
+                self.endpoint, self.task)
 
 
 @dataclass(frozen=True)

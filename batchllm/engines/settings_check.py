@@ -24,6 +24,7 @@ from pathlib import Path
 
 from batchllm.core.errors import UserError
 from batchllm.core.files import write_text_atomically
+from batchllm.core.requests import ModelTask
 from batchllm.dag.model import DagSpec, NodeSpec
 from batchllm.engines.devices import CPU_KV_CACHE_DEFAULT_BYTES, engine_dtype, engine_dtype_reason
 from batchllm.engines.protocol import exception_cause
@@ -57,19 +58,20 @@ def check_engine_settings(dag: DagSpec, home: Path, device_kind: str) -> None:
     if importlib.util.find_spec("vllm") is None:
         return  # no engine installed: nothing could run, and the run says so
     e = dag.engine
-    first_node: dict[str, NodeSpec] = {}
+    first_node: dict[tuple[str, ModelTask], NodeSpec] = {}
     for node in dag.nodes.values():
         if node.model not in dag.endpoints:  # a server's model runs on settings of its own
-            first_node.setdefault(node.model, node)
+            first_node.setdefault((node.model, node.task), node)
     settings = {}
-    for model, node in first_node.items():
+    for (model, task), node in first_node.items():
         ref = resolve_model(model, dag_dir=dag.path.parent, home=home, where=dag.where(node.line, f"nodes.{node.name}.model"))
         config_dir = EMBEDDED_MODELS[ref.location].config_dir() if ref.kind == "embedded" else Path(ref.location)
-        settings[model] = EngineSettings(str(config_dir), e.max_model_len,
+        max_model_len = None if task is ModelTask.EMBED else e.max_model_len  # an embed engine runs at its model's own (engine_configs)
+        settings[model, task] = EngineSettings(str(config_dir), max_model_len,
                                          e.kv_cache_memory_bytes or (CPU_KV_CACHE_DEFAULT_BYTES if device_kind == "cpu" else None),
                                          engine_dtype(device_kind), engine_dtype_reason(device_kind))
     verdicts = _verdicts(list(settings.values()), home / "checks")
-    for (model, node), verdict in zip(first_node.items(), verdicts):
+    for ((model, _), node), verdict in zip(first_node.items(), verdicts):
         if verdict.problem is None:
             continue
         if verdict.setting == "model":

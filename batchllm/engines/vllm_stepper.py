@@ -2,6 +2,9 @@
 
 The engine core runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so one `step()`
 is one scheduler iteration, and stopping the worker stops everything it started.
+A generating engine streams text deltas; a pooling engine (an EMBED config) answers each
+request in the step that computes its prompt, with the vector the model's pooling config
+gives (pooled and normalised as its sentence-transformers files say).
 Each step is measured: its wall time, and from vLLM's own per-iteration details
 (through a stat logger, vLLM's public hook) how many prompt tokens it computed, how
 many sequences decoded, and the prefix cache's lookups and hits.
@@ -14,13 +17,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, RequestId, TokenLogprob
+from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, ModelTask, RequestId, TokenLogprob
 from batchllm.core.sampling import SamplingSpec, request_seed
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 from batchllm.models.tokens import PromptTokenizer
 
 if TYPE_CHECKING:
-    from vllm.outputs import CompletionOutput
+    from vllm.outputs import CompletionOutput, PoolingOutput
 
 
 def configure_environment(config: EngineConfig) -> None:
@@ -124,6 +127,9 @@ class VllmStepper:
         for key in ("max_model_len", "max_num_seqs", "kv_cache_memory_bytes", "dtype"):
             if getattr(config, key) is not None:
                 options[key] = getattr(config, key)
+        self._pooling = config.task is ModelTask.EMBED
+        if self._pooling:
+            options["runner"] = "pooling"
         self._tally = [_IterationTally()]
         self._engine = LLMEngine.from_engine_args(EngineArgs(**options), stat_loggers=[_recorder_factory(self._tally)])
         self._tokenizer = PromptTokenizer(config.model)
@@ -143,21 +149,11 @@ class VllmStepper:
 
     def add(self, request: EngineRequest) -> EngineResult | None:
         """Queue a request; a request the engine refuses comes back at once as an error result."""
-        from vllm import SamplingParams
         from vllm.exceptions import VLLMError
-        from vllm.sampling_params import RequestOutputKind
 
-        s = request.sampling
-        params = SamplingParams(
-            n=s.n, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
-            seed=None if s.seed is None else request_seed(s.seed, request.request_id),
-            stop=list(s.stop) or None, presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
-            repetition_penalty=s.repetition_penalty, top_k=s.top_k, min_p=s.min_p, logit_bias=dict(s.logit_bias) or None,
-            ignore_eos=s.ignore_eos, min_tokens=s.min_tokens, logprobs=s.top_logprobs if s.logprobs else None,
-            output_kind=RequestOutputKind.DELTA, structured_outputs=_structured(request.output),
-        )
+        params = self._pooling_params() if self._pooling else self._sampling_params(request)
         ids = list(request.prompt_token_ids) if request.prompt_token_ids is not None else self._tokenizer.token_ids(request)
-        if len(ids) >= self.ready.max_model_len:
+        if len(ids) > self.ready.max_model_len or (len(ids) == self.ready.max_model_len and not self._pooling):
             return EngineResult.failed(request.request_id, len(ids), f"prompt has {len(ids)} tokens, the engine's max_model_len is "
                                                                      f"{self.ready.max_model_len}")
         text_id = str(request.request_id)
@@ -165,8 +161,29 @@ class VllmStepper:
             self._engine.add_request(text_id, {"prompt_token_ids": ids}, params)
         except (VLLMError, ValueError) as exc:  # any other request vLLM refuses
             return EngineResult.failed(request.request_id, len(ids), str(exc))
-        self._live[text_id] = _LiveRequest.new(request.request_id, len(ids), s)
+        self._live[text_id] = _LiveRequest.new(request.request_id, len(ids), request.sampling)
         return None
+
+    @staticmethod
+    def _pooling_params():
+        from vllm.pooling_params import PoolingParams
+
+        return PoolingParams(task="embed")
+
+    @staticmethod
+    def _sampling_params(request: EngineRequest):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        s = request.sampling
+        return SamplingParams(
+            n=s.n, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
+            seed=None if s.seed is None else request_seed(s.seed, request.request_id),
+            stop=list(s.stop) or None, presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+            repetition_penalty=s.repetition_penalty, top_k=s.top_k, min_p=s.min_p, logit_bias=dict(s.logit_bias) or None,
+            ignore_eos=s.ignore_eos, min_tokens=s.min_tokens, logprobs=s.top_logprobs if s.logprobs else None,
+            output_kind=RequestOutputKind.DELTA, structured_outputs=_structured(request.output),
+        )
 
     def has_work(self) -> bool:
         return self._engine.has_unfinished_requests()
@@ -180,6 +197,13 @@ class VllmStepper:
         finished = []
         for output in outputs:
             live = self._live[output.request_id]
+            if self._pooling:  # answered whole in the step that computed the last of its prompt
+                if not output.finished:
+                    continue
+                del self._live[output.request_id]
+                vector = cast("PoolingOutput", output.outputs).data.float().numpy()  # float32, whatever the engine's dtype
+                finished.append(EngineResult(live.request_id, ("",), live.prompt_tokens, 0, FinishReason.STOP, vector=vector))
+                continue
             before = live.context() if live.decoding else 0
             for completion in cast("list[CompletionOutput]", output.outputs):  # a generating engine: no PoolingOutput
                 if live.logprobs is not None and completion.index == 0 and completion.logprobs:

@@ -2,22 +2,27 @@
 
 Columns a template reads must exist in the node's input and hold strings; an
 `iterate.over` column must hold lists of strings; a `where:` predicate must bind in
-DuckDB over the input columns and upstream outputs; every model must resolve.
+DuckDB over the input columns and upstream outputs; every model must resolve, and do
+what its nodes ask of it (a generation node needs a model with a language-model head; an
+embed node runs on devices here, with a model whose vector size its files name).
 Inputs are opened, not loaded: the checks read their schemas and first row only.
 """
 
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 
 import pyarrow as pa
 
 from batchllm.core.errors import UserError
+from batchllm.core.requests import ModelTask
 from batchllm.dag.context import template_context
 from batchllm.dag.model import DagSpec, NodeSpec
 from batchllm.dag.node_prompt import NodePrompt
 from batchllm.io.input_source import InputSource, open_inputs
 from batchllm.io.sql import where_row_ids
+from batchllm.models.model_kind import ModelKind
 from batchllm.models.registry import resolve_model
 
 
@@ -44,8 +49,12 @@ def check_dag(dag: DagSpec, home, *, resolve_models: bool = True) -> dict[str, I
     first_rows = {name: source.head_rows(1) for name, source in sources.items()}
     for node in dag.nodes.values():
         _check_node(dag, node, first_rows[node.input_name])
+        if node.task is ModelTask.EMBED and node.model in dag.endpoints:
+            raise UserError(f"node {node.name!r} embeds with {node.model!r}, which the DAG serves from endpoints: batchllm embeds "
+                            "on its own devices only", where=dag.where(node.line, f"nodes.{node.name}.task"),
+                            hint=f"drop {node.model!r} from `endpoints:` to run it here")
         if resolve_models and node.model not in dag.endpoints:  # a server's model needs no files here
-            resolve_model(node.model, dag_dir=dag.path.parent, home=home, where=dag.where(node.line, f"nodes.{node.name}.model"))
+            _node_model_kind(dag, node, home)
     for output in dag.outputs.values():
         schema = first_rows[output.input_name].schema
         for column, ref in output.columns.items():
@@ -101,3 +110,24 @@ def _dry_render(node: NodeSpec, first_row: pa.Table, where: str) -> None:
     row = first_row.to_pylist()[0]
     context = template_context(node, row, {name: "" for name in node.reads})
     NodePrompt(node).render(context, where=where)
+
+
+def node_vector_dimensions(dag: DagSpec, home: Path) -> dict[str, int]:
+    """Each embed node's vector size (its model's), checked as `check_dag` does."""
+    return {name: int(_node_model_kind(dag, node, home).vector_dimensions or 0) for name, node in dag.nodes.items()
+            if node.task is ModelTask.EMBED}
+
+
+def _node_model_kind(dag: DagSpec, node: NodeSpec, home: Path) -> ModelKind:
+    """The node's model resolved, and what it can do; UserError if it cannot do what the node asks."""
+    where = dag.where(node.line, f"nodes.{node.name}.model")
+    kind = ModelKind.of(resolve_model(node.model, dag_dir=dag.path.parent, home=home, where=where).config_dir(home))
+    if node.task is ModelTask.GENERATE and kind.architectures and not kind.generates:
+        raise UserError(f"node {node.name!r} generates text, but model {node.model!r} ({', '.join(kind.architectures)}) has no "
+                        "language-model head: it embeds only", where=where,
+                        hint="set `task: embed` on the node, or give it a generation model")
+    if node.task is ModelTask.EMBED and kind.vector_dimensions is None:
+        raise UserError(f"node {node.name!r} embeds, but model {node.model!r} names no vector size (no hidden_size in its "
+                        "config.json, no sentence-transformers pooling files)", where=where,
+                        hint="give the node an embedding model, such as the embedded 'minilm-l6'")
+    return kind

@@ -3,7 +3,9 @@
 Layout of `<out>/.batchllm/journal/<node>/`:
 
     header.json          the node and its fingerprint (results of a changed node are refused)
-    tail-000007.jsonl    the part being appended to: one JSON line per committed (row, step)
+    tail-000007.jsonl    the part being appended to: one JSON line per committed (row, step); an
+                         embed node's vector is in its line as the base64 of its float32 bytes
+                         (binary, exact; not decimal text)
     seg-000003.parquet   a compacted part: the records of tail-000003, sorted by (row, step),
                          with its record count and token sums in the file's metadata
 
@@ -19,6 +21,7 @@ else in tail-k. So a crash at any moment leaves each record exactly once.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -34,7 +37,7 @@ import pyarrow.parquet as pq
 from batchllm.core.errors import UserError
 from batchllm.core.files import replacing, write_text_atomically
 from batchllm.core.requests import FinishReason, TokenLogprob, parse_finish_text
-from batchllm.core.result_schema import logprobs_rows, result_schema
+from batchllm.core.result_schema import VECTOR_FIELD_NAME, logprobs_rows, result_schema
 
 STEP_BITS = 20  # a (row, step) key is row << STEP_BITS | step: up to a million steps a row
 STATS_KEY = b"batchllm.stats"
@@ -48,6 +51,7 @@ class ResultRecord(NamedTuple):  # one per committed (row, step): built in 0.5 Â
     num_output_tokens: int
     finish_reason: str  # as stored: core.requests.finish_text
     logprobs: tuple[TokenLogprob, ...] | None = None  # of texts[0], when the node keeps them
+    vector: np.ndarray | None = None  # float32, of an embed node (None where its request failed)
 
     @property
     def text(self) -> str:
@@ -56,9 +60,10 @@ class ResultRecord(NamedTuple):  # one per committed (row, step): built in 0.5 Â
     def json_line(self) -> str:
         """The record as its tail line (what `json.dumps` of its fields gives, three times faster)."""
         logprobs = "" if self.logprobs is None else f', "logprobs": {json.dumps(self.logprobs)}'
+        vector = "" if self.vector is None else f', "vector_f32": "{base64.b64encode(self.vector.astype("<f4").tobytes()).decode()}"'
         return (f'{{"row": {self.row}, "step": {self.step}, "texts": [{", ".join(map(encode_basestring, self.texts))}], '
                 f'"num_prompt_tokens": {self.num_prompt_tokens}, "num_output_tokens": {self.num_output_tokens}, '
-                f'"finish_reason": {encode_basestring(self.finish_reason)}{logprobs}}}')
+                f'"finish_reason": {encode_basestring(self.finish_reason)}{logprobs}{vector}}}')
 
 
 @dataclass(frozen=True)
@@ -76,14 +81,27 @@ class JournalStats:
     def of(cls, records: Sequence[ResultRecord]) -> "JournalStats":
         if not records:
             return cls()
-        _, _, _, prompt_tokens, output_tokens, reasons, _ = zip(*records)  # the records' fields as columns
+        _, _, _, prompt_tokens, output_tokens, reasons, _, _ = zip(*records)  # the records' fields as columns
         failed = sum(1 for reason in reasons if parse_finish_text(reason)[0] is FinishReason.ERROR)
         return cls(len(records), failed, sum(prompt_tokens), sum(output_tokens))
 
 
-def segment_schema(samples: int, logprobs: bool = False) -> pa.Schema:
+def segment_schema(samples: int, logprobs: bool = False, vector_dimensions: int | None = None) -> pa.Schema:
     """A segment's results, keyed by the row's position."""
-    return result_schema(("row", pa.int64()), samples, logprobs)
+    return result_schema(("row", pa.int64()), samples, logprobs, vector_dimensions)
+
+
+def vector_array(vectors: Sequence[np.ndarray | None], dimensions: int) -> pa.FixedSizeListArray:
+    """Vectors as a fixed-size list column (null where a request failed and has none)."""
+    present = [v is not None for v in vectors]
+    flat = np.zeros((len(vectors), dimensions), np.float32)
+    for k, vector in enumerate(vectors):
+        if vector is not None:
+            if len(vector) != dimensions:
+                raise ValueError(f"a vector of {len(vector)} floats where the node's model gives {dimensions}")
+            flat[k] = vector
+    values = pa.array(flat.reshape(-1), pa.float32())
+    return pa.FixedSizeListArray.from_arrays(values, dimensions, mask=pa.array([not p for p in present]))
 
 
 def key_of(rows: np.ndarray, steps: np.ndarray) -> np.ndarray:
@@ -96,10 +114,10 @@ class ResultJournal:
     FSYNC_EVERY = 4096  # records between fsyncs (a flush alone survives a process crash)
 
     def __init__(self, folder: Path, fingerprint: str, node: str, *, samples: int = 1, logprobs: bool = False,
-                 segment_records: int = 50_000):
+                 vector_dimensions: int | None = None, segment_records: int = 50_000):
         self.folder, self.node, self.samples, self.segment_records = folder, node, samples, segment_records
-        self.logprobs = logprobs
-        self.schema = segment_schema(samples, logprobs)
+        self.logprobs, self.vector_dimensions = logprobs, vector_dimensions
+        self.schema = segment_schema(samples, logprobs, vector_dimensions)
         folder.mkdir(parents=True, exist_ok=True)
         self._check_header(fingerprint)
         self._segments: list[Path] = []
@@ -177,6 +195,9 @@ class ResultJournal:
             key = record.row << STEP_BITS | record.step
             if key in self._tail:
                 damaged.append((number, raw, f"a second result for row {record.row} step {record.step}"))
+                continue
+            if record.vector is not None and len(record.vector) != self.vector_dimensions:
+                damaged.append((number, raw, f"a vector of {len(record.vector)} floats, not {self.vector_dimensions}"))
                 continue
             self._tail[key] = record
             kept.append(raw)
@@ -290,13 +311,15 @@ class ResultJournal:
         self.sync()
         keys = sorted(self._tail)
         records = [self._tail[k] for k in keys]
-        rows, steps, texts, prompt_tokens, output_tokens, reasons, logprobs = zip(*records)  # the records' fields as columns
+        rows, steps, texts, prompt_tokens, output_tokens, reasons, logprobs, vectors = zip(*records)  # the records' fields as columns
         columns = {"row": rows, "step": steps, "text": [t[0] for t in texts], "num_prompt_tokens": prompt_tokens,
                    "num_output_tokens": output_tokens, "finish_reason": reasons}
         if self.samples > 1:
             columns["texts"] = [list(t) for t in texts]
         if self.logprobs:
             columns["logprobs"] = [logprobs_rows(lp) for lp in logprobs]
+        if self.vector_dimensions is not None:
+            columns[VECTOR_FIELD_NAME] = vector_array(vectors, self.vector_dimensions)
         stats = JournalStats.of(records)
         schema = self.schema.with_metadata({STATS_KEY: json.dumps(stats.__dict__).encode()})
         segment = self._segment_path(self._part)
@@ -335,10 +358,18 @@ def _record_of(raw: bytes) -> ResultRecord:
     record = ResultRecord(int(item["row"]), int(item["step"]), tuple(item["texts"]), int(item["num_prompt_tokens"]),
                           int(item["num_output_tokens"]), str(item["finish_reason"]),
                           None if logprobs is None else tuple(TokenLogprob(t, float(lp), tuple((tt, float(tl)) for tt, tl in top))
-                                                              for t, lp, top in logprobs))
+                                                              for t, lp, top in logprobs),
+                          _vector_of(item.get("vector_f32")))
     if not record.texts or not all(isinstance(t, str) for t in record.texts) or record.row < 0 or record.step < 0:
         raise ValueError("not a result record")
     return record
+
+
+def _vector_of(encoded: str | None) -> np.ndarray | None:
+    """A tail line's vector: base64 of little-endian float32 bytes."""
+    if encoded is None:
+        return None
+    return np.frombuffer(base64.b64decode(encoded, validate=True), "<f4").astype(np.float32)
 
 
 def _first_line(error: BaseException) -> str:

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchllm.core.files import replacing
-from batchllm.core.result_schema import LOGPROBS_FIELD, result_schema
+from batchllm.core.result_schema import LOGPROBS_FIELD, VECTOR_FIELD_NAME, result_schema, vector_field
 from batchllm.dag.model import ColumnRef, OutputSpec
 from batchllm.io.input_source import ROW_ID
 from batchllm.io.node_journal import ResultJournal
@@ -73,11 +73,15 @@ def _connect(spill_dir: Path) -> duckdb.DuckDBPyConnection:
     return connection
 
 
-def _column_type(ref: ColumnRef) -> str:
-    """The SQL type of a node result's column: a result field's, or a JSON field's."""
+def _column_type(ref: ColumnRef, vector_dimensions: int | None) -> tuple[str, pa.DataType]:
+    """The SQL and Arrow types of a node result's column: a result field's, or a JSON field's."""
     if ref.json_type is not None:
-        return JSON_SQL_TYPES[ref.json_type]
-    return {"text": "VARCHAR", "finish_reason": "VARCHAR", "logprobs": LOGPROBS_SQL_TYPE, "logprob": "DOUBLE"}.get(ref.field, "BIGINT")
+        kind = JSON_SQL_TYPES[ref.json_type]
+    elif ref.field == VECTOR_FIELD_NAME and vector_dimensions is not None:
+        return f"FLOAT[{vector_dimensions}]", vector_field(vector_dimensions)[1]
+    else:
+        kind = {"text": "VARCHAR", "finish_reason": "VARCHAR", "logprobs": LOGPROBS_SQL_TYPE, "logprob": "DOUBLE"}.get(ref.field, "BIGINT")
+    return kind, ARROW_TYPES[kind]
 
 
 def _result_value(alias: str, ref: ColumnRef) -> str:
@@ -117,7 +121,7 @@ class _Segments:
         if not meeting:
             return ("(SELECT NULL::BIGINT AS row, NULL::INTEGER AS step, NULL::VARCHAR AS text, NULL::BIGINT AS "
                     "num_prompt_tokens, NULL::BIGINT AS num_output_tokens, NULL::VARCHAR AS finish_reason, "
-                    f"NULL::VARCHAR[] AS texts, NULL::{LOGPROBS_SQL_TYPE} AS logprobs WHERE false)")
+                    f"NULL::VARCHAR[] AS texts, NULL::{LOGPROBS_SQL_TYPE} AS logprobs, NULL::FLOAT[] AS vector WHERE false)")
         files = ", ".join(sql_literal(str(p)) for p in meeting)
         return f"(SELECT * FROM read_parquet([{files}]) WHERE row >= {int(start)} AND row < {int(stop)})"
 
@@ -200,13 +204,14 @@ def _copy_windows_jsonl(source: InputFile, columns: list[str], query_of: Callabl
 def write_node_file(journal: ResultJournal, source: InputFile, path: Path) -> None:
     """Every committed result of the node (the journal's tail is compacted first)."""
     journal.compact()
-    schema = result_schema((ROW_ID, pa.string()), journal.samples, journal.logprobs)
+    schema = result_schema((ROW_ID, pa.string()), journal.samples, journal.logprobs, journal.vector_dimensions)
     segments = _Segments.of(journal)
     id_columns = [source.id_column] if source.id_column else []
     if not segments.paths:
         _copy_windows(source, id_columns, None, path, schema, ["finish_reason"])
         return
-    extra = (", s.texts" if journal.samples > 1 else "") + (", s.logprobs" if journal.logprobs else "")
+    extra = ((", s.texts" if journal.samples > 1 else "") + (", s.logprobs" if journal.logprobs else "")
+             + (", s.vector" if journal.vector_dimensions is not None else ""))
     columns = ", ".join(f"s.{c}" for c in NODE_COLUMNS)
 
     def query_of(start: int, stop: int) -> str:
@@ -236,11 +241,11 @@ def write_output_set(spec: OutputSpec, source: InputFile, finals: dict[str, Fina
             selects.append(f"i.{_quote(ref.field)} AS {_quote(name)}")
             fields.append(pa.field(name, input_schema.field(ref.field).type))
             continue
-        kind = _column_type(ref)
         members = merges.get(ref.node, (ref.node,))
+        kind, arrow_type = _column_type(ref, finals[members[0]].journal.vector_dimensions)
         cases = " ".join(f"WHEN {aliases[m]}.row IS NOT NULL THEN {_result_value(aliases[m], ref)}" for m in members)
         selects.append(f"CAST(CASE {cases} END AS {kind}) AS {_quote(name)}")
-        fields.append(pa.field(name, ARROW_TYPES[kind]))
+        fields.append(pa.field(name, arrow_type))
     columns = [c for c in input_schema.names if c in read]
 
     def query_of(start: int, stop: int) -> str:

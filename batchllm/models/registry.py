@@ -33,6 +33,14 @@ class ModelRef:
     kind: str  # "embedded" | "local" | "hub"
     location: str  # package model name, directory, or hub id
 
+    def config_dir(self, home: Path) -> Path:
+        """A directory with the model's config (and sentence-transformers' files where it has
+        them), without converting an embedded model: its shipped config until it is prepared."""
+        if self.kind == "embedded":
+            embedded = EMBEDDED_MODELS[self.location]
+            return embedded.converted_dir(home) if embedded.is_prepared(home) else embedded.config_dir()
+        return Path(self.location)
+
     def materialise(self, home: Path) -> str:
         """What to hand the engine: a directory or hub id (embedded models are converted once)."""
         if self.kind == "embedded":
@@ -42,7 +50,7 @@ class ModelRef:
 
 def resolve_model(name: str, *, dag_dir: Path, home: Path, where: str) -> ModelRef:
     if name in EMBEDDED_MODELS:
-        EMBEDDED_MODELS[name].source_gguf()  # fails early if its package is missing
+        EMBEDDED_MODELS[name].shipped_path()  # fails early if its package is missing
         return ModelRef(name, "embedded", name)
     local = Path(name) if Path(name).is_absolute() else dag_dir / name
     if local.is_dir():

@@ -25,9 +25,9 @@ class BatchGroup:
     node: str
     model: str  # body.model as requested
     local_model: str  # what runs it: an embedded name, a directory or a hub id
-    kind: str  # "chat" | "completion"
+    kind: str  # "chat" | "completion" | "embedding"
     shape: str  # "prompt", "system" (+ prompt) or "messages" (see request_lines.LineRecord.shape)
-    sampling: dict  # the node's `sampling:` (core.sampling.sampling_mapping)
+    sampling: dict | None  # the node's `sampling:` (core.sampling.sampling_mapping); None: an embedding's
     requests: int  # valid lines in the group
     json_schema: str | None = None  # structured output (body.response_format), JSON text
 
@@ -49,9 +49,13 @@ def node_names(keys: list[tuple[str, str]]) -> list[str]:
 
 def batch_dag(requests_path: str, groups: tuple[BatchGroup, ...]) -> dict:
     """The DAG (as a dict of the YAML schema) over the converted request file."""
-    nodes = {}
+    nodes: dict[str, dict[str, object]] = {}
     for group in groups:
-        node = {"model": group.local_model, "chat": group.kind == "chat", "sampling": group.sampling, "where": f"node = '{group.node}'"}
+        if group.kind == "embedding":
+            nodes[group.node] = {"model": group.local_model, "task": "embed", "prompt": "{{ prompt }}", "where": f"node = '{group.node}'"}
+            continue
+        node: dict[str, object] = {"model": group.local_model, "chat": group.kind == "chat", "sampling": group.sampling,
+                                   "where": f"node = '{group.node}'"}
         if group.shape == "messages":
             node["messages"] = "{{ messages }}"
         else:

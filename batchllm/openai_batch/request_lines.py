@@ -8,8 +8,8 @@ OpenAI's defaults (temperature 1, top_p 1; max_tokens 16 for completions, as Ope
 `DEFAULT_CHAT_MAX_TOKENS` for chat); a chat's `logprobs`/`top_logprobs` keep each output
 token's log probability; a chat's `response_format` (`json_schema` or `json_object`)
 becomes the engine's structured output, checked per line with the engine's own grammar
-compiler. `/v1/embeddings` lines are refused (`unsupported_url`): batchllm runs generative
-models. Invariant: every line gives exactly one `LineRecord`; a line that cannot run has
+compiler. A `/v1/embeddings` line (body.input: one string; `encoding_format` float) runs in
+an embed node (dag.node_task). Invariant: every line gives exactly one `LineRecord`; a line that cannot run has
 `error_code` set and says why in `error_message`, naming its line, and never stops the others.
 """
 
@@ -28,7 +28,7 @@ from batchllm.engines.constraints import check_constraint
 from batchllm.models.embedded import EMBEDDED_MODELS
 
 CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
-KINDS = {CHAT_URL: "chat", COMPLETIONS_URL: "completion"}
+KINDS = {CHAT_URL: "chat", COMPLETIONS_URL: "completion", EMBEDDINGS_URL: "embedding"}
 DEFAULT_CHAT_MAX_TOKENS = 256
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -45,7 +45,7 @@ class LineRecord:
     custom_id: str | None
     model: str | None  # body.model as requested
     local_model: str | None  # what it maps to: an embedded name, a directory or a hub id
-    kind: str | None  # "chat" | "completion"
+    kind: str | None  # "chat" | "completion" | "embedding"
     system: str | None
     prompt: str | None  # the one user message, or the completion prompt ("" when `messages` holds the chat)
     messages: tuple[Message, ...] | None = None  # a chat that is more than [system,] user
@@ -62,9 +62,10 @@ class LineRecord:
     @property
     def group_key(self) -> str | None:
         """Lines with one key run in one node: model, endpoint, chat shape, sampling, response format."""
-        if self.error_code is not None or self.sampling is None:
+        if self.error_code is not None:
             return None
-        return json.dumps([self.model, self.local_model, self.kind, self.shape, sampling_mapping(self.sampling), self.json_schema])
+        sampling = sampling_mapping(self.sampling) if self.sampling is not None else None  # an embedding samples nothing
+        return json.dumps([self.model, self.local_model, self.kind, self.shape, sampling, self.json_schema])
 
 
 class LineError(Exception):
@@ -90,11 +91,8 @@ def parse_line(text: str, line: int, models: Mapping[str, str]) -> LineRecord:
         if request.get("method", "POST") != "POST":
             raise LineError("invalid_request", f"method {request.get('method')!r} is not supported; use POST")
         url = request.get("url")
-        if url == EMBEDDINGS_URL:
-            raise LineError("unsupported_url", f"url {url!r} is not supported: batchllm runs generative models only "
-                                               f"(use {CHAT_URL} or {COMPLETIONS_URL}; embed with vLLM's own run-batch)")
         if url not in KINDS:
-            raise LineError("unsupported_url", f"url {url!r} is not supported; use {CHAT_URL} or {COMPLETIONS_URL}")
+            raise LineError("unsupported_url", f"url {url!r} is not supported; use {CHAT_URL}, {COMPLETIONS_URL} or {EMBEDDINGS_URL}")
         body = request.get("body")
         if not isinstance(body, dict):
             raise LineError("invalid_request", "body must be a JSON object")
@@ -106,6 +104,8 @@ def parse_line(text: str, line: int, models: Mapping[str, str]) -> LineRecord:
         if local is None:
             raise LineError("model_not_found", f"model {model!r} is not mapped to a local model; map it with --model {model}=<local model>")
         kind = KINDS[url]
+        if kind == "embedding":
+            return LineRecord(line, custom_id, model, local, kind, None, _embedding_input(body))
         _check_keys(body, kind)
         messages = None
         if kind == "chat":
@@ -211,6 +211,26 @@ def _schema_problem(schema: str) -> str | None:
     except UserError as error:
         return str(error)
     return None
+
+
+EMBEDDING_KEYS = ("model", "input", *IGNORED_KEYS)
+EMBEDDING_OFF_VALUES: dict[str, tuple[object, ...]] = {"encoding_format": ("float", None), "dimensions": (None,),
+                                                       "truncate_prompt_tokens": (None,)}
+
+
+def _embedding_input(body: dict) -> str:
+    """An embedding line's one input text (its other keys checked)."""
+    for key, value in body.items():
+        if key in EMBEDDING_KEYS or (key in EMBEDDING_OFF_VALUES and any(_same(value, off) for off in EMBEDDING_OFF_VALUES[key])):
+            continue
+        raise LineError("unsupported_parameter", f"body.{key} = {_short(value)} is not supported on {EMBEDDINGS_URL} lines "
+                                                 "(batchllm takes model and input, and encoding_format float)")
+    text = body.get("input")
+    if isinstance(text, list) and len(text) == 1 and isinstance(text[0], str):
+        text = text[0]
+    if not isinstance(text, str):
+        raise LineError("unsupported_body", f"body.input must be one string (or a list of one), got {_short(text)}")
+    return text
 
 
 def _completion_prompt(body: dict) -> str:

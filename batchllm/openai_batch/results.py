@@ -1,7 +1,7 @@
 """The results file: one OpenAI batch output line per request line, in input order.
 
     {"id": "batch_req_...", "custom_id": ..., "error": null,
-     "response": {"status_code": 200, "request_id": "req_...", "body": <chat.completion | text_completion>}}
+     "response": {"status_code": 200, "request_id": "req_...", "body": <chat.completion | text_completion | list>}}
     {"id": "batch_req_...", "custom_id": ... | null, "response": null, "error": {"code": ..., "message": ...}}
 
 A line gets an error when it could not run (see `request_lines`, `duplicate_custom_id`),
@@ -68,11 +68,12 @@ def _query(batch: BatchInput, node_files: Mapping[str, Path]) -> str:
     texts = "r.texts" if with_texts else "NULL::VARCHAR[]"
     with_logprobs = any("logprobs" in pq.read_schema(path).names for path in files)
     logprobs = "r.logprobs" if with_logprobs else f"NULL::{LOGPROBS_SQL_TYPE}"
+    vector = "r.vector" if any("vector" in pq.read_schema(path).names for path in files) else "NULL::FLOAT[]"
     results = (f"read_parquet({_list(files)}, union_by_name = true)" if files else
                "(SELECT NULL::VARCHAR AS row_id, NULL::VARCHAR AS text, NULL::BIGINT AS num_prompt_tokens, "
                "NULL::BIGINT AS num_output_tokens, NULL::VARCHAR AS finish_reason WHERE false)")
     return (f"SELECT l.line, l.custom_id, l.model, l.kind, l.node, l.error_code, l.error_message, r.row_id, r.text, "
-            f"{texts} AS texts, {logprobs} AS logprobs, r.num_prompt_tokens, r.num_output_tokens, r.finish_reason "
+            f"{texts} AS texts, {logprobs} AS logprobs, {vector} AS vector, r.num_prompt_tokens, r.num_output_tokens, r.finish_reason "
             f"FROM read_parquet({sql_literal(str(batch.lines_path))}) l LEFT JOIN {results} r "
             f"ON l.node IS NOT NULL AND r.row_id = l.custom_id ORDER BY l.line")
 
@@ -96,6 +97,11 @@ def output_line(row: dict, digest: str, created: int, incomplete: str | None) ->
 
 
 def _body(row: dict, ids: str, created: int) -> dict:
+    if row["kind"] == "embedding":  # vLLM's EmbeddingResponse, as its run-batch writes it
+        prompt = row["num_prompt_tokens"]
+        return {"id": f"embd-{ids[:24]}", "object": "list", "created": created, "model": row["model"],
+                "data": [{"index": 0, "object": "embedding", "embedding": row["vector"]}],
+                "usage": {"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0, "prompt_tokens_details": None}}
     texts = row["texts"] or [row["text"]]
     chat = row["kind"] == "chat"
     choices = [{"index": k, **({"message": {"role": "assistant", "content": text}} if chat else {"text": text}),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from batchllm.core.endpoint import Endpoint
 from batchllm.core.errors import UserError
+from batchllm.core.requests import ModelTask
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import CPU_KV_CACHE_DEFAULT_BYTES, DeviceSet, Replica, engine_dtype
 from batchllm.engines.endpoint.http_engine import endpoint_config
@@ -18,15 +19,20 @@ from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.stage_chooser import StageChoice
 
 
-def engine_config(dag: DagSpec, model: str, replica: Replica, run_dir: RunDir, home: Path) -> EngineConfig:
+def engine_config(dag: DagSpec, model: str, replica: Replica, run_dir: RunDir, home: Path,
+                  task: ModelTask = ModelTask.GENERATE) -> EngineConfig:
+    """An EMBED engine takes its model's own context length: the DAG's `engine.max_model_len` is
+    for its generation models (an encoder's positions are often fewer, 512 for BERTs)."""
     ref = resolve_model(model, dag_dir=dag.path.parent, home=home, where=f"model {model!r}")
     e = dag.engine
     devices = (f"{replica.node[:8]}-" if replica.node else "") + "-".join(map(str, replica.device_ids))
+    embeds = task is ModelTask.EMBED
     return EngineConfig(
-        model=ref.materialise(home), replica=replica, max_model_len=e.max_model_len, max_num_seqs=e.max_num_seqs,
+        model=ref.materialise(home), replica=replica, max_model_len=None if embeds else e.max_model_len, max_num_seqs=e.max_num_seqs,
         kv_cache_memory_bytes=e.kv_cache_memory_bytes or (CPU_KV_CACHE_DEFAULT_BYTES if replica.kind == "cpu" else None),
         enforce_eager=replica.kind == "cpu" if e.enforce_eager is None else e.enforce_eager, dtype=engine_dtype(replica.kind),
-        log_path=str(run_dir.log_path(f"engine-{ref.name.replace('/', '_')}-{replica.kind}{devices}")),
+        log_path=str(run_dir.log_path(f"engine-{ref.name.replace('/', '_')}{'-embed' if embeds else ''}-{replica.kind}{devices}")),
+        task=task,
     )
 
 
@@ -36,7 +42,7 @@ def stage_configs(dag: DagSpec, choice: StageChoice, devices: DeviceSet, run_dir
     for name, plan in choice.stage.plans.items():
         size, placed = plan.shape.devices, choice.stage.placement[name]
         replicas = [devices.replica(placed[k * size:(k + 1) * size], plan.shape.tp) for k in range(plan.dp)]
-        configs[name] = [engine_config(dag, dag.nodes[name].model, r, run_dir, home) for r in replicas]
+        configs[name] = [engine_config(dag, dag.nodes[name].model, r, run_dir, home, dag.nodes[name].task) for r in replicas]
     return configs
 
 

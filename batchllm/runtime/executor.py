@@ -54,6 +54,7 @@ class Executor:
         remembers a sample of each node's requests for the length model (an observer too)."""
         dag, devices = inputs.dag, spec.devices
         self.dag, self.sources, self.run_dir, self.devices, self.home = dag, inputs.sources, run_dir, devices, spec.home
+        self.vector_dimensions = inputs.vector_dimensions
         self.device_ids = devices.ids  # every device the run started with (run.html draws a row for each)
         self.replanner = replanner  # on a cluster: a new planning on the devices left when nodes are gone
         self.engines = EngineSet(engine_factory)
@@ -95,7 +96,7 @@ class Executor:
 
     def open(self) -> None:
         """Each node's record: its journal, ledger and feed, and its pilot where its prompt set is new."""
-        self.nodes, self.ledger, prints = open_node_runs(self.dag, self.sources, self.run_dir, self.progress.note)
+        self.nodes, self.ledger, prints = open_node_runs(self.dag, self.sources, self.run_dir, self.progress.note, self.vector_dimensions)
         self.feeding = EngineFeeding(self.engines, self.ledger, self.preparer, self.pilots, self.pilots_only, self.length_sampler,
                                      self._forecast_for)
         self.stage_engines = StageEngines(self.engines, self.nodes, self.ledger, self.feeding, self.progress.note)

@@ -27,7 +27,7 @@ from batchllm.engines.hardware import HardwareIdentity, this_machine
 from batchllm.engines.process_engine import start_vllm_engine
 from batchllm.engines.settings_check import check_engine_settings
 from batchllm.engines.version import installed_engine_version, untested_vllm_note
-from batchllm.io.dag_checks import check_dag
+from batchllm.io.dag_checks import check_dag, node_vector_dimensions
 from batchllm.io.input_source import InputSource
 from batchllm.io.node_data import NodeFacts
 from batchllm.io.remote_files import check_copy_target
@@ -151,7 +151,7 @@ def _checked_inputs(dag: DagSpec, spec: RunSpec, *, vllm_engines: bool, console:
     lengths = LengthModels.at_home(spec.home, [node.model for node in dag.nodes.values()])
     for model, why in lengths.verdicts.items():
         console.print(f"length model for {model}: {why}", markup=False, highlight=False, soft_wrap=True)
-    return RunInputs(dag, sources, endpoints, lengths.known_prompt_sets), checks_s, lengths
+    return RunInputs(dag, sources, endpoints, lengths.known_prompt_sets, node_vector_dimensions(dag, spec.home)), checks_s, lengths
 
 
 def _planning_for(dag: DagSpec, sources: dict[str, InputSource], devices: DeviceSet, spec: RunSpec) -> RunPlanning:

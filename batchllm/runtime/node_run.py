@@ -102,7 +102,7 @@ class NodeRun:
         """Journal its results (of `units`, in the same order) and mark them committed."""
         rows, steps = self.ledger.row_step_of(units)
         self.journal.append_many([
-            ResultRecord(row, step, r.texts, r.num_prompt_tokens, r.num_output_tokens, r.finish_text(), r.logprobs)
+            ResultRecord(row, step, r.texts, r.num_prompt_tokens, r.num_output_tokens, r.finish_text(), r.logprobs, r.vector)
             for row, step, r in zip(rows.tolist(), steps.tolist(), results)])
         self.feed.requeue(ledger.commit(self.name, units))
         return NodeCommit.of(self.name, results)
@@ -194,14 +194,16 @@ class NodeRuns:
         return {run.name: run.journal for run in self}
 
 
-def open_node_runs(dag: DagSpec, sources: dict[str, InputSource], run_dir: RunDir,
-                   note: Callable[[str], None]) -> tuple[NodeRuns, Ledger, dict[str, str]]:
-    """Each node's journal (what earlier invocations committed), the ledger restored from them,
-    and each node's feed; also each node's fingerprint. Damaged journal lines are noted."""
+def open_node_runs(dag: DagSpec, sources: dict[str, InputSource], run_dir: RunDir, note: Callable[[str], None],
+                   vector_dimensions: dict[str, int]) -> tuple[NodeRuns, Ledger, dict[str, str]]:
+    """Each node's journal (what earlier invocations committed; an embed node's with its
+    vector size), the ledger restored from them, and each node's feed; also each node's
+    fingerprint. Damaged journal lines are noted."""
     order = dag.topological_order()
     prints = node_fingerprints(dag, sources)
     journals = {n: ResultJournal(run_dir.journal_folder(n), prints[n], n, samples=dag.nodes[n].sampling.n,
-                                 logprobs=dag.nodes[n].sampling.logprobs) for n in order}
+                                 logprobs=dag.nodes[n].sampling.logprobs, vector_dimensions=vector_dimensions.get(n))
+                for n in order}
     for journal in journals.values():
         for damage in journal.damage:
             note(f"[yellow]journal damaged:[/yellow] {damage}")

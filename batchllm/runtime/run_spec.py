@@ -73,3 +73,4 @@ class RunInputs:
     sources: dict[str, InputSource]
     endpoints: dict[str, tuple[Endpoint, ...]] = field(default_factory=dict)
     known_prompt_sets: frozenset[str] = frozenset()
+    vector_dimensions: dict[str, int] = field(default_factory=dict)  # each embed node's vector size

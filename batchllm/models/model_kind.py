@@ -1,0 +1,51 @@
+"""What a model directory can do, read from its files without loading its weights: whether it
+generates text (a language-model head), and the size of the vectors it embeds into.
+
+The vector size follows sentence-transformers' files where they are: the last `Dense`
+module's `out_features`, else the pooling module's `word_embedding_dimension`; else the
+model's `hidden_size` (what vLLM pools a model without those files into).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+GENERATING_ARCHITECTURES = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    architectures: tuple[str, ...]
+    vector_dimensions: int | None  # None: its config names no size
+
+    @property
+    def generates(self) -> bool:
+        """A model with a language-model head (an encoder such as BertModel has none)."""
+        return any(a.endswith(GENERATING_ARCHITECTURES) for a in self.architectures)
+
+    @classmethod
+    def of(cls, config_dir: Path) -> "ModelKind":
+        config = _json(config_dir / "config.json") or {}
+        architectures = tuple(config.get("architectures") or ())
+        size = config.get("hidden_size") or config.get("d_model")
+        modules = _json(config_dir / "modules.json")
+        if isinstance(modules, list):
+            for module in modules:
+                kind, path = str(module.get("type", "")), str(module.get("path", ""))
+                module_config = _json(config_dir / path / "config.json") if path else None
+                if module_config is None:
+                    continue
+                if kind.endswith(".Pooling") and module_config.get("word_embedding_dimension"):
+                    size = module_config["word_embedding_dimension"]
+                elif kind.endswith(".Dense") and module_config.get("out_features"):
+                    size = module_config["out_features"]
+        return cls(architectures, int(size) if size else None)
+
+
+def _json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
