@@ -1,10 +1,11 @@
 """Embeddings: batchllm against vLLM's own `run-batch` on the same texts and cores.
 
-    .venv/bin/python benchmarks/embeddings.py [--texts 2800] [--rounds 2] [--out FILE]
+    .venv/bin/python benchmarks/embeddings.py [--texts 3000] [--rounds 2] [--out FILE]
 
 The texts are real ShareGPT prompts of several lengths (profiles/prompts: 1,400 first turns
-and multi-turn chats, each whole (cut at 1,500 characters, inside all-MiniLM-L6-v2's 512
-positions) and cut to its first 200 characters). Three whole commands run them with the
+and multi-turn chats, each whole (cut at 1,500 characters) and cut to its first 200
+characters), those within the model's 256 tokens (its sentence-transformers `max_seq_length`,
+which vLLM takes as its context length; a longer text fails on both sides alike). Three whole commands run them with the
 embedded `minilm-l6`, in turns, round after round so the machine's noise falls on all alike:
 
 - `batchllm run` of a DAG with one embed node over a Parquet file of the texts;
@@ -36,20 +37,23 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from batchllm.core.requests import EngineRequest  # noqa: E402
 from batchllm.engines.devices import engine_dtype  # noqa: E402
 from batchllm.models.embedded import MINILM_L6  # noqa: E402
 from batchllm.models.registry import batchllm_home  # noqa: E402
+from batchllm.models.tokens import PromptTokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BATCHLLM = str(Path(sys.executable).parent / "batchllm")
-MAX_CHARS, SHORT_CHARS = 1500, 200
+MAX_CHARS, SHORT_CHARS, MAX_TOKENS = 1500, 200, 256
 
 
-def texts(count: int) -> list[str]:
+def texts(count: int, model_dir: Path) -> list[str]:
     prompts = [p for name in ("first_turns", "multi_turn")
                for p in pq.read_table(REPO / "profiles" / "prompts" / f"{name}.parquet").column("prompt").to_pylist()]
-    whole = [p[:MAX_CHARS] for p in prompts]
-    return (whole + [p[:SHORT_CHARS] for p in prompts])[:count]
+    candidates = [p[:MAX_CHARS] for p in prompts] + [p[:SHORT_CHARS] for p in prompts]
+    tokens = PromptTokenizer(model_dir).token_ids_many([EngineRequest(str(k), t, chat=False) for k, t in enumerate(candidates)])
+    return [text for text, ids in zip(candidates, tokens) if len(ids) <= MAX_TOKENS][:count]
 
 
 def write_inputs(folder: Path, items: list[str]) -> tuple[Path, Path]:
@@ -89,13 +93,13 @@ def min_cosine(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray]) -> fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--texts", type=int, default=2800)
+    parser.add_argument("--texts", type=int, default=3000, help="at most this many (those that fit the model: 2,267)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="also write the report to this file")
     args = parser.parse_args()
     home = batchllm_home()
     model_dir = MINILM_L6.prepare(home)
-    items = texts(args.texts)
+    items = texts(args.texts, model_dir)
     env = {**os.environ, "BATCHLLM_HOME": str(home)}
     vllm_env = {**env, "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     walls: dict[str, list[float]] = {"batchllm run (embed node)": [], "batchllm run-batch": [], "vLLM run-batch": []}
