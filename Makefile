@@ -32,10 +32,13 @@ demo: install
 	@$(BIN)/python -c "import duckdb; duckdb.sql(\"SELECT question, answer_a, verdict FROM 'runs/demo/judged.parquet' LIMIT 3\").show(max_width=140)"
 	@echo "Results: runs/demo/judged.parquet (all nodes: runs/demo/nodes/)"
 
+# The embedded models are prepared for the real-engine tests (into .batchllm-home, about 40 s
+# the first time) on one core while the checks run on the other.
 test: install
-	$(BIN)/ruff check batchllm tests benchmarks profiles examples
-	$(BIN)/lint-imports
-	$(BIN)/mypy batchllm
+	BATCHLLM_HOME=.batchllm-home $(BIN)/batchllm models prepare smollm2-135m > .prepare.log 2>&1 & prepare=$$!; \
+	$(BIN)/ruff check batchllm tests benchmarks profiles examples && $(BIN)/lint-imports && $(BIN)/mypy batchllm; checks=$$?; \
+	wait $$prepare || { cat .prepare.log; exit 1; }; rm -f .prepare.log; exit $$checks
+	BATCHLLM_HOME=.batchllm-home $(BIN)/batchllm models prepare minilm-l6 > /dev/null
 	$(BIN)/python -m pytest
 
 clean:

@@ -25,11 +25,14 @@ SLOW_MARKS = ("engine", "ray", "endpoint")
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items) -> None:
     """The tests that start real engines, servers or a Ray cluster run on one worker, in order, so
-    they share one engine or server per module or session as they do without workers; the fast
-    tests spread over the other workers (`-n auto --dist loadgroup` in pyproject.toml)."""
+    they share one engine or server per module or session as they do without workers; those that
+    need the engine's parts but start nothing (`starts_no_engine`: mostly imports of vLLM or
+    transformers) run in order on another worker beside them; the fast tests spread over the
+    workers (`-n auto --dist loadgroup` in pyproject.toml: the largest group goes out first)."""
     for item in items:
         if any(item.get_closest_marker(mark) for mark in SLOW_MARKS):
-            item.add_marker(pytest.mark.xdist_group("real-engines"))
+            group = "engine-parts" if item.get_closest_marker("starts_no_engine") else "real-engines"
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

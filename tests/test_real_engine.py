@@ -244,6 +244,7 @@ def test_an_engine_vllm_refuses_at_start_fails_its_node_with_vllms_words_everywh
     assert incomplete.value.outputs == {} and not (out / "nodes").exists()
 
 
+@pytest.mark.starts_no_engine
 def test_the_embedded_models_shipped_config_is_the_converted_models(model_home):
     """An embedded model's settings are checked against the config shipped with batchllm
     (before the model is converted): it must be the config the conversion writes."""
@@ -299,6 +300,7 @@ def test_stop_penalties_and_logprobs_on_the_real_engine(tmp_path, model_home, sh
     assert stopped == plain[:plain.index(delimiter)]
 
 
+@pytest.mark.starts_no_engine
 def test_messages_render_the_chat_the_tokenizer_renders(model_home, tmp_path):
     """A few-shot `messages:` node and a conversation-column node give the token ids of the
     tokenizer's own apply_chat_template (no engine: the driver's tokenizer)."""
@@ -339,6 +341,7 @@ def test_messages_render_the_chat_the_tokenizer_renders(model_home, tmp_path):
         assert ours.token_ids(request) == list(ids if isinstance(ids, list) else ids["input_ids"]), name
 
 
+@pytest.mark.starts_no_engine
 def test_prompt_tokens_without_transformers_equal_transformers_on_the_embedded_model(model_home):
     from transformers import AutoTokenizer
 

@@ -53,6 +53,7 @@ def test_a_regex_the_engine_cannot_compile_is_refused_before_the_run():
 
 
 @pytest.mark.engine  # vLLM's structured-output compiler
+@pytest.mark.starts_no_engine
 def test_a_json_schema_the_engine_cannot_compile_is_refused_before_the_run():
     with pytest.raises(UserError, match='the engine cannot use this JSON schema: Unsupported type "nonsense"'):
         check_constraint(OutputConstraint(json_schema='{"type": "nonsense"}'), where="nodes.route")
@@ -67,6 +68,7 @@ def test_good_constraints_pass_the_check():
 
 
 @pytest.mark.engine  # vLLM's sampling parameters
+@pytest.mark.starts_no_engine
 def test_the_constraint_becomes_vllms_structured_output_parameters():
     from batchllm.engines.vllm_stepper import _structured
 

@@ -31,6 +31,7 @@ def model_dir(tmp_path):
     return tmp_path
 
 
+@pytest.mark.starts_no_engine
 @pytest.mark.engine  # transformers' tokenizer and the embedded model's package
 def test_batched_ids_equal_transformers_chat_template_and_plain_encoding(model_dir):
     from transformers import PreTrainedTokenizerFast
