@@ -151,6 +151,15 @@ def test_an_unknown_task_and_a_text_field_of_an_embed_node_are_refused(embed_wor
     assert refused.value.hint == "fields: vector, num_prompt_tokens, finish_reason"
 
 
+def test_a_merge_of_an_embed_node_and_a_generation_node_is_refused(embed_workspace):
+    dag = EMBED_DAG.replace("    outputs:", "      answer:\n        model: ./tiny-model\n        prompt: \"{{ question }}\"\n"
+                                           "    merges:\n      either: [embed, answer]\n    outputs:")
+    with pytest.raises(UserError) as refused:
+        load_dag(embed_workspace.dag(dag))
+    assert str(refused.value) == "merges.either joins embed and generation nodes: a row's result would be a vector or a text"
+    assert refused.value.hint == "merge nodes of one task"
+
+
 def test_a_generation_node_on_an_embedding_only_model_is_exit_2_at_the_checks(embed_workspace):
     dag = EMBED_DAG.replace("        task: embed\n", "").replace("vector: embed,", "vector: embed.text,")
     with pytest.raises(UserError) as refused:

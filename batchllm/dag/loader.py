@@ -134,6 +134,9 @@ def _check_merges(top: _Section, path: Path, merges: dict[str, tuple[str, ...]],
                          f"did you mean {close[0]!r}?" if close else f"nodes: {', '.join(nodes)}")
         if len({nodes[m].input_name for m in members}) > 1:
             section.fail(name, f"merges.{name} joins nodes of different inputs", "merge nodes that run over one input")
+        if len({nodes[m].task for m in members}) > 1:
+            section.fail(name, f"merges.{name} joins embed and generation nodes: a row's result would be a vector or a text",
+                         "merge nodes of one task")
 
 
 def _check_name(section: _Section, key: str, kind: str) -> None:
@@ -343,8 +346,7 @@ def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], node
                 out.fail("columns", f"outputs.{name}.columns.{column} must be a string, got {_show(ref)}")
             head, _, field = ref.partition(".")
             if head in nodes or head in merges:
-                tasks = {nodes[m].task for m in merges.get(head, (head,))}
-                task = next(iter(tasks)) if len(tasks) == 1 else ModelTask.GENERATE
+                task = nodes[merges.get(head, (head,))[0]].task  # a merge's members share one (_check_merges)
                 field = field or default_field(task)
                 json_fields = _json_fields(head, nodes, merges)
                 with_logprobs = all(nodes[m].sampling.logprobs for m in merges.get(head, (head,)))
