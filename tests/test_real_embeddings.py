@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
@@ -94,3 +95,44 @@ def test_embedding_lines_validate_against_vllms_response_models_with_its_vectors
         EmbeddingResponse.model_validate(line["response"]["body"])
     ours = np.array([line["response"]["body"]["data"][0]["embedding"] for line in lines], np.float32)
     assert cosines(ours, vllms_vectors).min() >= 0.9999
+
+
+KILL_ROWS = 400  # short ShareGPT first turns: enough that a kill lands with most of them left
+
+
+def test_a_killed_embed_run_resumes_with_every_row_once_and_the_vectors_of_an_uninterrupted_run(tmp_path, monkeypatch,
+                                                                                                 shared_engines):
+    import signal
+    import time
+
+    from batchllm.io.node_journal import read_records
+
+    monkeypatch.setenv("BATCHLLM_HOME", str(MODEL_HOME))
+    texts = [p[:300] for p in pq.read_table(REPO / "profiles" / "prompts" / "first_turns.parquet").column("prompt").to_pylist()]
+    pq.write_table(pa.table({"id": [f"t{k}" for k in range(KILL_ROWS)], "text": texts[:KILL_ROWS]}), tmp_path / "texts.parquet")
+    dag = tmp_path / "dag.yaml"
+    dag.write_text("inputs:\n  texts: {path: texts.parquet, id_column: id}\n"
+                   "nodes:\n  embed:\n    model: minilm-l6\n    task: embed\n    prompt: '{{ text }}'\n")
+    out, journal = tmp_path / "out", tmp_path / "out" / ".batchllm" / "journal" / "embed"
+    committed = lambda: read_records(journal).num_rows if journal.exists() else 0  # noqa: E731
+    command = [str(Path(sys.executable).parent / "batchllm"), "run", str(dag), "--out", str(out), "--devices", "cpu:2"]
+    driver = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while committed() < 8:
+        if driver.poll() is not None:
+            pytest.fail(f"the run ended before the kill: {driver.communicate()[1][-3000:]}")
+        assert time.monotonic() < deadline, "nothing committed in 600 s"
+        time.sleep(0.02)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    assert 8 <= committed() < KILL_ROWS, "the kill must land with work left"
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    node = pq.read_table(out / "nodes" / "embed.parquet")
+    assert sorted(node.column("row_id").to_pylist()) == sorted(f"t{k}" for k in range(KILL_ROWS)) and committed() == KILL_ROWS
+    run_dag_file(dag, tmp_path / "whole", parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
+    whole = pq.read_table(tmp_path / "whole" / "nodes" / "embed.parquet")
+    by_row = dict(zip(whole.column("row_id").to_pylist(), whole.column("vector").to_pylist()))
+    ours = np.array(node.column("vector").to_pylist(), np.float32)
+    theirs = np.array([by_row[r] for r in node.column("row_id").to_pylist()], np.float32)
+    assert cosines(ours, theirs).min() >= 0.9999  # batches of other sizes: the same vectors to float32 rounding
