@@ -65,7 +65,7 @@ def test_a_zipped_model_is_unpacked_once_into_home_and_a_path_outside_is_refused
         archive.writestr("config.json", '{"architectures": ["BertModel"], "hidden_size": 4}')
         archive.writestr("1_Pooling/config.json", '{"word_embedding_dimension": 4}')
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    model = embedded.EmbeddedModel("zipped", "zipped_model_pkg", "model.zip", "a test model", task="embed")
+    model = embedded.EmbeddedModel("zipped", "zipped_model_pkg", "model.zip", "a test model")
     home = tmp_path / "home"
     target = model.prepare(home)
     assert target == home / "models" / "zipped" and model.is_prepared(home)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from batchllm.core.requests import ModelTask
 from batchllm.core.result_schema import VECTOR_FIELD_NAME
 from batchllm.core.sampling import SamplingSpec
+from batchllm.dag.model import EngineSpec
 from batchllm.dag.yaml_section import Section
 
 TASKS = tuple(task.value for task in ModelTask)
@@ -31,6 +32,13 @@ def parse_task(node: Section) -> ModelTask:
                 node.fail(key, f"{node.where}.{key}: an embed node embeds its prompt as plain text, so `{key}:` does not apply",
                           f"drop `{key}:` from {node.where}, or make it a generation node (task: generate)")
     return task
+
+
+def engine_max_model_len(engine: EngineSpec, task: ModelTask) -> int | None:
+    """The context length a node's engine is started with: an embed engine takes its model's own
+    (None), since `engine.max_model_len` is for the DAG's generation models (an encoder's
+    positions are often fewer: 512 for BERTs)."""
+    return None if task is ModelTask.EMBED else engine.max_model_len
 
 
 def default_field(task: ModelTask) -> str:

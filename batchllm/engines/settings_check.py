@@ -26,6 +26,7 @@ from batchllm.core.errors import UserError
 from batchllm.core.files import write_text_atomically
 from batchllm.core.requests import ModelTask
 from batchllm.dag.model import DagSpec, NodeSpec
+from batchllm.dag.node_task import engine_max_model_len
 from batchllm.engines.devices import CPU_KV_CACHE_DEFAULT_BYTES, engine_dtype, engine_dtype_reason
 from batchllm.engines.protocol import exception_cause
 from batchllm.engines.version import installed_vllm
@@ -66,8 +67,7 @@ def check_engine_settings(dag: DagSpec, home: Path, device_kind: str) -> None:
     for (model, task), node in first_node.items():
         ref = resolve_model(model, dag_dir=dag.path.parent, home=home, where=dag.where(node.line, f"nodes.{node.name}.model"))
         config_dir = EMBEDDED_MODELS[ref.location].config_dir() if ref.kind == "embedded" else Path(ref.location)
-        max_model_len = None if task is ModelTask.EMBED else e.max_model_len  # an embed engine runs at its model's own (engine_configs)
-        settings[model, task] = EngineSettings(str(config_dir), max_model_len,
+        settings[model, task] = EngineSettings(str(config_dir), engine_max_model_len(e, task),
                                          e.kv_cache_memory_bytes or (CPU_KV_CACHE_DEFAULT_BYTES if device_kind == "cpu" else None),
                                          engine_dtype(device_kind), engine_dtype_reason(device_kind))
     verdicts = _verdicts(list(settings.values()), home / "checks")

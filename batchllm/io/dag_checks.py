@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
+from typing import cast
 
 import pyarrow as pa
 
@@ -114,8 +115,8 @@ def _dry_render(node: NodeSpec, first_row: pa.Table, where: str) -> None:
 
 def node_vector_dimensions(dag: DagSpec, home: Path) -> dict[str, int]:
     """Each embed node's vector size (its model's), checked as `check_dag` does."""
-    return {name: int(_node_model_kind(dag, node, home).vector_dimensions or 0) for name, node in dag.nodes.items()
-            if node.task is ModelTask.EMBED}
+    return {name: cast(int, _node_model_kind(dag, node, home).vector_dimensions) for name, node in dag.nodes.items()
+            if node.task is ModelTask.EMBED}  # _node_model_kind refuses an embed node's model without one
 
 
 def _node_model_kind(dag: DagSpec, node: NodeSpec, home: Path) -> ModelKind:

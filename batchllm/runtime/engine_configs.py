@@ -11,6 +11,7 @@ from batchllm.core.endpoint import Endpoint
 from batchllm.core.errors import UserError
 from batchllm.core.requests import ModelTask
 from batchllm.dag.model import DagSpec
+from batchllm.dag.node_task import engine_max_model_len
 from batchllm.engines.devices import CPU_KV_CACHE_DEFAULT_BYTES, DeviceSet, Replica, engine_dtype
 from batchllm.engines.endpoint.http_engine import endpoint_config
 from batchllm.engines.protocol import EngineConfig
@@ -21,14 +22,12 @@ from batchllm.runtime.stage_chooser import StageChoice
 
 def engine_config(dag: DagSpec, model: str, replica: Replica, run_dir: RunDir, home: Path,
                   task: ModelTask = ModelTask.GENERATE) -> EngineConfig:
-    """An EMBED engine takes its model's own context length: the DAG's `engine.max_model_len` is
-    for its generation models (an encoder's positions are often fewer, 512 for BERTs)."""
     ref = resolve_model(model, dag_dir=dag.path.parent, home=home, where=f"model {model!r}")
     e = dag.engine
     devices = (f"{replica.node[:8]}-" if replica.node else "") + "-".join(map(str, replica.device_ids))
     embeds = task is ModelTask.EMBED
     return EngineConfig(
-        model=ref.materialise(home), replica=replica, max_model_len=None if embeds else e.max_model_len, max_num_seqs=e.max_num_seqs,
+        model=ref.materialise(home), replica=replica, max_model_len=engine_max_model_len(e, task), max_num_seqs=e.max_num_seqs,
         kv_cache_memory_bytes=e.kv_cache_memory_bytes or (CPU_KV_CACHE_DEFAULT_BYTES if replica.kind == "cpu" else None),
         enforce_eager=replica.kind == "cpu" if e.enforce_eager is None else e.enforce_eager, dtype=engine_dtype(replica.kind),
         log_path=str(run_dir.log_path(f"engine-{ref.name.replace('/', '_')}{'-embed' if embeds else ''}-{replica.kind}{devices}")),
