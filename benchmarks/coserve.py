@@ -67,7 +67,8 @@ server, each started from scratch beside the same online load (prefix cache rese
 idle between sides); a and e run every side of `--sides`, b-d alone and batchllm only:
 
     alone      no batch: the reference. SLO = 1.25 x its p99 TTFT and ITL over the reference
-               phases (the heaviest alone latency, one bound for every phase and window)
+               phases, or over a judged window of its own where that was heavier (the heaviest
+               alone latency, one bound for every phase and window: alone keeps it by construction)
     fixed      a plain HTTP batch client (non-streamed) at the server's max_num_seqs
     sweep      the fixed client at 1, 2, 4, 8 ... in flight over all phases until one breaks the
                SLO in a window of the reference (heavy) phase (30 s windows, the rule batchllm
@@ -826,6 +827,14 @@ def reference_of(run: SideRun, kind: str) -> LatencySlo | None:
     return LatencySlo(ttft, itl) if ttft > 0 and itl > 0 else None
 
 
+def heaviest(reference: LatencySlo, alone_windows: list[dict]) -> LatencySlo:
+    """The heaviest alone latency: the reference phases' p99, or a judged window's where one was heavier. The reference
+    phase is the heaviest load, but a p99 over a window's few requests can be heavier by chance (an AVX2-only host's (a):
+    alone's light2 window read 1.50x its heavy phase's inter-token p99), and a bound alone itself breaks judges noise."""
+    return LatencySlo(max([reference.ttft_p99_s, *(w["ttft_p99"] for w in alone_windows if w["ttft_p99"] == w["ttft_p99"])]),
+                      max([reference.itl_p99_s, *(w["itl_p99"] for w in alone_windows if w["itl_p99"] == w["itl_p99"])]))
+
+
 def batch_rate(run: SideRun) -> float:
     stats = phase_stats(run)
     return sum(s["batch_tokens"] for s in stats) / sum(s["seconds"] for s in stats)
@@ -943,7 +952,7 @@ def targets_line(results: list[ScenarioResult]) -> str:
 
 def matrix_summary(args: argparse.Namespace, say: Report, results: list[ScenarioResult]) -> None:
     say()
-    say(f"matrix: batchllm's worst {args.window_s:.0f} s window per scenario (p99 over alone's reference-phase p99; SLO "
+    say(f"matrix: batchllm's worst {args.window_s:.0f} s window per scenario (p99 over alone's heaviest p99; SLO "
         f"{BASELINE_MARGIN}x), its batch tokens/s over all phases and, in (a) and (e), over the best safe fixed concurrency's:")
     say(f"{'scenario':<22} {'TTFT':>6} {'ITL':>6} {'windows kept':>13} {'batch tok/s':>12} {'vs oracle':>10} {'runtime':>8}")
     for r in results:
@@ -1172,14 +1181,16 @@ def run_sides(args: argparse.Namespace, scenario: Scenario, say: Report, folder:
     side_header(say)
     runs["alone"] = alone = run_side("alone", base, phases, arrivals, None, folder)
     report_side(say, alone)
-    reference = reference_of(alone, scenario.reference)
-    if reference is None:
+    phase_reference = reference_of(alone, scenario.reference)
+    if phase_reference is None:
         say(f"{'':<10} no online latency in alone's {scenario.reference} phases: no reference, no batch side")
         return ScenarioResult(scenario, seconds=time.monotonic() - started)
+    reference = heaviest(phase_reference, window_stats(alone, args.window_s))
     slo = scaled(reference, BASELINE_MARGIN)
-    say(f"{'':<10} SLO = {BASELINE_MARGIN}x alone's {scenario.reference}-phase p99: TTFT {slo.ttft_p99_s * 1000:.0f} ms, "
-        f"inter-token {slo.itl_p99_s * 1000:.1f} ms (alone's inter-token p50 there: "
-        f"{kind_latency(alone, scenario.reference, 50)[1] / idle.itl_s:.1f}x idle)")
+    say(f"{'':<10} SLO = {BASELINE_MARGIN}x the heavier of alone's {scenario.reference}-phase p99 (TTFT "
+        f"{phase_reference.ttft_p99_s * 1000:.0f} ms, inter-token {phase_reference.itl_p99_s * 1000:.1f} ms) and its worst window's: "
+        f"TTFT {slo.ttft_p99_s * 1000:.0f} ms, inter-token {slo.itl_p99_s * 1000:.1f} ms (alone's inter-token p50 in the "
+        f"{scenario.reference} phases: {kind_latency(alone, scenario.reference, 50)[1] / idle.itl_s:.1f}x idle)")
 
     seqs = scenario.server.seqs
     if scenario.oracle and "fixed" in args.sides:
@@ -1234,7 +1245,7 @@ def window_cell(window: dict, reference: LatencySlo) -> str:
 def summary(args, scenario: Scenario, say: Report, runs: dict[str, SideRun], reference: LatencySlo,
             started: float) -> ScenarioResult:
     """A scenario's sides against its reference; what the matrix reports of it."""
-    over = f"alone's {scenario.reference}-phase p99"
+    over = "alone's heaviest p99"
     say()
     say(f"SLO per {args.window_s:.0f} s window after the first (p99, worst window over {over}; SLO {BASELINE_MARGIN}x):")
     say(f"{'side':<10} {'TTFT':>6} {'ITL':>6} {'windows kept':>13} {'batch tok/s (all phases)':>25}")

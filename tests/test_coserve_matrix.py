@@ -22,6 +22,7 @@ from benchmarks.coserve import (
     burst_phases,
     by_server,
     final_line,
+    heaviest,
     idle_of,
     long_answer_s,
     long_answer_tokens,
@@ -36,6 +37,7 @@ from benchmarks.coserve import (
     scenario_seconds,
     targets_line,
     tuning_flags,
+    worst_window,
 )
 
 TUNED = Server("tuned", 128, 256)
@@ -149,6 +151,20 @@ def test_reference_pools_the_phases_of_its_kind() -> None:
     assert reference is not None
     assert reference.ttft_p99_s == pytest.approx(0.5) and reference.itl_p99_s == pytest.approx(0.1)
     assert reference_of(SideRun("alone", phases, [], [], []), "burst") is None
+
+
+def test_the_reference_is_alones_heaviest_p99_so_alone_keeps_every_window_it_is_judged_on() -> None:
+    phases = burst_phases(2, 10.0, 1.0)
+    online = [OnlineResult(3.0, [(3.5, 1), (3.6, 1)]), OnlineResult(13.0, [(13.5, 1), (13.6, 1)]),
+              OnlineResult(9.0, [(19.0, 1), (29.0, 1)])]  # a light one: its gap of 10 s is the worst window's
+    run = SideRun("alone", phases, online, [], [])
+    by_phase = reference_of(run, "burst")
+    assert by_phase is not None
+    windows = [{"ttft_p99": 0.5, "itl_p99": 0.1}, {"ttft_p99": 10.0, "itl_p99": float("nan")}, {"ttft_p99": 0.2, "itl_p99": 10.0}]
+    reference = heaviest(by_phase, windows)
+    assert (reference.ttft_p99_s, reference.itl_p99_s) == (10.0, 10.0)
+    assert worst_window(windows, reference) == (1.0, 1.0, 3, 3)
+    assert heaviest(by_phase, [{"ttft_p99": 0.1, "itl_p99": 0.05}]) == by_phase  # lighter windows leave the phases' p99
 
 
 def test_median_or_none() -> None:
