@@ -49,6 +49,28 @@ def build_questions() -> pa.Table:
     return pa.Table.from_pylist(rows)
 
 
+def build_passages(questions: pa.Table) -> pa.Table:
+    """A retrieval corpus: the first chunk of the answer each question got in its own conversation
+    (where it is plain English), and as many again of other conversations' answers, shuffled by
+    id; `answers` names the question a passage answered (empty for the others)."""
+    asked = dict(zip(questions.column("id").to_pylist(), questions.column("question").to_pylist()))
+    answered, others = [], []
+    for conversation in conversations():
+        turns = conversation["conversations"]
+        reply = next((t["value"] for t in turns[1:2] if t["from"] == "gpt"), "")
+        if not plain_english(reply) or not chunk(reply) or len(chunk(reply)[0]) < 200:
+            continue
+        row = {"passage_id": f"p-{conversation['id']}", "passage": chunk(reply)[0],
+               "answers": conversation["id"] if conversation["id"] in asked else ""}
+        if row["answers"]:
+            answered.append(row)
+        elif len(others) < QUESTIONS:
+            others.append(row)
+        if len(answered) == len(asked) or (len(others) == QUESTIONS and len(answered) + len(others) > 10 * QUESTIONS):
+            break
+    return pa.Table.from_pylist(sorted(answered + others, key=lambda r: r["passage_id"]))
+
+
 def chunk(text: str) -> list[str]:
     """Greedy paragraph packing into chunks of about CHUNK_CHARS characters."""
     chunks, current = [], ""
@@ -78,8 +100,10 @@ def build_documents() -> pa.Table:
 
 
 if __name__ == "__main__":
-    pq.write_table(build_questions(), HERE / "questions.parquet")
+    questions = build_questions()
+    pq.write_table(questions, HERE / "questions.parquet")
     pq.write_table(build_documents(), HERE / "documents.parquet")
-    for name in ("questions", "documents"):
+    pq.write_table(build_passages(questions), HERE / "passages.parquet")
+    for name in ("questions", "documents", "passages"):
         table = pq.read_table(HERE / f"{name}.parquet")
         print(f"{name}.parquet: {table.num_rows} rows, columns {table.column_names}")

@@ -13,11 +13,13 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parent.parent
 
 
-def example_dag(name: str, folder: Path, rows: int) -> Path:
-    """A copy of dags/<name>.yaml in `folder` whose inputs are the first `rows` rows of the examples it reads."""
+def example_dag(name: str, folder: Path, rows: int, whole: tuple[str, ...] = ()) -> Path:
+    """A copy of dags/<name>.yaml in `folder` whose inputs are the first `rows` rows of the examples it
+    reads, but for the files named in `whole` (a retrieval corpus, say), kept whole."""
     text = (REPO / "dags" / f"{name}.yaml").read_text()
     for found in sorted(set(re.findall(r"path: \.\./examples/(\S+\.parquet)", text))):
-        pq.write_table(pq.read_table(REPO / "examples" / found).slice(0, rows), folder / found)
+        table = pq.read_table(REPO / "examples" / found)
+        pq.write_table(table if found in whole else table.slice(0, rows), folder / found)
         text = text.replace(f"path: ../examples/{found}", f"path: {folder / found}")
     path = folder / f"{name}.yaml"
     path.write_text(text)

@@ -19,6 +19,7 @@ from rich.console import Console
 from batchllm.engines.devices import engine_dtype, parse_devices
 from batchllm.models.embedded import MINILM_L6
 from batchllm.runtime.launch import run_dag_file
+from tests.example_rows import example_dag
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parent.parent
@@ -136,3 +137,25 @@ def test_a_killed_embed_run_resumes_with_every_row_once_and_the_vectors_of_an_un
     ours = np.array(node.column("vector").to_pylist(), np.float32)
     theirs = np.array([by_row[r] for r in node.column("row_id").to_pylist()], np.float32)
     assert cosines(ours, theirs).min() >= 0.9999  # batches of other sizes: the same vectors to float32 rounding
+
+
+RETRIEVAL_ROWS = 4  # questions (the corpus is whole): two whose own answer is a passage
+
+
+def test_the_retrieval_example_answers_from_passages_its_questions_own_answers_are_among(tmp_path, monkeypatch, shared_engines):
+    monkeypatch.setenv("BATCHLLM_HOME", str(MODEL_HOME))
+    dag = example_dag("retrieval_qa", tmp_path, RETRIEVAL_ROWS, whole=("passages.parquet",))
+    result, _ = run_dag_file(dag, tmp_path / "out", parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
+    assert result.nodes_failed == {}
+    answers = pq.read_table(tmp_path / "out" / "answers.parquet").to_pylist()
+    assert len(answers) == RETRIEVAL_ROWS and all(row["answer"] for row in answers) and {row["grade"] for row in answers} <= {"yes", "no"}
+    # the nearest passages by the run's own vectors: a question's own ShareGPT answer, where the corpus has it, is among its 3
+    nodes = tmp_path / "out" / "nodes"
+    passages = pq.read_table(nodes / "passage_vector.parquet")
+    questions = pq.read_table(nodes / "question_vector.parquet")
+    similarities = np.array(questions.column("vector").to_pylist()) @ np.array(passages.column("vector").to_pylist()).T
+    answered = dict(zip(pq.read_table(tmp_path / "passages.parquet").column("answers").to_pylist(), passages.column("row_id").to_pylist()))
+    own = [(k, answered[q]) for k, q in enumerate(questions.column("row_id").to_pylist()) if q in answered]
+    assert len(own) == 2  # of the first 4 questions, the 1st and the 3rd
+    nearest = [[passages.column("row_id")[int(j)].as_py() for j in np.argsort(-similarities[k])[:3]] for k, _ in own]
+    assert all(passage in found for (_, passage), found in zip(own, nearest)), (own, nearest)

@@ -30,11 +30,13 @@ from batchllm.dag.model import (
     EngineSpec,
     InputSpec,
     IterateSpec,
+    NearestSpec,
     NodeSpec,
     OutputConstraint,
     OutputSpec,
     Price,
 )
+from batchllm.dag.nearest_section import check_nearest, parse_nearest
 from batchllm.dag.node_prompt import message_templates
 from batchllm.dag.node_task import EMBED_FIELDS, EMBED_SAMPLING, default_field, parse_task
 from batchllm.dag.sql_names import sql_identifiers
@@ -63,16 +65,20 @@ def load_dag_mapping(mapping: Mapping, base_dir: Path, name: str) -> DagSpec:
     file in error messages (`base_dir/name`) and is the DAG's name unless it has `name:`."""
     path = Path(base_dir) / name
     raw = _with_lines(mapping)
-    top = _Section(path, raw, "the DAG", 1, {"name", "inputs", "nodes", "merges", "outputs", "engine", "prices", "endpoints"})
+    top = _Section(path, raw, "the DAG", 1, {"name", "inputs", "nodes", "merges", "nearest", "outputs", "engine", "prices",
+                                              "endpoints"})
     inputs = _parse_inputs(top, path)
     merges = _parse_merges(top, path)
-    nodes = _parse_nodes(top, path, inputs, merges)
+    nearest = parse_nearest(top, path, _check_name)
+    nodes = _parse_nodes(top, path, inputs, merges, nearest)
     _check_merges(top, path, merges, nodes)
+    check_nearest(top, path, nearest, nodes, merges)
     _check_graph(path, nodes)
-    outputs = _parse_outputs(top, path, inputs, nodes, merges)
+    outputs = _parse_outputs(top, path, inputs, nodes, merges, nearest)
     name = top.get("name", str, default=path.stem, expect="a string")
     return DagSpec(path=path, name=name, inputs=inputs, nodes=nodes, outputs=outputs, engine=_parse_engine(top, path),
-                   merges=merges, prices=_parse_prices(top, path, nodes), endpoints=parse_endpoints(top, path, nodes))
+                   merges=merges, prices=_parse_prices(top, path, nodes), nearest=nearest,
+                   endpoints=parse_endpoints(top, path, nodes))
 
 
 def _with_lines(value: object) -> object:
@@ -209,7 +215,8 @@ def _plain(value: object) -> object:
     return value
 
 
-def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges: dict[str, tuple[str, ...]]) -> dict[str, NodeSpec]:
+def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges: dict[str, tuple[str, ...]],
+                 nearest: dict[str, NearestSpec]) -> dict[str, NodeSpec]:
     raw = top.get("nodes", dict, expect="a mapping of node names to LLM stages")
     if not raw:
         top.fail("nodes", "the DAG declares no nodes", "add at least one LLM stage under `nodes:`")
@@ -261,13 +268,19 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
         locals_ = ITERATION_NAMES | {iterate.item_name} if iterate else frozenset()
         names -= locals_ | ROW_NAMES
         if where_text is not None:
-            names |= sql_identifiers(where_text) & (set(raw) | set(merges))
+            in_where = sql_identifiers(where_text) & (set(raw) | set(merges) | set(nearest))
+            if in_where & set(nearest):
+                node.fail("where", f"nodes.{name}.where reads nearest list {sorted(in_where & set(nearest))[0]!r}: `where:` "
+                          "reads texts and columns", "read the list in the node's template, or route on its query's input columns")
+            names |= in_where
         merges_read = tuple(sorted(n for n in names if n in merges and n not in raw))
         both = sorted(names & {m for merge in merges_read for m in merges[merge]})
         if both:
             node.fail(None, f"node {name!r} reads a merge and its member {both[0]!r}", "read the merge or its members, not both")
         reads = tuple(sorted(n for n in names if n in raw or n in merges_read))
-        names = (names - set(merges_read)) | {m for merge in merges_read for m in merges[merge]}
+        nearest_read = tuple(sorted(n for n in names if n in nearest and n not in raw and n not in merges))
+        names = (names - set(merges_read) - set(nearest_read)) | {m for merge in merges_read for m in merges[merge]}
+        names |= {end for n in nearest_read for end in (nearest[n].query, nearest[n].corpus)}
         spec = NodeSpec(
             name=name,
             model=node.get("model", str, expect="a model name or directory"),
@@ -286,6 +299,7 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
             reads=reads,
             messages=messages,
             task=task,
+            nearest_read=nearest_read,
         )
         parsed[name] = (node, spec, names)
     for name, (node, spec, _) in parsed.items():
@@ -294,8 +308,14 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
                 if parsed[member][1].task is ModelTask.EMBED:
                     node.fail(None, f"node {name!r} reads {member!r} as text, but {member!r} is an embed node: its result is a vector",
                               f"take {member}.vector into an output column (outputs: ... columns: {{v: {member}.vector}}) instead")
+        for read in spec.nearest_read:
+            query_input = parsed[nearest[read].query][1].input_name if nearest[read].query in parsed else spec.input_name
+            if query_input != spec.input_name:
+                node.fail("input", f"node {name!r} reads nearest list {read!r}, whose rows are per row of input {query_input!r}, "
+                          f"but runs over {spec.input_name!r}", f"set `input: {query_input}` on {name!r}")
+        corpora = {nearest[read].corpus for read in spec.nearest_read} - {nearest[read].query for read in spec.nearest_read} - set(spec.reads)
         for up in spec.upstream:
-            if parsed[up][1].input_name != spec.input_name:
+            if up not in corpora and parsed[up][1].input_name != spec.input_name:
                 node.fail(None, f"node {name!r} reads node {up!r}, which runs over another input ({parsed[up][1].input_name!r})",
                           "nodes joined row by row must share one input")
     return {name: spec for name, (_, spec, _) in parsed.items()}
@@ -319,7 +339,7 @@ def _check_graph(path: Path, nodes: dict[str, NodeSpec]) -> None:
 
 
 def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], nodes: dict[str, NodeSpec],
-                   merges: dict[str, tuple[str, ...]]) -> dict[str, OutputSpec]:
+                   merges: dict[str, tuple[str, ...]], nearest: dict[str, NearestSpec]) -> dict[str, OutputSpec]:
     if "outputs" not in top.mapping:  # default: one data set per input, every node's text
         outputs = {}
         for input_name in inputs:
@@ -345,6 +365,9 @@ def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], node
             if not isinstance(ref, str):
                 out.fail("columns", f"outputs.{name}.columns.{column} must be a string, got {_show(ref)}")
             head, _, field = ref.partition(".")
+            if head in nearest and head not in nodes:
+                out.fail("columns", f"outputs.{name}.columns.{column} names nearest list {head!r}: an output column is one value a row",
+                         f"take what a node made of it (a node whose template reads {head!r}), or {nearest[head].query}.vector")
             if head in nodes or head in merges:
                 task = nodes[merges.get(head, (head,))[0]].task  # a merge's members share one (_check_merges)
                 field = field or default_field(task)

@@ -69,6 +69,20 @@ class NodeSpec:
     # `prompt` and `system` are "" and None then.
     messages: tuple[MessageTemplate, ...] | str | None = None
     task: ModelTask = ModelTask.GENERATE  # EMBED: one vector a unit, of its prompt as plain text (no chat template)
+    nearest_read: tuple[str, ...] = ()  # nearest-row lists (see DagSpec.nearest) its templates read; their nodes are in `upstream`
+
+
+@dataclass(frozen=True)
+class NearestSpec:
+    """Per row of `query`'s input, the `k` rows of `corpus`'s input whose vectors are nearest the
+    row's `query` vector (cosine similarity), nearest first: retrieval inside the DAG. Both are embed
+    nodes of one model; a node that reads the name runs over `query`'s input, once `corpus` is done."""
+
+    name: str
+    query: str  # an embed node
+    corpus: str  # an embed node, over the input the rows are taken from
+    k: int
+    line: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -138,6 +152,7 @@ class DagSpec:
     # first listed that did): routed branches joined again, e.g. {"answer": ("tech", "general")}.
     merges: dict[str, tuple[str, ...]] = field(default_factory=dict)
     prices: dict[str, Price] = field(default_factory=dict)  # model (as nodes name it) -> its price
+    nearest: dict[str, NearestSpec] = field(default_factory=dict)  # name -> the nearest rows templates read under it
     endpoints: dict[str, EndpointSpec] = field(default_factory=dict)  # model (as nodes name it) -> the servers that serve it
 
     def on_devices(self) -> "DagSpec":

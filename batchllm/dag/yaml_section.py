@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
+from typing import NoReturn
 
 from batchllm.core.errors import UserError
 from batchllm.dag.yaml_lines import LineDict
@@ -23,7 +24,7 @@ class Section:
                 hint = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(sorted(allowed))}"
                 self.fail(key, f"unknown key {key!r} in {where}", hint)
 
-    def fail(self, key: str | None, message: str, hint: str | None = None) -> None:
+    def fail(self, key: str | None, message: str, hint: str | None = None) -> NoReturn:
         line = self.mapping.line_of(key) if key else self.mapping.line
         top = self.where == "the DAG"
         path = ("" if top else self.where) if key is None else (str(key) if top else f"{self.where}.{key}")

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from batchllm.core.errors import UserError
 from batchllm.core.requests import ModelTask
-from batchllm.dag.context import template_context
+from batchllm.dag.context import nearest_samples, template_context
 from batchllm.dag.model import DagSpec, NodeSpec
 from batchllm.dag.node_prompt import NodePrompt
 from batchllm.io.input_source import InputSource, open_inputs
@@ -48,8 +48,10 @@ def check_dag(dag: DagSpec, home, *, resolve_models: bool = True) -> dict[str, I
     Planning for other hardware names models by profile only: `resolve_models=False`."""
     sources = open_inputs(dag.inputs)
     first_rows = {name: source.head_rows(1) for name, source in sources.items()}
+    _check_nearest_sizes(dag, sources)
     for node in dag.nodes.values():
-        _check_node(dag, node, first_rows[node.input_name])
+        _check_node(dag, node, first_rows[node.input_name],
+                    nearest_samples(dag, node, {name: rows.to_pylist()[0] for name, rows in first_rows.items()}))
         if node.task is ModelTask.EMBED and node.model in dag.endpoints:
             raise UserError(f"node {node.name!r} embeds with {node.model!r}, which the DAG serves from endpoints: batchllm embeds "
                             "on its own devices only", where=dag.where(node.line, f"nodes.{node.name}.task"),
@@ -68,8 +70,20 @@ def check_dag(dag: DagSpec, home, *, resolve_models: bool = True) -> dict[str, I
     return sources
 
 
-def _check_node(dag: DagSpec, node: NodeSpec, first_row: pa.Table) -> None:
-    """`first_row`: the input's first row as templates see it (its columns and `row_id`)."""
+def _check_nearest_sizes(dag: DagSpec, sources: dict[str, InputSource]) -> None:
+    """A nearest list's k is at most its corpus's rows."""
+    for name, spec in dag.nearest.items():
+        corpus = dag.nodes[spec.corpus]
+        rows = sources[corpus.input_name].num_rows
+        if spec.k > rows:
+            raise UserError(f"nearest.{name}.k is {spec.k}, but its corpus {spec.corpus!r} runs over input {corpus.input_name!r}, "
+                            f"which has {rows:,} rows", where=dag.where(spec.line, f"nearest.{name}.k"),
+                            hint=f"set k to at most {rows:,}")
+
+
+def _check_node(dag: DagSpec, node: NodeSpec, first_row: pa.Table, nearest: dict[str, list[dict[str, object]]]) -> None:
+    """`first_row`: the input's first row as templates see it (its columns and `row_id`); `nearest`:
+    stand-ins for the nearest lists it reads."""
     where = dag.where(node.line, f"nodes.{node.name}")
     schema = first_row.schema
     for column in node.columns_used:
@@ -103,13 +117,13 @@ def _check_node(dag: DagSpec, node: NodeSpec, first_row: pa.Table) -> None:
     if node.where:
         empty = {name: pa.array([], pa.string()) for name in node.reads}
         where_row_ids(first_row.slice(0, 0), empty, node.where, where=f"{where}.where")
-    _dry_render(node, first_row, where)
+    _dry_render(node, first_row, nearest, where)
 
 
-def _dry_render(node: NodeSpec, first_row: pa.Table, where: str) -> None:
+def _dry_render(node: NodeSpec, first_row: pa.Table, nearest: dict[str, list[dict[str, object]]], where: str) -> None:
     """Render the node's prompt on the first row at step 0, upstream outputs as empty text."""
     row = first_row.to_pylist()[0]
-    context = template_context(node, row, {name: "" for name in node.reads})
+    context = template_context(node, row, {**{name: "" for name in node.reads}, **nearest})
     NodePrompt(node).render(context, where=where)
 
 

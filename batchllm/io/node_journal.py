@@ -124,7 +124,7 @@ class ResultJournal:
         self._key_ranges: list[tuple[int, int]] = []  # per segment: its first and last (row, step) key
         self._segment_stats = JournalStats()
         self._tail: dict[int, ResultRecord] = {}  # key -> record, in the current tail part
-        self._cache: tuple[Path, np.ndarray, pa.Array] | None = None  # the last segment texts() read
+        self._cache: tuple[Path, str, np.ndarray, pa.Array] | None = None  # the last segment column read
         self.damage: list[str] = []  # what opening found damaged and set aside (its units are not committed)
         self._part = self._recover()
         self._file = open(self._tail_path(self._part), "a", encoding="utf-8")
@@ -248,35 +248,47 @@ class ResultJournal:
 
     def texts(self, rows: np.ndarray, steps: np.ndarray) -> list[str | None]:
         """The main text of each (row, step), None where nothing is committed."""
+        return self._values(rows, steps, "text", lambda record: record.text, lambda column, at: column[at].as_py())
+
+    def vectors(self, rows: np.ndarray, steps: np.ndarray) -> list[np.ndarray | None]:
+        """An embed node's vector of each (row, step), None where nothing (or a failure) is committed."""
+        if self.vector_dimensions is None:
+            raise ValueError(f"node {self.node!r} is no embed node: its journal holds no vectors")
+        return self._values(rows, steps, "vector", lambda record: record.vector,
+                            lambda column, at: column[at].values.to_numpy() if column[at].is_valid else None)
+
+    def _values(self, rows: np.ndarray, steps: np.ndarray, column: str, of_record, of_segment) -> list:
+        """A column's value of each (row, step): from the tail's record (`of_record`), else from
+        the segment that holds it (`of_segment(column array, position)`); None where nothing is committed."""
         keys = key_of(rows, steps)
-        found: list[str | None] = [None] * len(keys)
+        found: list = [None] * len(keys)
         missing = []
         for k, key in enumerate(keys.tolist()):
             record = self._tail.get(key)
             if record is None:
                 missing.append(k)
             else:
-                found[k] = record.text
+                found[k] = of_record(record)
         if missing:
             wanted = keys[missing]
             low, high = int(wanted.min()), int(wanted.max())
             for path, (first, last) in zip(self._segments, self._key_ranges):
                 if last < low or first > high:
                     continue
-                segment_keys, texts = self._segment_texts(path)
+                segment_keys, values = self._segment_column(path, column)
                 at = np.searchsorted(segment_keys, wanted).clip(max=len(segment_keys) - 1)
                 hit = segment_keys[at] == wanted
                 for k, position in zip(np.asarray(missing)[hit].tolist(), at[hit].tolist()):
-                    found[k] = texts[position].as_py()
+                    found[k] = of_segment(values, position)
         return found
 
-    def _segment_texts(self, path: Path) -> tuple[np.ndarray, pa.Array]:
-        """A segment's sorted keys and texts (the last segment read is kept)."""
-        if self._cache is None or self._cache[0] != path:
-            table = pq.read_table(path, columns=["row", "step", "text"])
+    def _segment_column(self, path: Path, column: str) -> tuple[np.ndarray, pa.Array]:
+        """A segment's sorted keys and one column (the last segment and column read are kept)."""
+        if self._cache is None or self._cache[:2] != (path, column):
+            table = pq.read_table(path, columns=["row", "step", column])
             keys = key_of(table.column("row").to_numpy(), table.column("step").to_numpy())
-            self._cache = (path, keys, table.column("text").combine_chunks())
-        return self._cache[1], self._cache[2]
+            self._cache = (path, column, keys, table.column(column).combine_chunks())
+        return self._cache[2], self._cache[3]
 
     def stats(self) -> JournalStats:
         return self._segment_stats.plus(JournalStats.of(list(self._tail.values())))

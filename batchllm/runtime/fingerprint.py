@@ -20,7 +20,7 @@ __all__ = ["file_digest", "node_fingerprints"]
 
 # Where a node stands in the file, and what the loader derives from its templates: never
 # part of its results.
-NOT_DECISIVE = ("line", "columns_used", "reads", "merges_read")
+NOT_DECISIVE = ("line", "columns_used", "reads", "merges_read", "nearest_read")
 
 
 def _decisive_fields(node: NodeSpec) -> dict:
@@ -47,6 +47,8 @@ def node_fingerprints(dag: DagSpec, sources: dict[str, InputSource] | None = Non
         node = _decisive_fields(dag.nodes[name])
         if dag.nodes[name].merges_read:  # which nodes a merge joins, in which order, decides the text read
             node["merges"] = {m: list(dag.merges[m]) for m in dag.nodes[name].merges_read}
+        if dag.nodes[name].nearest_read:  # which vectors, and how many rows, decide the rows read
+            node["nearest"] = {n: [dag.nearest[n].query, dag.nearest[n].corpus, dag.nearest[n].k] for n in dag.nodes[name].nearest_read}
         payload = {"node": node, "input": inputs[dag.nodes[name].input_name],
                    "upstream": [prints[u] for u in dag.nodes[name].upstream]}
         prints[name] = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]

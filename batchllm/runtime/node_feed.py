@@ -16,6 +16,7 @@ iterating row); so a scan from `cursor` plus `retry` finds every READY unit.
 from __future__ import annotations
 
 from collections import deque
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -49,6 +50,19 @@ class Upstream:
     def texts(self, rows: np.ndarray) -> list[str | None]:
         return self.journal.texts(rows, self.ledger.final_steps(rows))
 
+    def vectors(self, rows: np.ndarray) -> list[np.ndarray | None]:
+        return self.journal.vectors(rows, self.ledger.final_steps(rows))
+
+
+class Nearest(Protocol):
+    """A nearest list as a node's feed sees it (`runtime.nearest_rows.NearestRows`)."""
+
+    def final_state(self, start_row: int, stop_row: int) -> np.ndarray: ...
+
+    def values(self, rows: np.ndarray) -> list[list[dict[str, object]]]: ...
+
+    def close(self) -> None: ...
+
 
 class MergedUpstream:
     """A merge (`merges:`) as its readers see it: decided once every member is; its text
@@ -78,9 +92,10 @@ class MergedUpstream:
 
 class NodeFeed:
     def __init__(self, node: NodeSpec, index: int, ledger: NodeLedger, source: InputSource, journal: ResultJournal,
-                 upstream: dict[str, Upstream | MergedUpstream]):
+                 upstream: dict[str, Upstream | MergedUpstream], nearest: dict[str, Nearest] | None = None):
+        """`upstream`: the texts the node reads by name; `nearest`: the nearest lists it reads."""
         self.node, self.index, self.ledger, self.source, self.journal = node, index, ledger, source, journal
-        self.upstream = upstream
+        self.upstream, self.nearest = upstream, nearest or {}
         self.cursor = 0
         self.retry: deque[np.ndarray] = deque()
         self._all_decided = False
@@ -136,7 +151,7 @@ class NodeFeed:
         no unit is taken twice."""
         rows = np.asarray(rows, np.int64)
         pending = rows[self.ledger.row_state[rows] == RowState.PENDING]
-        if self.upstream:
+        if self.upstream or self.nearest:
             raise ValueError(f"node {self.node.name!r} reads upstream nodes: its rows are decided as they commit")
         kept = self._where(pending, self._where_filter) if self._where_filter is not None and len(pending) else pending
         self.ledger.skip(np.setdiff1d(pending, kept, assume_unique=True))
@@ -153,8 +168,9 @@ class NodeFeed:
         if not len(pending):
             return False
         candidates = pending
-        if self.upstream:
-            states = np.stack([u.final_state(start, stop)[pending - start] for u in self.upstream.values()])
+        producers = [*self.upstream.values(), *self.nearest.values()]
+        if producers:
+            states = np.stack([u.final_state(start, stop)[pending - start] for u in producers])
             missing = (states == FinalState.NONE).any(axis=0)
             self.ledger.skip(pending[missing])
             candidates = pending[~missing & (states == FinalState.COMMITTED).all(axis=0)]
@@ -175,9 +191,11 @@ class NodeFeed:
         self._all_decided = True
 
     def close(self) -> None:
-        """Its `where:` filter's DuckDB connection (a new feed opens one again if needed)."""
+        """Its `where:` filter's DuckDB connection and its nearest lists' (a new feed opens them again if needed)."""
         if self._where_filter is not None:
             self._where_filter.close()
+        for nearest in self.nearest.values():
+            nearest.close()
 
     def _where(self, rows: np.ndarray, where_filter: WhereFilter) -> np.ndarray:
         table = self._rows_table(rows)
@@ -205,7 +223,8 @@ class NodeFeed:
         rows, steps = self.ledger.row_step_of(units)
         unique_rows, where_in = np.unique(rows, return_inverse=True)
         data = self._rows_table(unique_rows).to_pylist()
-        upstream = {name: u.texts(unique_rows) for name, u in self.upstream.items()}
+        upstream: dict[str, list] = {name: u.texts(unique_rows) for name, u in self.upstream.items()}
+        upstream |= {name: n.values(unique_rows) for name, n in self.nearest.items()}
         previous: list[str | None] = [None] * len(units)
         later = np.flatnonzero(steps > 0)
         if len(later):

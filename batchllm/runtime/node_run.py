@@ -30,7 +30,8 @@ from batchllm.io.node_journal import JournalStats, ResultJournal, ResultRecord
 from batchllm.runtime.backlog import Backlog
 from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.ledger import Ledger, NodeLedger
-from batchllm.runtime.node_feed import MergedUpstream, NodeFeed, Upstream
+from batchllm.runtime.nearest_rows import NearestRows
+from batchllm.runtime.node_feed import MergedUpstream, Nearest, NodeFeed, Upstream
 from batchllm.runtime.prepare import PreparedWindow
 from batchllm.runtime.progress import NodeStats
 from batchllm.runtime.run_dir import RunDir
@@ -215,10 +216,20 @@ def open_node_runs(dag: DagSpec, sources: dict[str, InputSource], run_dir: RunDi
         return {n: MergedUpstream([producer(u) for u in dag.merges[n]]) if n in dag.merges else producer(n)
                 for n in dag.nodes[name].reads}
 
+    def nearest_of(name: str) -> dict[str, Nearest]:
+        """The nearest lists the node's templates read by name."""
+        lists: dict[str, Nearest] = {}
+        for read in dag.nodes[name].nearest_read:
+            spec = dag.nearest[read]
+            lists[read] = NearestRows(spec, Upstream(ledger[spec.query], journals[spec.query]),
+                                      Upstream(ledger[spec.corpus], journals[spec.corpus]),
+                                      sources[dag.nodes[spec.corpus].input_name], vector_dimensions[spec.corpus])
+        return lists
+
     runs = []
     for index, name in enumerate(order):
         node = dag.nodes[name]
-        feed = NodeFeed(node, index, ledger[name], sources[node.input_name], journals[name], upstream_of(name))
+        feed = NodeFeed(node, index, ledger[name], sources[node.input_name], journals[name], upstream_of(name), nearest_of(name))
         runs.append(NodeRun(name, node, index, dag.on_endpoints(name), frozenset(dag.ancestors(name)), journals[name],
                             journals[name].stats(), ledger[name], feed))
     return NodeRuns(runs), ledger, prints
