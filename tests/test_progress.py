@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from batchllm.runtime.ledger import UnitCounts
-from batchllm.runtime.progress import NodeStats, RunProgress, eta_s
+from batchllm.runtime.progress import NodeStats, RunProgress, eta_s, progress_line
 from batchllm.runtime.run_summary import summary_lines
 from batchllm.runtime.status import read_status
 
@@ -263,3 +263,11 @@ def test_a_note_is_one_line_whatever_the_consoles_width(tmp_path):
     note = "engine for judge lost; its log: /tmp/" + "a-long-run-folder/" * 6 + "engine.log"
     progress.note(note)
     assert text.getvalue() == note + "\n"
+
+
+def test_an_embed_or_score_nodes_pace_is_its_prompt_tokens_a_second_for_it_writes_none():
+    pooling = NodeStats("vectors", "minilm-l6", Units(100, 40), 0, prompt_tokens=8_500, started_at=0.0, pools=True)
+    generating = NodeStats("gen", "m", Units(100, 40), 0, prompt_tokens=8_500, output_tokens=300, started_at=0.0)
+    assert progress_line(pooling, 10.0).startswith("vectors: 40/100 units (40%), 850 prompt tok/s, ETA ")
+    assert progress_line(generating, 10.0).startswith("gen: 40/100 units (40%), 30 output tok/s, ETA ")
+    assert pooling.rate_text(10.0, digits=1) == "850.0 prompt tok/s"

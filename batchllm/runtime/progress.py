@@ -64,6 +64,7 @@ class NodeStats:
     model_eta: tuple[float, float] | None = None  # (seconds left, at clock s) by the calibrated cost model
     recent: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))  # (clock s, units done) samples
     servers: tuple[str, ...] = ()  # a node on servers: per server, its latency guard's line (see EndpointEngine.note)
+    pools: bool = False  # an embed or score node: it reads prompts and writes no tokens, so its pace is prompt tokens
 
     @property
     def units_total(self) -> int:
@@ -83,6 +84,12 @@ class NodeStats:
     def output_tokens_per_s(self, now_s: float) -> float:
         elapsed_s = self.elapsed_s(now_s)
         return self.output_tokens / elapsed_s if elapsed_s > 0 else 0.0
+
+    def rate_text(self, now_s: float, digits: int = 0) -> str:
+        """`20 output tok/s`; a pooling node's `850 prompt tok/s`."""
+        elapsed_s = self.elapsed_s(now_s)
+        tokens = self.prompt_tokens if self.pools else self.output_tokens
+        return f"{tokens / elapsed_s if elapsed_s > 0 else 0.0:,.{digits}f} {'prompt' if self.pools else 'output'} tok/s"
 
 
 class RecentPace(NamedTuple):
@@ -128,7 +135,7 @@ def progress_line(stats: NodeStats, now_s: float, wall_now: datetime | None = No
     (ETA `?` when unknown; the end when `wall_now`, the wall clock at `now_s`, is given)."""
     share = f"{stats.units_done / stats.units_total:.0%}" if stats.units_total else "-"
     return (f"{stats.node}: {stats.units_done:,}/{stats.units_total:,} units ({share}), "
-            f"{stats.output_tokens_per_s(now_s):,.0f} output tok/s, {eta_text(eta_s(stats, now_s), wall_now)}")
+            f"{stats.rate_text(now_s)}, {eta_text(eta_s(stats, now_s), wall_now)}")
 
 
 def _wall_clock() -> datetime:

@@ -38,8 +38,7 @@ def summary_lines(stats: dict[str, NodeStats], now_s: float) -> list[str]:
             continue
         lines.append(f"{head} {s.units_done:,}/{s.units_total:,} units" + (f", {s.failed:,} failed" if s.failed else ""))
         elapsed_s = (s.finished_at or now_s) - s.started_at
-        rate = s.output_tokens / elapsed_s if elapsed_s > 0 else 0.0
-        lines.append(f"  tokens: prompt {s.prompt_tokens:,}, output {s.output_tokens:,}, {rate:,.1f} output tok/s")
+        lines.append(f"  tokens: prompt {s.prompt_tokens:,}, output {s.output_tokens:,}, {s.rate_text(now_s, digits=1)}")
         hit_rate = f"{s.prefix_hits / s.prompt_tokens:.0%}" if s.prompt_tokens else "-"
         ideal = "" if s.ideal_cached_tokens is None else f", ideal {s.ideal_cached_tokens:,}"
         lines.append(f"  prefix cache: {s.prefix_hits:,} tok ({hit_rate}){ideal}")
