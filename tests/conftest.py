@@ -115,6 +115,16 @@ def workspace(tmp_path) -> Workspace:
     return Workspace(root)
 
 
+def load_refused(dag: Path):
+    """The UserError loading a DAG file gives (the test fails if it loads)."""
+    from batchllm.core.errors import UserError
+    from batchllm.dag.loader import load_dag
+
+    with pytest.raises(UserError) as refused:
+        load_dag(dag)
+    return refused.value
+
+
 def make_model_dir(path: Path) -> Path:
     """A model directory with the files an engine needs (config, weights, tokenizer), empty:
     for tests whose fake engines never load it."""

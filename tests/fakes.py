@@ -26,6 +26,13 @@ def fake_vector(request: EngineRequest, dimensions: int) -> np.ndarray:
     return vector / np.linalg.norm(vector)
 
 
+def fake_score(request: EngineRequest, dimensions: int) -> float:
+    """A score request's: the cosine of the fake vectors of its text and its pair."""
+    assert request.pair is not None
+    pair = EngineRequest(request.request_id, request.pair, chat=False)
+    return float(fake_vector(request, dimensions).astype(np.float64) @ fake_vector(pair, dimensions).astype(np.float64))
+
+
 def fake_logprobs(text: str, top: int) -> tuple[TokenLogprob, ...]:
     """A token per character, each with log probability -0.5 (and `top` alternatives)."""
     return tuple(TokenLogprob(c, -0.5, tuple((c if k == 0 else f"alt{k}", -0.5 - k) for k in range(top))) for c in text)
@@ -63,6 +70,10 @@ class FakeEngine:
             if self._die_after is not None and self._answered >= self._die_after:
                 break  # like the real engine: what was delivered is kept, the failure comes next
             self._answered += 1
+            if self.config.task is ModelTask.EMBED and request.pair is not None:  # a score: the cosine of the two texts' vectors
+                results.append(EngineResult(request.request_id, ("",), len(request.prompt) + len(request.pair), 0, FinishReason.STOP,
+                                            score=fake_score(request, self.VECTOR_DIMENSIONS)))
+                continue
             if self.config.task is ModelTask.EMBED:
                 results.append(EngineResult(request.request_id, ("",), len(request.prompt), 0, FinishReason.STOP,
                                             vector=fake_vector(request, self.VECTOR_DIMENSIONS)))

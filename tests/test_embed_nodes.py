@@ -144,7 +144,7 @@ def test_a_template_that_reads_an_embed_nodes_vector_as_text_is_refused(embed_wo
 def test_an_unknown_task_and_a_text_field_of_an_embed_node_are_refused(embed_workspace):
     with pytest.raises(UserError) as refused:
         load_dag(embed_workspace.dag(EMBED_DAG.replace("task: embed", "task: rerank")))
-    assert str(refused.value) == "nodes.embed.task must be generate or embed, got 'rerank'"
+    assert str(refused.value) == "nodes.embed.task must be generate, embed or score, got 'rerank'"
     with pytest.raises(UserError) as refused:
         load_dag(embed_workspace.dag(EMBED_DAG.replace("vector: embed,", "vector: embed.text,")))
     assert str(refused.value) == "outputs.vectors.columns.vector: 'embed.text' names unknown field 'text'"
@@ -156,7 +156,7 @@ def test_a_merge_of_an_embed_node_and_a_generation_node_is_refused(embed_workspa
                                            "    merges:\n      either: [embed, answer]\n    outputs:")
     with pytest.raises(UserError) as refused:
         load_dag(embed_workspace.dag(dag))
-    assert str(refused.value) == "merges.either joins embed and generation nodes: a row's result would be a vector or a text"
+    assert str(refused.value) == "merges.either joins embed and generate nodes: a row's result would be a vector or a text"
     assert refused.value.hint == "merge nodes of one task"
 
 

@@ -20,7 +20,7 @@ from batchllm.engines.devices import parse_devices
 from batchllm.io.vector_search import VectorSearch
 from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.launch import run_dag_file
-from tests.conftest import QUESTIONS, make_model_dir
+from tests.conftest import QUESTIONS, load_refused, make_model_dir
 from tests.fakes import DriverCrash, FakeEngine, FakeEngineFactory, fake_text, fake_vector
 
 PASSAGES = [("p1", "Primes have two divisors."), ("p2", "Python's sorted() returns a new list."),
@@ -132,9 +132,8 @@ def test_k_changes_the_readers_fingerprint_and_leaves_the_embed_nodes_results_st
 ])
 def test_a_bad_nearest_list_is_refused_naming_the_key_and_the_fix(nearest_workspace, old, new, message, hint):
     assert old in NEAREST_DAG
-    with pytest.raises(UserError) as refused:
-        load_dag(nearest_workspace.dag(NEAREST_DAG.replace(old, new)))
-    assert str(refused.value) == message and refused.value.hint == hint
+    refused = load_refused(nearest_workspace.dag(NEAREST_DAG.replace(old, new)))
+    assert (str(refused), refused.hint) == (message, hint)
 
 
 def test_nearest_lists_of_two_models_vectors_are_refused(nearest_workspace):

@@ -20,7 +20,7 @@ from batchllm.engines.devices import DeviceSet
 from batchllm.openai_batch import model_map, run_batch
 from batchllm.openai_batch.request_lines import parse_line
 from tests.conftest import make_model_dir
-from tests.fakes import DriverCrash, FakeEngine, FakeEngineFactory, fake_vector
+from tests.fakes import DriverCrash, FakeEngine, FakeEngineFactory, fake_score, fake_vector
 
 CPU2 = DeviceSet("cpu", (0, 1))
 
@@ -108,7 +108,7 @@ def test_a_completion_line_takes_openais_defaults():
      "line 3: body.encoding_format = 'base64' is not supported on /v1/embeddings lines (batchllm takes model and input, "
      "and encoding_format float)"),
     (json.dumps({**completion("x", "m", "p"), "url": "/v1/moderations"}), "unsupported_url",
-     "line 3: url '/v1/moderations' is not supported; use /v1/chat/completions, /v1/completions or /v1/embeddings"),
+     "line 3: url '/v1/moderations' is not supported; use /v1/chat/completions, /v1/completions, /v1/embeddings or /score"),
     (json.dumps(completion("x", "nope", "p")), "model_not_found",
      "line 3: model 'nope' is not mapped to a local model; map it with --model nope=<local model>"),
     (json.dumps(completion("x", "m", "p", tools=[{"type": "function"}])), "unsupported_parameter",
@@ -271,3 +271,55 @@ def test_embedding_lines_run_in_an_embed_node_beside_chat_lines_and_give_vllms_r
                              "completion_tokens": 0, "prompt_tokens_details": None}
     assert len(e2["response"]["body"]["data"][0]["embedding"]) == FakeEngine.VECTOR_DIMENSIONS
 
+
+
+def test_score_lines_run_in_a_score_node_and_give_vllms_score_response_shape(batch):
+    bert = make_model_dir(batch["root"] / "bert-model")
+    (bert / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "hidden_size": FakeEngine.VECTOR_DIMENSIONS}))
+    score = lambda custom_id, url, **body: {"custom_id": custom_id, "method": "POST", "url": url,  # noqa: E731
+                                           "body": {"model": "rank", **body}}
+    lines = [score("s1", "/score", text_1="What is a prime number?", text_2="A number with two divisors."),
+             score("s2", "/v1/score", queries=["Why is the sky blue?"], documents="Rayleigh scattering."),
+             score("s3", "/score", text_1="q", text_2=["a", "b"]),
+             score("s4", "/score", text_1="q", text_2="a", top_n=3)]
+    batch["requests"].write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    factory = FakeEngineFactory()
+    done = run({**batch, "models": {**batch["models"], "rank": str(bert)}}, factory)
+    s1, s2, s3, s4 = output_lines(done.output)
+    pairs = [("What is a prime number?", "A number with two divisors."), ("Why is the sky blue?", "Rayleigh scattering.")]
+    for line, (first, second) in zip((s1, s2), pairs):
+        body = line["response"]["body"]
+        expected = fake_score(EngineRequest("", first, chat=False, pair=second), FakeEngine.VECTOR_DIMENSIONS)
+        assert body["object"] == "list" and body["model"] == "rank" and body["id"].startswith("score-")
+        assert body["data"] == [{"index": 0, "object": "score", "score": expected}]
+        assert body["usage"] == {"prompt_tokens": len(first) + len(second), "total_tokens": len(first) + len(second),
+                                 "completion_tokens": 0, "prompt_tokens_details": None}
+    assert s3["error"] == {"code": "unsupported_body", "message": "line 3: body.text_2 must be one string (or a list of one): "
+                                                                  "batchllm scores one pair a line, got [\"a\", \"b\"]"}
+    assert s4["error"] == {"code": "unsupported_parameter", "message": "line 4: body.top_n = 3 is not supported on /score lines "
+                                                                       "(batchllm takes model and one pair: text_1 and text_2)"}
+
+
+def test_a_model_mapped_to_base_and_adapter_runs_its_lines_with_the_adapter_in_the_bases_engine(batch, monkeypatch):
+    from batchllm.openai_batch.model_map import model_map
+    from tests.lora_adapters import TINY_BASE, make_lora_adapter
+
+    adapter = make_lora_adapter(batch["root"] / "adapters" / "sql", TINY_BASE, seed=0)
+    monkeypatch.chdir(batch["root"])
+    models = model_map(["gpt-a=./model-a", "sql-expert=./model-a:adapters/sql"], None, batch["root"])
+    assert models["sql-expert"] == f"{batch['root'] / 'model-a'}:{adapter.resolve()}"
+    batch["requests"].write_text("\n".join([json.dumps(chat("base", "gpt-a", "Hi", max_tokens=8)),
+                                            json.dumps(chat("tuned", "sql-expert", "Hi", max_tokens=8)),
+                                            json.dumps(embedding("e", "sql-expert", "Hi"))]) + "\n")
+    factory = FakeEngineFactory()
+    done = run({**batch, "models": models}, factory)
+    [engine] = factory.started
+    assert (engine.config.max_loras, engine.config.max_lora_rank) == (1, 8)
+    assert sorted((r.adapter or "") for r in factory.requests) == ["", str(adapter.resolve())]
+    base, tuned, embedded = output_lines(done.output)
+    assert base["response"]["body"]["model"] == "gpt-a" and tuned["response"]["body"]["model"] == "sql-expert"
+    assert embedded["error"] == {"code": "invalid_request", "message": "line 3: model 'sql-expert' is mapped to a LoRA adapter, "
+                                                                       "which applies to chat and completion lines, not to /v1/embeddings lines"}
+    with pytest.raises(UserError) as refused:
+        model_map(["sql-expert=./model-a:adapters/none"], None, batch["root"])
+    assert str(refused.value) == f"adapter directory '{batch['root'] / 'adapters' / 'none'}' does not exist"

@@ -35,14 +35,28 @@ print("VECTORS " + json.dumps([output.outputs.embedding for output in llm.embed(
 """
 
 
-def vllm_embeddings(model_dir: Path, texts: list[str]) -> np.ndarray:
-    """vLLM's own `LLM.embed` of `texts`, in a process of its own, as a user's script runs it."""
+VLLM_SCORE = """
+import json, sys
+from vllm import LLM
+first, second = json.load(sys.stdin)
+llm = LLM(model=sys.argv[1], runner="pooling", enforce_eager=True, dtype=sys.argv[2], seed=0)
+print("SCORES " + json.dumps([output.outputs.score for output in llm.score(first, second)]))
+"""
+
+
+def vllm_script(script: str, model_dir: Path, stdin: object, marker: str) -> list:
+    """What a script of vLLM's own API prints after `marker`, run in a process of its own as a user's script runs it."""
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    done = subprocess.run([sys.executable, "-c", VLLM_EMBED, str(model_dir), engine_dtype("cpu") or "auto"], input=json.dumps(texts),
+    done = subprocess.run([sys.executable, "-c", script, str(model_dir), engine_dtype("cpu") or "auto"], input=json.dumps(stdin),
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    line = next(line for line in done.stdout.splitlines() if line.startswith("VECTORS "))
-    return np.array(json.loads(line.removeprefix("VECTORS ")), np.float32)
+    line = next(line for line in done.stdout.splitlines() if line.startswith(marker + " "))
+    return json.loads(line.removeprefix(marker + " "))
+
+
+def vllm_embeddings(model_dir: Path, texts: list[str]) -> np.ndarray:
+    """vLLM's own `LLM.embed` of `texts`."""
+    return np.array(vllm_script(VLLM_EMBED, model_dir, texts, "VECTORS"), np.float32)
 
 
 def cosines(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
@@ -159,3 +173,18 @@ def test_the_retrieval_example_answers_from_passages_its_questions_own_answers_a
     assert len(own) == 2  # of the first 4 questions, the 1st and the 3rd
     nearest = [[passages.column("row_id")[int(j)].as_py() for j in np.argsort(-similarities[k])[:3]] for k, _ in own]
     assert all(passage in found for (_, passage), found in zip(own, nearest)), (own, nearest)
+
+
+def test_a_score_node_gives_the_scores_of_vllms_own_score(tmp_path, monkeypatch, shared_engines, questions):
+    monkeypatch.setenv("BATCHLLM_HOME", str(MODEL_HOME))
+    passages = pq.read_table(REPO / "examples" / "passages.parquet").column("passage").to_pylist()[:ROWS]
+    pq.write_table(pa.table({"id": [f"r{k}" for k in range(ROWS)], "question": questions, "passage": passages}), tmp_path / "pairs.parquet")
+    dag = tmp_path / "dag.yaml"
+    dag.write_text("inputs:\n  pairs: {path: pairs.parquet, id_column: id}\n"
+                   "nodes:\n  relevance:\n    model: minilm-l6\n    task: score\n    prompt: '{{ question }}'\n    pair: '{{ passage }}'\n")
+    result, _ = run_dag_file(dag, tmp_path / "out", parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
+    assert result.nodes_failed == {}
+    ours = pq.read_table(tmp_path / "out" / "results.parquet").column("relevance").to_pylist()
+    theirs = vllm_script(VLLM_SCORE, MINILM_L6.prepare(MODEL_HOME), [questions, passages], "SCORES")
+    assert np.allclose(ours, theirs, atol=1e-4, rtol=0), (ours, theirs)
+    assert len(set(np.round(ours, 3))) == ROWS  # eight pairs, eight scores: not one value for all

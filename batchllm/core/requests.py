@@ -33,6 +33,8 @@ class EngineRequest(NamedTuple):
     prompt_token_ids: tuple[int, ...] | None = None  # the prompt as the model's tokenizer gives it (chat template applied); None: the engine tokenizes
     output: OutputConstraint | None = None  # structured output the engine enforces
     messages: tuple[Message, ...] | None = None  # a whole conversation (then `prompt` and `system` are unused)
+    pair: str | None = None  # a score request's second text (`prompt` is its first): the result is their vectors' cosine
+    adapter: str | None = None  # a LoRA adapter directory the request runs with (the engine's model is its base)
 
     @property
     def max_tokens(self) -> int:
@@ -45,7 +47,7 @@ class EngineRequest(NamedTuple):
     def with_token_ids(self, token_ids: Sequence[int]) -> "EngineRequest":
         """This request with its prompt's token ids (positional: `_replace` costs twice as much)."""
         return EngineRequest(self.request_id, self.prompt, self.system, self.chat, self.sampling, tuple(token_ids), self.output,
-                             self.messages)
+                             self.messages, self.pair, self.adapter)
 
     def chat_messages(self) -> list[dict[str, str]]:
         """The chat as the model's chat template takes it."""
@@ -55,10 +57,18 @@ class EngineRequest(NamedTuple):
 
 
 class ModelTask(str, Enum):
-    """What a node asks of its model: text, or one vector a row (a pooling model's)."""
+    """What a node asks of its model: text, one vector a row (a pooling model's), or one score a
+    row (the cosine of a pooling model's vectors of two texts, as vLLM's score API gives for an
+    embedding model)."""
 
     GENERATE = "generate"
     EMBED = "embed"
+    SCORE = "score"
+
+    @property
+    def pools(self) -> bool:
+        """The model runs as a pooling model: prefill only, one vector a text."""
+        return self is not ModelTask.GENERATE
 
 
 class FinishReason(str, Enum):
@@ -105,6 +115,7 @@ class EngineResult(NamedTuple):
     error: str | None = None  # why it could not run (finish_reason ERROR)
     logprobs: tuple[TokenLogprob, ...] | None = None  # of texts[0], token by token, when the request asked for them
     vector: np.ndarray | None = None  # an embedding request's pooled vector (float32; texts are empty then)
+    score: float | None = None  # a score request's (texts are empty then)
 
     @classmethod
     def failed(cls, request_id: RequestId, num_prompt_tokens: int, why: str) -> "EngineResult":

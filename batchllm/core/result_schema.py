@@ -4,7 +4,8 @@ node file, the DAG's `node.field` output columns and the readers of those files 
 A result is keyed by where it belongs (the row's position in the journal, the row's id in a
 node file) and its step; `texts` holds every completion when a node samples n > 1,
 `logprobs` each output token's log probability (and the top ones) when a node asks for them,
-and `vector` an embed node's vector (a fixed-size list of float32; its text is empty).
+`vector` an embed node's vector (a fixed-size list of float32; its text is empty), and
+`score` a score node's number (float64; its text is empty).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ LOGPROBS_FIELD = ("logprobs", pa.list_(pa.struct([("token", pa.string()), ("logp
                                                    ("top_logprobs", pa.list_(TOP_LOGPROB))])))
 LOGPROB_FIELDS = ("logprobs", "logprob")  # what `node.field` may name of a node with `logprobs: true` (logprob: their sum)
 VECTOR_FIELD_NAME = "vector"
+SCORE_FIELD = ("score", pa.float64())
 
 
 def vector_field(dimensions: int) -> tuple[str, pa.DataType]:
@@ -28,12 +30,13 @@ def vector_field(dimensions: int) -> tuple[str, pa.DataType]:
 
 
 def result_schema(key: tuple[str, pa.DataType], samples: int = 1, logprobs: bool = False,
-                  vector_dimensions: int | None = None) -> pa.Schema:
+                  vector_dimensions: int | None = None, scores: bool = False) -> pa.Schema:
     """`key`, the step, the result's fields, `texts` when a node samples more than one,
-    `logprobs` when it keeps them, and `vector` when it embeds."""
+    `logprobs` when it keeps them, `vector` when it embeds and `score` when it scores."""
     return pa.schema([key, STEP_FIELD, *RESULT_FIELDS, *([SAMPLES_FIELD] if samples > 1 else []),
                       *([LOGPROBS_FIELD] if logprobs else []),
-                      *([vector_field(vector_dimensions)] if vector_dimensions is not None else [])])
+                      *([vector_field(vector_dimensions)] if vector_dimensions is not None else []),
+                      *([SCORE_FIELD] if scores else [])])
 
 
 def logprobs_rows(logprobs) -> list[dict] | None:

@@ -2,7 +2,7 @@
 runtime (rendering requests), the checks (dry render) and the planner (prompt sizes).
 
 - the input row's columns, and `row_id`;
-- the final text of each upstream node or merge it reads, under that name;
+- the final text of each upstream node or merge it reads, under that name (a score node's: its number);
 - each nearest list it reads (`nearest:`), under its name: the corpus rows as `nearest_item`s;
 - iterating nodes: the list element under `iterate.as`, `step` (0-based) and `previous`
   (the step before's output; None at step 0).
@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import cast
 
+from batchllm.core.requests import ModelTask
 from batchllm.dag.model import DagSpec, NodeSpec
 
 
@@ -41,3 +42,13 @@ def nearest_samples(dag: DagSpec, node: NodeSpec, first_rows: Mapping[str, Mappi
         spec = dag.nearest[name]
         samples[name] = [nearest_item(first_rows[dag.nodes[spec.corpus].input_name], 1.0)] * spec.k
     return samples
+
+
+def upstream_stand_ins(dag: DagSpec, node: NodeSpec) -> dict[str, object]:
+    """What a node's templates read by name, before anything ran: empty text, or 0.0 for a score node (or a merge of them).
+    A node not in `dag` (on servers, left out of the planner's part) generates text."""
+    def scores(name: str) -> bool:
+        first = dag.merges.get(name, (name,))[0]
+        return first in dag.nodes and dag.nodes[first].task is ModelTask.SCORE
+
+    return {name: 0.0 if scores(name) else "" for name in node.reads}

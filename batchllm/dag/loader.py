@@ -38,7 +38,7 @@ from batchllm.dag.model import (
 )
 from batchllm.dag.nearest_section import check_nearest, parse_nearest
 from batchllm.dag.node_prompt import message_templates
-from batchllm.dag.node_task import EMBED_FIELDS, EMBED_SAMPLING, default_field, parse_task
+from batchllm.dag.node_task import EMBED_SAMPLING, default_field, parse_task, result_fields
 from batchllm.dag.sql_names import sql_identifiers
 from batchllm.dag.templates import compile_expression, compile_template
 from batchllm.dag.yaml_lines import LineDict, read_yaml
@@ -140,8 +140,10 @@ def _check_merges(top: _Section, path: Path, merges: dict[str, tuple[str, ...]],
                          f"did you mean {close[0]!r}?" if close else f"nodes: {', '.join(nodes)}")
         if len({nodes[m].input_name for m in members}) > 1:
             section.fail(name, f"merges.{name} joins nodes of different inputs", "merge nodes that run over one input")
-        if len({nodes[m].task for m in members}) > 1:
-            section.fail(name, f"merges.{name} joins embed and generation nodes: a row's result would be a vector or a text",
+        tasks = sorted({nodes[m].task.value for m in members})
+        if len(tasks) > 1:
+            kinds = " or ".join({"embed": "a vector", "generate": "a text", "score": "a number"}[t] for t in tasks)
+            section.fail(name, f"merges.{name} joins {' and '.join(tasks)} nodes: a row's result would be {kinds}",
                          "merge nodes of one task")
 
 
@@ -221,7 +223,8 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
     if not raw:
         top.fail("nodes", "the DAG declares no nodes", "add at least one LLM stage under `nodes:`")
     section = _Section(path, raw, "nodes", top.line("nodes"), set(raw))
-    allowed = {"model", "task", "input", "prompt", "system", "messages", "chat", "sampling", "where", "iterate", "output"}
+    allowed = {"model", "adapter", "task", "input", "prompt", "pair", "system", "messages", "chat", "sampling", "where", "iterate",
+               "output"}
     parsed: dict[str, tuple[_Section, NodeSpec, set[str]]] = {}
     for name, body in raw.items():
         _check_name(section, name, "node")
@@ -258,8 +261,8 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
             else:
                 for k, turn in enumerate(messages or ()):
                     names |= compile_template(turn.content, where=f"{where}[{k}].content", first_line=None).names
-        for key in ("prompt", "system"):
-            source = node.get(key, str, None if key == "system" or messages is not None else ..., expect="a template string")
+        for key in ("prompt", "pair", "system"):
+            source = node.get(key, str, None if key != "prompt" or messages is not None else ..., expect="a template string")
             if source is not None:
                 first_line = node.mapping.value_line(key)
                 where = f"{path}, nodes.{name}.{key}" if first_line else f"nodes.{name}.{key}"
@@ -288,7 +291,7 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
             prompt=templates["prompt"].source if "prompt" in templates else "",
             system=templates["system"].source if "system" in templates else None,
             chat=node.get("chat", bool, task is ModelTask.GENERATE, expect="true or false"),
-            sampling=EMBED_SAMPLING if task is ModelTask.EMBED else _parse_sampling(node, path),
+            sampling=EMBED_SAMPLING if task.pools else _parse_sampling(node, path),
             where=where_text,
             iterate=iterate,
             line=section.line(name),
@@ -300,6 +303,8 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
             messages=messages,
             task=task,
             nearest_read=nearest_read,
+            pair=templates["pair"].source if "pair" in templates else None,
+            adapter=_adapter_path(node, path, task),
         )
         parsed[name] = (node, spec, names)
     for name, (node, spec, _) in parsed.items():
@@ -319,6 +324,15 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
                 node.fail(None, f"node {name!r} reads node {up!r}, which runs over another input ({parsed[up][1].input_name!r})",
                           "nodes joined row by row must share one input")
     return {name: spec for name, (_, spec, _) in parsed.items()}
+
+
+def _adapter_path(node: _Section, path: Path, task: ModelTask) -> str | None:
+    """`adapter:`, a LoRA adapter directory (relative to the DAG file), on a generation node."""
+    adapter = node.get("adapter", str, None, check=bool, expect="a LoRA adapter directory")
+    if adapter is not None and task is not ModelTask.GENERATE:
+        node.fail("adapter", f"{node.where}.adapter: a LoRA adapter applies to a generation node, not to one with `task: {task.value}`",
+                  "drop `adapter:`, or give it a node that generates")
+    return None if adapter is None else str((path.parent / adapter).resolve())
 
 
 def _check_graph(path: Path, nodes: dict[str, NodeSpec]) -> None:
@@ -346,7 +360,7 @@ def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], node
             columns = {}
             for n, spec in nodes.items():
                 if spec.input_name == input_name:
-                    columns[n] = ColumnRef(n, "text")
+                    columns[n] = ColumnRef(n, default_field(spec.task))
                     for field, kind in (spec.output.json_fields() if spec.output else {}).items():
                         columns.setdefault(f"{n}_{field}", ColumnRef(n, field, kind))
             name = "results" if len(inputs) == 1 else input_name
@@ -373,7 +387,7 @@ def _parse_outputs(top: _Section, path: Path, inputs: dict[str, InputSpec], node
                 field = field or default_field(task)
                 json_fields = _json_fields(head, nodes, merges)
                 with_logprobs = all(nodes[m].sampling.logprobs for m in merges.get(head, (head,)))
-                known = EMBED_FIELDS if task is ModelTask.EMBED else (*RESULT_FIELD_NAMES, *(LOGPROB_FIELDS if with_logprobs else ()))
+                known = result_fields(task) or (*RESULT_FIELD_NAMES, *(LOGPROB_FIELDS if with_logprobs else ()))
                 if field not in known and field not in json_fields:
                     hint = (f"set `sampling: {{logprobs: true}}` on {head!r} to keep them" if field in LOGPROB_FIELDS
                             else f"fields: {', '.join((*known, *json_fields))}")

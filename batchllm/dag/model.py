@@ -68,8 +68,10 @@ class NodeSpec:
     # The chat as turns (a template each), or as one expression that yields the list (see dag.node_prompt);
     # `prompt` and `system` are "" and None then.
     messages: tuple[MessageTemplate, ...] | str | None = None
-    task: ModelTask = ModelTask.GENERATE  # EMBED: one vector a unit, of its prompt as plain text (no chat template)
+    task: ModelTask = ModelTask.GENERATE  # EMBED: one vector a unit, of its prompt as plain text; SCORE: one number (see dag.node_task)
     nearest_read: tuple[str, ...] = ()  # nearest-row lists (see DagSpec.nearest) its templates read; their nodes are in `upstream`
+    pair: str | None = None  # a score node's second text, a template (`prompt` is its first)
+    adapter: str | None = None  # a LoRA adapter directory (absolute) its requests run with, on its `model` as the base
 
 
 @dataclass(frozen=True)

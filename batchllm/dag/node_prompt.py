@@ -30,13 +30,14 @@ class RenderedPrompt:
     prompt: str  # the user message ("" when `messages` holds the chat)
     system: str | None
     messages: tuple[Message, ...] | None
+    pair: str | None = None  # a score node's second text
 
     @property
     def text(self) -> str:
         """All the text the model reads, without the chat template (for sizes and prefixes)."""
         if self.messages is not None:
             return "".join(content for _, content in self.messages)
-        return (self.system or "") + self.prompt
+        return (self.system or "") + self.prompt + (self.pair or "")
 
 
 class NodePrompt:
@@ -45,7 +46,7 @@ class NodePrompt:
         where = f"nodes.{node.name}"
         self._conversation = None
         self._turns: tuple[tuple[str, PromptTemplate], ...] | None = None
-        self._prompt = self._system = None
+        self._prompt = self._system = self._pair = None
         if isinstance(node.messages, str):
             self._conversation = compile_expression(node.messages, where=f"{where}.messages")
         elif node.messages is not None:
@@ -54,6 +55,7 @@ class NodePrompt:
         else:
             self._prompt = compile_template(node.prompt, where=f"{where}.prompt", first_line=None)
             self._system = compile_template(node.system, where=f"{where}.system", first_line=None) if node.system else None
+            self._pair = compile_template(node.pair, where=f"{where}.pair", first_line=None) if node.pair is not None else None
 
     def render(self, context: dict[str, object], *, where: str) -> RenderedPrompt:
         if self._conversation is not None:
@@ -63,7 +65,8 @@ class NodePrompt:
                                                   for k, (role, t) in enumerate(self._turns)))
         assert self._prompt is not None
         system = render_checked(self._system, context, where=f"{where}.system") if self._system else None
-        return RenderedPrompt(render_checked(self._prompt, context, where=f"{where}.prompt"), system, None)
+        pair = render_checked(self._pair, context, where=f"{where}.pair") if self._pair else None
+        return RenderedPrompt(render_checked(self._prompt, context, where=f"{where}.prompt"), system, None, pair)
 
 
 def message_templates(value: object, where: str) -> tuple[MessageTemplate, ...] | str:

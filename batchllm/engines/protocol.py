@@ -28,11 +28,15 @@ class EngineConfig:
     log_path: str | None = None  # where the engine's own logs go
     endpoint: Endpoint | None = None  # a server that already serves the model (its replica names no devices then)
     task: ModelTask = ModelTask.GENERATE  # EMBED: the engine runs the model as a pooling model (prefill only, one vector a request)
+    # LoRA adapters on the model (its nodes with `adapter:`): how many the engine holds at once, and the largest rank;
+    # the base's nodes and its adapters' share the engine (0 and None: no adapter)
+    max_loras: int = 0
+    max_lora_rank: int | None = None
 
     def sharing_key(self) -> tuple:
         """Two configs with the same key can be served by one running engine."""
         return (self.model, self.replica, self.max_model_len, self.max_num_seqs, self.kv_cache_memory_bytes, self.enforce_eager, self.dtype,
-                self.endpoint, self.task)
+                self.endpoint, self.task, self.max_loras, self.max_lora_rank)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from batchllm.core.errors import UserError
 from batchllm.core.files import write_text_atomically
 from batchllm.core.requests import ModelTask
 from batchllm.dag.model import DagSpec, NodeSpec
-from batchllm.dag.node_task import engine_max_model_len
+from batchllm.dag.node_task import engine_max_model_len, engine_task
 from batchllm.engines.devices import CPU_KV_CACHE_DEFAULT_BYTES, engine_dtype, engine_dtype_reason
 from batchllm.engines.protocol import exception_cause
 from batchllm.engines.version import installed_vllm
@@ -62,7 +62,7 @@ def check_engine_settings(dag: DagSpec, home: Path, device_kind: str) -> None:
     first_node: dict[tuple[str, ModelTask], NodeSpec] = {}
     for node in dag.nodes.values():
         if node.model not in dag.endpoints:  # a server's model runs on settings of its own
-            first_node.setdefault((node.model, node.task), node)
+            first_node.setdefault((node.model, engine_task(node.task)), node)
     settings = {}
     for (model, task), node in first_node.items():
         ref = resolve_model(model, dag_dir=dag.path.parent, home=home, where=dag.where(node.line, f"nodes.{node.name}.model"))

@@ -4,7 +4,9 @@ The engine core runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so one `step
 is one scheduler iteration, and stopping the worker stops everything it started.
 A generating engine streams text deltas; a pooling engine (an EMBED config) answers each
 request in the step that computes its prompt, with the vector the model's pooling config
-gives (pooled and normalised as its sentence-transformers files say).
+gives (pooled and normalised as its sentence-transformers files say). A score request (one
+with a `pair`) is two pooling requests, its text and its pair, answered with their vectors'
+cosine once both are computed: what vLLM's score API gives for an embedding model.
 Each step is measured: its wall time, and from vLLM's own per-iteration details
 (through a stat logger, vLLM's public hook) how many prompt tokens it computed, how
 many sequences decoded, and the prefix cache's lookups and hits.
@@ -17,9 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, ModelTask, RequestId, TokenLogprob
+from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, RequestId, TokenLogprob
 from batchllm.core.sampling import SamplingSpec, request_seed
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
+from batchllm.engines.score_pairs import PAIR_HALF, ScorePairs
 from batchllm.models.tokens import PromptTokenizer
 
 if TYPE_CHECKING:
@@ -127,9 +130,13 @@ class VllmStepper:
         for key in ("max_model_len", "max_num_seqs", "kv_cache_memory_bytes", "dtype"):
             if getattr(config, key) is not None:
                 options[key] = getattr(config, key)
-        self._pooling = config.task is ModelTask.EMBED
+        self._pooling = config.task.pools
         if self._pooling:
             options["runner"] = "pooling"
+        if config.max_loras:  # the base's requests and its adapters' in one engine, batched together
+            options.update(enable_lora=True, max_loras=config.max_loras, max_cpu_loras=config.max_loras,
+                           max_lora_rank=config.max_lora_rank)
+        self._adapters: dict[str, Any] = {}  # adapter directory -> its LoRARequest (ids from 1, in order of first use)
         self._tally = [_IterationTally()]
         self._engine = LLMEngine.from_engine_args(EngineArgs(**options), stat_loggers=[_recorder_factory(self._tally)])
         self._tokenizer = PromptTokenizer(config.model)
@@ -145,6 +152,7 @@ class VllmStepper:
             engine_version=f"vllm {vllm.__version__}",
         )
         self._live: dict[str, _LiveRequest] = {}
+        self._pairs = ScorePairs()
         self._decode_context = 0  # sum of context over decoding sequences
 
     def add(self, request: EngineRequest) -> EngineResult | None:
@@ -153,16 +161,41 @@ class VllmStepper:
 
         params = self._pooling_params() if self._pooling else self._sampling_params(request)
         ids = list(request.prompt_token_ids) if request.prompt_token_ids is not None else self._tokenizer.token_ids(request)
-        if len(ids) > self.ready.max_model_len or (len(ids) == self.ready.max_model_len and not self._pooling):
-            return EngineResult.failed(request.request_id, len(ids), f"prompt has {len(ids)} tokens, the engine's max_model_len is "
-                                                                     f"{self.ready.max_model_len}")
-        text_id = str(request.request_id)
+        texts = [(str(request.request_id), ids)]
+        if request.pair is not None:
+            pair = EngineRequest(request.request_id, request.pair, chat=False)
+            texts.append((str(request.request_id) + PAIR_HALF, self._tokenizer.token_ids(pair)))
+        tokens = sum(len(t) for _, t in texts)
+        longest = max(len(t) for _, t in texts)
+        if longest > self.ready.max_model_len or (longest == self.ready.max_model_len and not self._pooling):
+            return EngineResult.failed(request.request_id, tokens, f"prompt has {longest} tokens, the engine's max_model_len is "
+                                                                   f"{self.ready.max_model_len}")
+        added: list[str] = []
         try:
-            self._engine.add_request(text_id, {"prompt_token_ids": ids}, params)
+            adapter = self._adapter(request.adapter)
+            for text_id, text_ids in texts:
+                self._engine.add_request(text_id, {"prompt_token_ids": text_ids}, params, lora_request=adapter)
+                added.append(text_id)
         except (VLLMError, ValueError) as exc:  # any other request vLLM refuses
-            return EngineResult.failed(request.request_id, len(ids), str(exc))
-        self._live[text_id] = _LiveRequest.new(request.request_id, len(ids), request.sampling)
+            if added:
+                self._engine.abort_request(added)
+            return EngineResult.failed(request.request_id, tokens, str(exc))
+        for text_id, text_ids in texts:
+            self._live[text_id] = _LiveRequest.new(request.request_id, len(text_ids), request.sampling)
+        if request.pair is not None:
+            self._pairs.submitted(request.request_id)
         return None
+
+    def _adapter(self, path: str | None):
+        """The LoRARequest of an adapter directory (None: the base model)."""
+        if path is None:
+            return None
+        if path not in self._adapters:
+            from vllm.lora.request import LoRARequest
+
+            number = len(self._adapters) + 1
+            self._adapters[path] = LoRARequest(f"adapter-{number}", number, path)
+        return self._adapters[path]
 
     @staticmethod
     def _pooling_params():
@@ -202,7 +235,10 @@ class VllmStepper:
                     continue
                 del self._live[output.request_id]
                 vector = cast("PoolingOutput", output.outputs).data.float().numpy()  # float32, whatever the engine's dtype
-                finished.append(EngineResult(live.request_id, ("",), live.prompt_tokens, 0, FinishReason.STOP, vector=vector))
+                if not self._pairs.owns(output.request_id):
+                    finished.append(EngineResult(live.request_id, ("",), live.prompt_tokens, 0, FinishReason.STOP, vector=vector))
+                elif (scored := self._pairs.half_done(output.request_id, live.request_id, vector, live.prompt_tokens)) is not None:
+                    finished.append(scored)
                 continue
             before = live.context() if live.decoding else 0
             for completion in cast("list[CompletionOutput]", output.outputs):  # a generating engine: no PoolingOutput

@@ -11,6 +11,7 @@ Inputs are opened, not loaded: the checks read their schemas and first row only.
 from __future__ import annotations
 
 import difflib
+import json
 from pathlib import Path
 from typing import cast
 
@@ -18,11 +19,12 @@ import pyarrow as pa
 
 from batchllm.core.errors import UserError
 from batchllm.core.requests import ModelTask
-from batchllm.dag.context import nearest_samples, template_context
+from batchllm.dag.context import nearest_samples, template_context, upstream_stand_ins
 from batchllm.dag.model import DagSpec, NodeSpec
 from batchllm.dag.node_prompt import NodePrompt
 from batchllm.io.input_source import InputSource, open_inputs
 from batchllm.io.sql import where_row_ids
+from batchllm.models.lora_adapter import AdapterError, LoraAdapter
 from batchllm.models.model_kind import ModelKind
 from batchllm.models.registry import resolve_model
 
@@ -52,12 +54,18 @@ def check_dag(dag: DagSpec, home, *, resolve_models: bool = True) -> dict[str, I
     for node in dag.nodes.values():
         _check_node(dag, node, first_rows[node.input_name],
                     nearest_samples(dag, node, {name: rows.to_pylist()[0] for name, rows in first_rows.items()}))
-        if node.task is ModelTask.EMBED and node.model in dag.endpoints:
-            raise UserError(f"node {node.name!r} embeds with {node.model!r}, which the DAG serves from endpoints: batchllm embeds "
-                            "on its own devices only", where=dag.where(node.line, f"nodes.{node.name}.task"),
+        if node.task.pools and node.model in dag.endpoints:
+            raise UserError(f"node {node.name!r} {node.task.value}s with {node.model!r}, which the DAG serves from endpoints: "
+                            f"batchllm {node.task.value}s on its own devices only", where=dag.where(node.line, f"nodes.{node.name}.task"),
+                            hint=f"drop {node.model!r} from `endpoints:` to run it here")
+        if node.adapter is not None and node.model in dag.endpoints:
+            raise UserError(f"node {node.name!r} runs adapter {node.adapter!r} on {node.model!r}, which the DAG serves from endpoints: "
+                            "batchllm runs adapters on its own devices only so far", where=dag.where(node.line, f"nodes.{node.name}.adapter"),
                             hint=f"drop {node.model!r} from `endpoints:` to run it here")
         if resolve_models and node.model not in dag.endpoints:  # a server's model needs no files here
             _node_model_kind(dag, node, home)
+            if node.adapter is not None:
+                _check_adapter(dag, node, home)
     for output in dag.outputs.values():
         schema = first_rows[output.input_name].schema
         for column, ref in output.columns.items():
@@ -115,16 +123,37 @@ def _check_node(dag: DagSpec, node: NodeSpec, first_row: pa.Table, nearest: dict
             raise UserError(f"iterate.over column {over!r} has type {schema.field(over).type}, but must be a list of strings",
                             where=where, hint="store the chunks of each row as list<string>")
     if node.where:
-        empty = {name: pa.array([], pa.string()) for name in node.reads}
+        empty = {name: pa.array([], pa.float64() if isinstance(value, float) else pa.string())
+                 for name, value in upstream_stand_ins(dag, node).items()}
         where_row_ids(first_row.slice(0, 0), empty, node.where, where=f"{where}.where")
-    _dry_render(node, first_row, nearest, where)
+    _dry_render(node, first_row, {**upstream_stand_ins(dag, node), **nearest}, where)
 
 
-def _dry_render(node: NodeSpec, first_row: pa.Table, nearest: dict[str, list[dict[str, object]]], where: str) -> None:
-    """Render the node's prompt on the first row at step 0, upstream outputs as empty text."""
+def _dry_render(node: NodeSpec, first_row: pa.Table, upstream: dict[str, object], where: str) -> None:
+    """Render the node's prompt on the first row at step 0, upstream outputs as stand-ins."""
     row = first_row.to_pylist()[0]
-    context = template_context(node, row, {**{name: "" for name in node.reads}, **nearest})
+    context = template_context(node, row, upstream)
     NodePrompt(node).render(context, where=where)
+
+
+def _check_adapter(dag: DagSpec, node: NodeSpec, home: Path) -> None:
+    """The node's LoRA adapter can be read, fits its base model and has a rank vLLM's engine takes."""
+    assert node.adapter is not None
+    where = dag.where(node.line, f"nodes.{node.name}.adapter")
+    try:
+        adapter = LoraAdapter.read(Path(node.adapter))
+        adapter.engine_rank()
+    except AdapterError as error:
+        raise UserError(str(error), where=where, hint=error.hint) from None
+    config_dir = resolve_model(node.model, dag_dir=dag.path.parent, home=home, where=where).config_dir(home)
+    try:
+        base = json.loads((config_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # a base without a readable config: vLLM says what it finds when it loads the adapter
+    misfit = adapter.misfit(base)
+    if misfit is not None:
+        raise UserError(f"adapter {node.adapter!r} was made for another base than {node.model!r}: {misfit}", where=where,
+                        hint="give the node the model the adapter was trained on, or an adapter trained on this one")
 
 
 def node_vector_dimensions(dag: DagSpec, home: Path) -> dict[str, int]:
@@ -141,8 +170,12 @@ def _node_model_kind(dag: DagSpec, node: NodeSpec, home: Path) -> ModelKind:
         raise UserError(f"node {node.name!r} generates text, but model {node.model!r} ({', '.join(kind.architectures)}) has no "
                         "language-model head: it embeds only", where=where,
                         hint="set `task: embed` on the node, or give it a generation model")
-    if node.task is ModelTask.EMBED and kind.vector_dimensions is None:
-        raise UserError(f"node {node.name!r} embeds, but model {node.model!r} names no vector size (no hidden_size in its "
-                        "config.json, no sentence-transformers pooling files)", where=where,
+    if node.task.pools and kind.vector_dimensions is None:
+        raise UserError(f"node {node.name!r} {node.task.value}s, but model {node.model!r} names no vector size (no hidden_size in "
+                        "its config.json, no sentence-transformers pooling files)", where=where,
+                        hint="give the node an embedding model, such as the embedded 'minilm-l6'")
+    if node.task is ModelTask.SCORE and kind.classifies:
+        raise UserError(f"node {node.name!r} scores, but model {node.model!r} ({', '.join(kind.architectures)}) is a cross-encoder: "
+                        "batchllm scores with embedding models so far (the cosine of the two texts' vectors)", where=where,
                         hint="give the node an embedding model, such as the embedded 'minilm-l6'")
     return kind

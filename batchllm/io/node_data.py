@@ -36,7 +36,7 @@ from batchllm.core.errors import UserError
 from batchllm.core.length_prompt import LengthPrompt
 from batchllm.core.requests import EngineRequest
 from batchllm.core.text_tokens import CHARS_PER_TOKEN, estimated_tokens
-from batchllm.dag.context import nearest_samples, template_context
+from batchllm.dag.context import nearest_samples, template_context, upstream_stand_ins
 from batchllm.dag.model import DagSpec, NodeSpec
 from batchllm.dag.node_prompt import NodePrompt
 from batchllm.dag.sql_names import sql_identifiers
@@ -130,7 +130,7 @@ def summarize_dag(dag: DagSpec, sources: Sources, facts: Mapping[str, NodeFacts]
         own = facts[name]
         nearest = nearest_samples(dag, node, {n: sources[n].head_rows(1).to_pylist()[0] for n in dag.inputs}) if node.nearest_read else {}
         prompts, cached, rendered = _prompt_tokens(node, sample, upstream_tokens, own.expected_output_tokens,
-                                                   own.block_tokens, tokenizer, nearest)
+                                                   own.block_tokens, tokenizer, {**upstream_stand_ins(dag, node), **nearest})
         n = node.sampling.n
         if node.iterate:
             rounds = tuple(int(round(c * share * n)) for c in _rows_longer(source.list_lengths(node.iterate.over)))
@@ -204,20 +204,21 @@ def local_tokenizer(model: str, dag_dir: Path, home: Path) -> PromptTokenizer | 
 
 
 def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own_output_tokens: float,
-                   block_tokens: int, tokenizer: PromptTokenizer | None = None, nearest: Mapping[str, object] | None = None
+                   block_tokens: int, tokenizer: PromptTokenizer | None = None, upstream: Mapping[str, object] | None = None
                    ) -> tuple[np.ndarray, np.ndarray, list[EngineRequest]]:
     """Estimated prompt tokens per row, the tokens of it the prefix cache serves when the
     requests go in prefix order (whole blocks of the rendered text shared with others;
     upstream outputs, unknown yet, count as not shared), and the rendered prompts. With the
     model's `tokenizer`, the rendered text is counted exactly (chat template included) and
-    only what is not known yet (upstream outputs, iteration items) is estimated; nearest lists
-    (`nearest`) as their corpus's first row, k times."""
+    only what is not known yet (upstream outputs, iteration items) is estimated. `upstream`: what
+    the node reads by name, as stand-ins (empty texts; nearest lists as their corpus's first row,
+    k times); None: empty texts."""
     node_prompt = NodePrompt(node)
     estimated: list[float] = []
     texts: list[str] = []
     requests: list[EngineRequest] = []
     for row in rows:
-        context = template_context(node, row, {**{r: "" for r in node.reads}, **(nearest or {})}, step=1, previous="")
+        context = template_context(node, row, upstream if upstream is not None else {r: "" for r in node.reads}, step=1, previous="")
         extra = upstream_tokens
         if node.iterate:  # a step's item counts by the mean length of the row's items, in `extra`
             items = row.get(node.iterate.over) or [""]

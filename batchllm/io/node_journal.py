@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from batchllm.core.errors import UserError
 from batchllm.core.files import replacing, write_text_atomically
 from batchllm.core.requests import FinishReason, TokenLogprob, parse_finish_text
-from batchllm.core.result_schema import VECTOR_FIELD_NAME, logprobs_rows, result_schema
+from batchllm.core.result_schema import SCORE_FIELD, VECTOR_FIELD_NAME, logprobs_rows, result_schema
 
 STEP_BITS = 20  # a (row, step) key is row << STEP_BITS | step: up to a million steps a row
 STATS_KEY = b"batchllm.stats"
@@ -52,6 +52,7 @@ class ResultRecord(NamedTuple):  # one per committed (row, step): built in 0.5 Â
     finish_reason: str  # as stored: core.requests.finish_text
     logprobs: tuple[TokenLogprob, ...] | None = None  # of texts[0], when the node keeps them
     vector: np.ndarray | None = None  # float32, of an embed node (None where its request failed)
+    score: float | None = None  # of a score node (None where its request failed)
 
     @property
     def text(self) -> str:
@@ -61,9 +62,10 @@ class ResultRecord(NamedTuple):  # one per committed (row, step): built in 0.5 Â
         """The record as its tail line (what `json.dumps` of its fields gives, three times faster)."""
         logprobs = "" if self.logprobs is None else f', "logprobs": {json.dumps(self.logprobs)}'
         vector = "" if self.vector is None else f', "vector_f32": "{base64.b64encode(self.vector.astype("<f4").tobytes()).decode()}"'
+        score = "" if self.score is None else f', "score": {float(self.score)!r}'  # repr: the float's shortest exact text
         return (f'{{"row": {self.row}, "step": {self.step}, "texts": [{", ".join(map(encode_basestring, self.texts))}], '
                 f'"num_prompt_tokens": {self.num_prompt_tokens}, "num_output_tokens": {self.num_output_tokens}, '
-                f'"finish_reason": {encode_basestring(self.finish_reason)}{logprobs}{vector}}}')
+                f'"finish_reason": {encode_basestring(self.finish_reason)}{logprobs}{vector}{score}}}')
 
 
 @dataclass(frozen=True)
@@ -81,14 +83,14 @@ class JournalStats:
     def of(cls, records: Sequence[ResultRecord]) -> "JournalStats":
         if not records:
             return cls()
-        _, _, _, prompt_tokens, output_tokens, reasons, _, _ = zip(*records)  # the records' fields as columns
+        _, _, _, prompt_tokens, output_tokens, reasons, *_ = zip(*records)  # the records' fields as columns
         failed = sum(1 for reason in reasons if parse_finish_text(reason)[0] is FinishReason.ERROR)
         return cls(len(records), failed, sum(prompt_tokens), sum(output_tokens))
 
 
-def segment_schema(samples: int, logprobs: bool = False, vector_dimensions: int | None = None) -> pa.Schema:
+def segment_schema(samples: int, logprobs: bool = False, vector_dimensions: int | None = None, scores: bool = False) -> pa.Schema:
     """A segment's results, keyed by the row's position."""
-    return result_schema(("row", pa.int64()), samples, logprobs, vector_dimensions)
+    return result_schema(("row", pa.int64()), samples, logprobs, vector_dimensions, scores)
 
 
 def vector_array(vectors: Sequence[np.ndarray | None], dimensions: int) -> pa.FixedSizeListArray:
@@ -114,10 +116,10 @@ class ResultJournal:
     FSYNC_EVERY = 4096  # records between fsyncs (a flush alone survives a process crash)
 
     def __init__(self, folder: Path, fingerprint: str, node: str, *, samples: int = 1, logprobs: bool = False,
-                 vector_dimensions: int | None = None, segment_records: int = 50_000):
+                 vector_dimensions: int | None = None, scores: bool = False, segment_records: int = 50_000):
         self.folder, self.node, self.samples, self.segment_records = folder, node, samples, segment_records
-        self.logprobs, self.vector_dimensions = logprobs, vector_dimensions
-        self.schema = segment_schema(samples, logprobs, vector_dimensions)
+        self.logprobs, self.vector_dimensions, self.scores_kept = logprobs, vector_dimensions, scores
+        self.schema = segment_schema(samples, logprobs, vector_dimensions, scores)
         folder.mkdir(parents=True, exist_ok=True)
         self._check_header(fingerprint)
         self._segments: list[Path] = []
@@ -257,6 +259,12 @@ class ResultJournal:
         return self._values(rows, steps, "vector", lambda record: record.vector,
                             lambda column, at: column[at].values.to_numpy() if column[at].is_valid else None)
 
+    def scores(self, rows: np.ndarray, steps: np.ndarray) -> list[float | None]:
+        """A score node's number for each (row, step), None where nothing (or a failure) is committed."""
+        if not self.scores_kept:
+            raise ValueError(f"node {self.node!r} is no score node: its journal holds no scores")
+        return self._values(rows, steps, "score", lambda record: record.score, lambda column, at: column[at].as_py())
+
     def _values(self, rows: np.ndarray, steps: np.ndarray, column: str, of_record, of_segment) -> list:
         """A column's value of each (row, step): from the tail's record (`of_record`), else from
         the segment that holds it (`of_segment(column array, position)`); None where nothing is committed."""
@@ -323,7 +331,7 @@ class ResultJournal:
         self.sync()
         keys = sorted(self._tail)
         records = [self._tail[k] for k in keys]
-        rows, steps, texts, prompt_tokens, output_tokens, reasons, logprobs, vectors = zip(*records)  # the records' fields as columns
+        rows, steps, texts, prompt_tokens, output_tokens, reasons, logprobs, vectors, scores = zip(*records)  # the fields as columns
         columns = {"row": rows, "step": steps, "text": [t[0] for t in texts], "num_prompt_tokens": prompt_tokens,
                    "num_output_tokens": output_tokens, "finish_reason": reasons}
         if self.samples > 1:
@@ -332,6 +340,8 @@ class ResultJournal:
             columns["logprobs"] = [logprobs_rows(lp) for lp in logprobs]
         if self.vector_dimensions is not None:
             columns[VECTOR_FIELD_NAME] = vector_array(vectors, self.vector_dimensions)
+        if self.scores_kept:
+            columns[SCORE_FIELD[0]] = scores
         stats = JournalStats.of(records)
         schema = self.schema.with_metadata({STATS_KEY: json.dumps(stats.__dict__).encode()})
         segment = self._segment_path(self._part)
@@ -371,7 +381,7 @@ def _record_of(raw: bytes) -> ResultRecord:
                           int(item["num_output_tokens"]), str(item["finish_reason"]),
                           None if logprobs is None else tuple(TokenLogprob(t, float(lp), tuple((tt, float(tl)) for tt, tl in top))
                                                               for t, lp, top in logprobs),
-                          _vector_of(item.get("vector_f32")))
+                          _vector_of(item.get("vector_f32")), None if item.get("score") is None else float(item["score"]))
     if not record.texts or not all(isinstance(t, str) for t in record.texts) or record.row < 0 or record.step < 0:
         raise ValueError("not a result record")
     return record

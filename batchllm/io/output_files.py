@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchllm.core.files import replacing
-from batchllm.core.result_schema import LOGPROBS_FIELD, VECTOR_FIELD_NAME, result_schema, vector_field
+from batchllm.core.result_schema import LOGPROBS_FIELD, SCORE_FIELD, VECTOR_FIELD_NAME, result_schema, vector_field
 from batchllm.dag.model import ColumnRef, OutputSpec
 from batchllm.io.input_source import ROW_ID
 from batchllm.io.node_journal import ResultJournal
@@ -80,7 +80,8 @@ def _column_type(ref: ColumnRef, vector_dimensions: int | None) -> tuple[str, pa
     elif ref.field == VECTOR_FIELD_NAME and vector_dimensions is not None:
         return f"FLOAT[{vector_dimensions}]", vector_field(vector_dimensions)[1]
     else:
-        kind = {"text": "VARCHAR", "finish_reason": "VARCHAR", "logprobs": LOGPROBS_SQL_TYPE, "logprob": "DOUBLE"}.get(ref.field, "BIGINT")
+        kind = {"text": "VARCHAR", "finish_reason": "VARCHAR", "logprobs": LOGPROBS_SQL_TYPE, "logprob": "DOUBLE",
+                SCORE_FIELD[0]: "DOUBLE"}.get(ref.field, "BIGINT")
     return kind, ARROW_TYPES[kind]
 
 
@@ -121,7 +122,8 @@ class _Segments:
         if not meeting:
             return ("(SELECT NULL::BIGINT AS row, NULL::INTEGER AS step, NULL::VARCHAR AS text, NULL::BIGINT AS "
                     "num_prompt_tokens, NULL::BIGINT AS num_output_tokens, NULL::VARCHAR AS finish_reason, "
-                    f"NULL::VARCHAR[] AS texts, NULL::{LOGPROBS_SQL_TYPE} AS logprobs, NULL::FLOAT[] AS vector WHERE false)")
+                    f"NULL::VARCHAR[] AS texts, NULL::{LOGPROBS_SQL_TYPE} AS logprobs, NULL::FLOAT[] AS vector, "
+                    "NULL::DOUBLE AS score WHERE false)")
         files = ", ".join(sql_literal(str(p)) for p in meeting)
         return f"(SELECT * FROM read_parquet([{files}]) WHERE row >= {int(start)} AND row < {int(stop)})"
 
@@ -204,14 +206,14 @@ def _copy_windows_jsonl(source: InputFile, columns: list[str], query_of: Callabl
 def write_node_file(journal: ResultJournal, source: InputFile, path: Path) -> None:
     """Every committed result of the node (the journal's tail is compacted first)."""
     journal.compact()
-    schema = result_schema((ROW_ID, pa.string()), journal.samples, journal.logprobs, journal.vector_dimensions)
+    schema = result_schema((ROW_ID, pa.string()), journal.samples, journal.logprobs, journal.vector_dimensions, journal.scores_kept)
     segments = _Segments.of(journal)
     id_columns = [source.id_column] if source.id_column else []
     if not segments.paths:
         _copy_windows(source, id_columns, None, path, schema, ["finish_reason"])
         return
     extra = ((", s.texts" if journal.samples > 1 else "") + (", s.logprobs" if journal.logprobs else "")
-             + (", s.vector" if journal.vector_dimensions is not None else ""))
+             + (", s.vector" if journal.vector_dimensions is not None else "") + (", s.score" if journal.scores_kept else ""))
     columns = ", ".join(f"s.{c}" for c in NODE_COLUMNS)
 
     def query_of(start: int, stop: int) -> str:

@@ -25,6 +25,11 @@ class ModelKind:
         """A model with a language-model head (an encoder such as BertModel has none)."""
         return any(a.endswith(GENERATING_ARCHITECTURES) for a in self.architectures)
 
+    @property
+    def classifies(self) -> bool:
+        """A model with a classification head (a cross-encoder such as BertForSequenceClassification)."""
+        return any(a.endswith("ForSequenceClassification") for a in self.architectures)
+
     @classmethod
     def of(cls, config_dir: Path) -> "ModelKind":
         config = _json(config_dir / "config.json") or {}

@@ -13,6 +13,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from batchllm.openai_batch.model_map import split_local
+
 INPUT_NAME = "requests"
 DAG_NAME = "openai-batch"
 SLUG_CHARACTERS = 40
@@ -24,10 +26,10 @@ class BatchGroup:
 
     node: str
     model: str  # body.model as requested
-    local_model: str  # what runs it: an embedded name, a directory or a hub id
-    kind: str  # "chat" | "completion" | "embedding"
+    local_model: str  # what runs it: an embedded name, a directory or a hub id, and `:ADAPTER_DIR` (model_map)
+    kind: str  # "chat" | "completion" | "embedding" | "score"
     shape: str  # "prompt", "system" (+ prompt) or "messages" (see request_lines.LineRecord.shape)
-    sampling: dict | None  # the node's `sampling:` (core.sampling.sampling_mapping); None: an embedding's
+    sampling: dict | None  # the node's `sampling:` (core.sampling.sampling_mapping); None: an embedding's or a score's
     requests: int  # valid lines in the group
     json_schema: str | None = None  # structured output (body.response_format), JSON text
 
@@ -54,8 +56,13 @@ def batch_dag(requests_path: str, groups: tuple[BatchGroup, ...]) -> dict:
         if group.kind == "embedding":
             nodes[group.node] = {"model": group.local_model, "task": "embed", "prompt": "{{ prompt }}", "where": f"node = '{group.node}'"}
             continue
-        node: dict[str, object] = {"model": group.local_model, "chat": group.kind == "chat", "sampling": group.sampling,
-                                   "where": f"node = '{group.node}'"}
+        if group.kind == "score":
+            nodes[group.node] = {"model": group.local_model, "task": "score", "prompt": "{{ prompt }}", "pair": "{{ pair }}",
+                                 "where": f"node = '{group.node}'"}
+            continue
+        model, adapter = split_local(group.local_model)
+        node: dict[str, object] = {"model": model, "chat": group.kind == "chat", "sampling": group.sampling,
+                                   "where": f"node = '{group.node}'", **({"adapter": adapter} if adapter else {})}
         if group.shape == "messages":
             node["messages"] = "{{ messages }}"
         else:

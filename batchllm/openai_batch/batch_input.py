@@ -1,7 +1,7 @@
 """An OpenAI batch request file -> two Parquet files in the run folder, converted once.
 
 - `requests.parquet`, the DAG's input: one row per line that can run (custom_id, model,
-  kind, system, prompt, messages, node), in file order (sampling is per node: see groups);
+  kind, system, prompt, messages, node, pair), in file order (sampling is per node: see groups);
 - `lines.parquet`: one row per non-blank line (line, custom_id, model, kind, node,
   error_code, error_message), what the results file is written from.
 
@@ -32,7 +32,7 @@ from batchllm.io.sql import sql_literal
 from batchllm.openai_batch.batch_dag import BatchGroup, node_names
 from batchllm.openai_batch.request_lines import LineRecord, parse_line
 
-CONVERTER_VERSION = 3
+CONVERTER_VERSION = 4
 READ_BATCH_LINES = 8_192
 MEMORY_LIMIT = "256MB"
 GROUPS_FILE = "groups.json"  # written last: a folder with it is complete
@@ -41,10 +41,10 @@ MESSAGES_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string
 PARSED_SCHEMA = pa.schema([
     ("line", pa.int64()), ("custom_id", pa.string()), ("model", pa.string()), ("kind", pa.string()),
     ("system", pa.string()), ("prompt", pa.string()), ("messages", MESSAGES_TYPE), ("json_schema", pa.string()),
-    ("group_key", pa.string()), ("error_code", pa.string()), ("error_message", pa.string())])
+    ("group_key", pa.string()), ("error_code", pa.string()), ("error_message", pa.string()), ("pair", pa.string())])
 REQUEST_SCHEMA = pa.schema([
     ("custom_id", pa.string()), ("model", pa.string()), ("kind", pa.string()), ("system", pa.string()),
-    ("prompt", pa.string()), ("messages", MESSAGES_TYPE), ("node", pa.string())])
+    ("prompt", pa.string()), ("messages", MESSAGES_TYPE), ("node", pa.string()), ("pair", pa.string())])
 LINE_SCHEMA = pa.schema([
     ("line", pa.int64()), ("custom_id", pa.string()), ("model", pa.string()), ("kind", pa.string()),
     ("node", pa.string()), ("error_code", pa.string()), ("error_message", pa.string())])
@@ -148,7 +148,7 @@ def _build(requests_file: Path, models: Mapping[str, str], folder: Path) -> None
         connection.register("group_nodes", pa.table({"group_key": [k for k, _, _ in keys], "node": names},
                                                     schema=pa.schema([("group_key", pa.string()), ("node", pa.string())])))
         _write_query(connection, f"""
-            SELECT p.custom_id, p.model, p.kind, p.system, p.prompt, p.messages, g.node
+            SELECT p.custom_id, p.model, p.kind, p.system, p.prompt, p.messages, g.node, p.pair
             FROM {source} p JOIN group_nodes g ON g.group_key = p.group_key LEFT JOIN dups d ON d.line = p.line
             WHERE p.error_code IS NULL AND d.line IS NULL ORDER BY p.line""", folder / "requests.parquet", REQUEST_SCHEMA)
         _write_query(connection, f"""

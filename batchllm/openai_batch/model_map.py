@@ -5,7 +5,9 @@ mapping file `--models mapping.yaml` (`{gpt-4o-mini: smollm2-135m, my-model: ./m
 relative directories start at the file's folder); an option wins over the file. Invariant:
 every value is checked (an embedded model, a model directory or a hub id) before any line
 is read, and directories are made absolute; a bad mapping is a UserError (exit 2).
-An embedded model's own name (`smollm2-135m`) needs no entry.
+An embedded model's own name (`smollm2-135m`) needs no entry. A LoRA adapter on a base is
+`BASE:ADAPTER_DIR` (`--model sql-expert=smollm2-135m:./adapters/sql`): its lines run with the
+adapter, in one engine with the base's and its other adapters' lines.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from pathlib import Path
 import yaml
 
 from batchllm.core.errors import UserError
+from batchllm.models.lora_adapter import AdapterError, LoraAdapter
 from batchllm.models.registry import resolve_model
+
+ADAPTER_SEPARATOR = ":"  # BASE:ADAPTER_DIR
 
 
 def model_map(options: list[str], mapping_file: Path | None, home: Path) -> dict[str, str]:
@@ -31,9 +36,23 @@ def model_map(options: list[str], mapping_file: Path | None, home: Path) -> dict
         entries[name.strip()] = (local.strip(), Path.cwd(), f"--model {option}")
     mapped = {}
     for name, (local, folder, where) in entries.items():
-        ref = resolve_model(local, dag_dir=folder, home=home, where=where)
+        base, _, adapter = local.partition(ADAPTER_SEPARATOR)
+        ref = resolve_model(base, dag_dir=folder, home=home, where=where)
         mapped[name] = ref.location if ref.kind == "local" else ref.name
+        if adapter:
+            path = (folder / adapter).resolve()
+            try:
+                LoraAdapter.read(path)
+            except AdapterError as error:
+                raise UserError(str(error), where=where, hint=error.hint) from None
+            mapped[name] += f"{ADAPTER_SEPARATOR}{path}"
     return mapped
+
+
+def split_local(local: str) -> tuple[str, str | None]:
+    """A mapped local model -> (the model, its adapter directory or None)."""
+    model, _, adapter = local.partition(ADAPTER_SEPARATOR)
+    return model, adapter or None
 
 
 def _read_mapping(path: Path) -> dict[str, str]:

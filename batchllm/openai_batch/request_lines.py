@@ -9,7 +9,8 @@ OpenAI's defaults (temperature 1, top_p 1; max_tokens 16 for completions, as Ope
 token's log probability; a chat's `response_format` (`json_schema` or `json_object`)
 becomes the engine's structured output, checked per line with the engine's own grammar
 compiler. A `/v1/embeddings` line (body.input: one string; `encoding_format` float) runs in
-an embed node (dag.node_task). Invariant: every line gives exactly one `LineRecord`; a line that cannot run has
+an embed node, a `/score` line (vLLM's: one pair of texts, as text_1/text_2, queries/documents
+or data_1/data_2) in a score node (dag.node_task). Invariant: every line gives exactly one `LineRecord`; a line that cannot run has
 `error_code` set and says why in `error_message`, naming its line, and never stops the others.
 """
 
@@ -26,9 +27,10 @@ from batchllm.core.requests import Message
 from batchllm.core.sampling import SAMPLING_KEYS, SamplingError, SamplingSpec, sampling_from, sampling_mapping
 from batchllm.engines.constraints import check_constraint
 from batchllm.models.embedded import EMBEDDED_MODELS
+from batchllm.openai_batch.model_map import split_local
 
-CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
-KINDS = {CHAT_URL: "chat", COMPLETIONS_URL: "completion", EMBEDDINGS_URL: "embedding"}
+CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, SCORE_URL = "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/score"
+KINDS = {CHAT_URL: "chat", COMPLETIONS_URL: "completion", EMBEDDINGS_URL: "embedding", SCORE_URL: "score", "/v1/score": "score"}
 DEFAULT_CHAT_MAX_TOKENS = 256
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -45,7 +47,7 @@ class LineRecord:
     custom_id: str | None
     model: str | None  # body.model as requested
     local_model: str | None  # what it maps to: an embedded name, a directory or a hub id
-    kind: str | None  # "chat" | "completion" | "embedding"
+    kind: str | None  # "chat" | "completion" | "embedding" | "score"
     system: str | None
     prompt: str | None  # the one user message, or the completion prompt ("" when `messages` holds the chat)
     messages: tuple[Message, ...] | None = None  # a chat that is more than [system,] user
@@ -53,6 +55,7 @@ class LineRecord:
     json_schema: str | None = None  # structured output from body.response_format (JSON text)
     error_code: str | None = None
     error_message: str | None = None
+    pair: str | None = None  # a score line's second text (`prompt` its first)
 
     @property
     def shape(self) -> str:
@@ -92,7 +95,8 @@ def parse_line(text: str, line: int, models: Mapping[str, str]) -> LineRecord:
             raise LineError("invalid_request", f"method {request.get('method')!r} is not supported; use POST")
         url = request.get("url")
         if url not in KINDS:
-            raise LineError("unsupported_url", f"url {url!r} is not supported; use {CHAT_URL}, {COMPLETIONS_URL} or {EMBEDDINGS_URL}")
+            raise LineError("unsupported_url", f"url {url!r} is not supported; use {CHAT_URL}, {COMPLETIONS_URL}, {EMBEDDINGS_URL} "
+                                               f"or {SCORE_URL}")
         body = request.get("body")
         if not isinstance(body, dict):
             raise LineError("invalid_request", "body must be a JSON object")
@@ -104,8 +108,14 @@ def parse_line(text: str, line: int, models: Mapping[str, str]) -> LineRecord:
         if local is None:
             raise LineError("model_not_found", f"model {model!r} is not mapped to a local model; map it with --model {model}=<local model>")
         kind = KINDS[url]
+        if kind in ("embedding", "score") and split_local(local)[1] is not None:
+            raise LineError("invalid_request", f"model {model!r} is mapped to a LoRA adapter, which applies to chat and completion "
+                                               f"lines, not to {url} lines")
         if kind == "embedding":
             return LineRecord(line, custom_id, model, local, kind, None, _embedding_input(body))
+        if kind == "score":
+            first, second = _score_pair(body)
+            return LineRecord(line, custom_id, model, local, kind, None, first, pair=second)
         _check_keys(body, kind)
         messages = None
         if kind == "chat":
@@ -231,6 +241,30 @@ def _embedding_input(body: dict) -> str:
     if not isinstance(text, str):
         raise LineError("unsupported_body", f"body.input must be one string (or a list of one), got {_short(text)}")
     return text
+
+
+SCORE_PAIRS = (("text_1", "text_2"), ("queries", "documents"), ("data_1", "data_2"))  # vLLM's names of a score's two sides
+SCORE_OFF_VALUES: dict[str, tuple[object, ...]] = {"truncate_prompt_tokens": (None,), "use_activation": (None,)}
+
+
+def _score_pair(body: dict) -> tuple[str, str]:
+    """A score line's one pair of texts (its other keys checked)."""
+    names = next((pair for pair in SCORE_PAIRS if pair[0] in body or pair[1] in body), SCORE_PAIRS[0])
+    for key, value in body.items():
+        if key in ("model", *names, *IGNORED_KEYS) or (key in SCORE_OFF_VALUES and any(_same(value, off) for off in SCORE_OFF_VALUES[key])):
+            continue
+        raise LineError("unsupported_parameter", f"body.{key} = {_short(value)} is not supported on {SCORE_URL} lines "
+                                                 f"(batchllm takes model and one pair: {names[0]} and {names[1]})")
+    texts = []
+    for name in names:
+        text = body.get(name)
+        if isinstance(text, list) and len(text) == 1 and isinstance(text[0], str):
+            text = text[0]
+        if not isinstance(text, str):
+            raise LineError("unsupported_body", f"body.{name} must be one string (or a list of one): batchllm scores one pair a "
+                                                f"line, got {_short(text)}")
+        texts.append(text)
+    return texts[0], texts[1]
 
 
 def _completion_prompt(body: dict) -> str:

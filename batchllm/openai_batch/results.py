@@ -68,11 +68,13 @@ def _query(batch: BatchInput, node_files: Mapping[str, Path]) -> str:
     texts = "r.texts" if "texts" in columns else "NULL::VARCHAR[]"
     logprobs = "r.logprobs" if "logprobs" in columns else f"NULL::{LOGPROBS_SQL_TYPE}"
     vector = "r.vector" if "vector" in columns else "NULL::FLOAT[]"
+    score = "r.score" if "score" in columns else "NULL::DOUBLE"
     results = (f"read_parquet({_list(files)}, union_by_name = true)" if files else
                "(SELECT NULL::VARCHAR AS row_id, NULL::VARCHAR AS text, NULL::BIGINT AS num_prompt_tokens, "
                "NULL::BIGINT AS num_output_tokens, NULL::VARCHAR AS finish_reason WHERE false)")
     return (f"SELECT l.line, l.custom_id, l.model, l.kind, l.node, l.error_code, l.error_message, r.row_id, r.text, "
-            f"{texts} AS texts, {logprobs} AS logprobs, {vector} AS vector, r.num_prompt_tokens, r.num_output_tokens, r.finish_reason "
+            f"{texts} AS texts, {logprobs} AS logprobs, {vector} AS vector, {score} AS score, r.num_prompt_tokens, r.num_output_tokens, "
+            "r.finish_reason "
             f"FROM read_parquet({sql_literal(str(batch.lines_path))}) l LEFT JOIN {results} r "
             f"ON l.node IS NOT NULL AND r.row_id = l.custom_id ORDER BY l.line")
 
@@ -100,6 +102,11 @@ def _body(row: dict, ids: str, created: int) -> dict:
         prompt = row["num_prompt_tokens"]
         return {"id": f"embd-{ids[:24]}", "object": "list", "created": created, "model": row["model"],
                 "data": [{"index": 0, "object": "embedding", "embedding": row["vector"]}],
+                "usage": {"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0, "prompt_tokens_details": None}}
+    if row["kind"] == "score":  # vLLM's ScoreResponse, as its run-batch writes it
+        prompt = row["num_prompt_tokens"]
+        return {"id": f"score-{ids[:24]}", "object": "list", "created": created, "model": row["model"],
+                "data": [{"index": 0, "object": "score", "score": row["score"]}],
                 "usage": {"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0, "prompt_tokens_details": None}}
     texts = row["texts"] or [row["text"]]
     chat = row["kind"] == "chat"

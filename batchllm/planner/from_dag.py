@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 
 from batchllm.core.errors import UserError
-from batchllm.core.requests import ModelTask
 from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.estimator import Workload
 from batchllm.costmodel.profile import Profile
@@ -81,8 +80,8 @@ def dag_workloads(dag: DagSpec, sources: Sources, cluster: Cluster, profiles_roo
     for name in dag.topological_order():
         node = dag.nodes[name]
         where = dag.where(node.line, f"nodes.{name}")
-        if node.task is ModelTask.EMBED:
-            raise UserError(f"node {name!r} embeds, and batchllm has no cost model of embedding models yet", where=f"{where}.task",
+        if node.task.pools:
+            raise UserError(f"node {name!r} {node.task.value}s, and batchllm has no cost model of embedding models yet", where=f"{where}.task",
                             hint="`batchllm run` runs such a DAG node by node (as `--schedule sequential`)")
         profile, profile_notes[name] = _profile_for(node.model, cluster, profiles_root, f"{where}.model",
                                                     run_settings(dag.engine, cluster), store)

@@ -11,10 +11,11 @@ from batchllm.core.endpoint import Endpoint
 from batchllm.core.errors import UserError
 from batchllm.core.requests import ModelTask
 from batchllm.dag.model import DagSpec
-from batchllm.dag.node_task import engine_max_model_len
+from batchllm.dag.node_task import engine_max_model_len, engine_task
 from batchllm.engines.devices import CPU_KV_CACHE_DEFAULT_BYTES, DeviceSet, Replica, engine_dtype
 from batchllm.engines.endpoint.http_engine import endpoint_config
 from batchllm.engines.protocol import EngineConfig
+from batchllm.models.lora_adapter import LoraAdapter
 from batchllm.models.registry import resolve_model
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.stage_chooser import StageChoice
@@ -25,14 +26,26 @@ def engine_config(dag: DagSpec, model: str, replica: Replica, run_dir: RunDir, h
     ref = resolve_model(model, dag_dir=dag.path.parent, home=home, where=f"model {model!r}")
     e = dag.engine
     devices = (f"{replica.node[:8]}-" if replica.node else "") + "-".join(map(str, replica.device_ids))
+    task = engine_task(task)
     embeds = task is ModelTask.EMBED
+    max_loras, max_lora_rank = lora_settings(dag, model) if task is ModelTask.GENERATE else (0, None)
     return EngineConfig(
         model=ref.materialise(home), replica=replica, max_model_len=engine_max_model_len(e, task), max_num_seqs=e.max_num_seqs,
         kv_cache_memory_bytes=e.kv_cache_memory_bytes or (CPU_KV_CACHE_DEFAULT_BYTES if replica.kind == "cpu" else None),
         enforce_eager=replica.kind == "cpu" if e.enforce_eager is None else e.enforce_eager, dtype=engine_dtype(replica.kind),
         log_path=str(run_dir.log_path(f"engine-{ref.name.replace('/', '_')}{'-embed' if embeds else ''}-{replica.kind}{devices}")),
-        task=task,
+        task=task, max_loras=max_loras, max_lora_rank=max_lora_rank,
     )
+
+
+def lora_settings(dag: DagSpec, model: str) -> tuple[int, int | None]:
+    """The LoRA settings of a model's engine: its adapters in the DAG (every one held at once), and the
+    smallest rank vLLM takes that holds the largest of them; (0, None) without adapters. One for all of
+    the model's generation nodes, so the base's and its adapters' share one engine."""
+    adapters = sorted({n.adapter for n in dag.nodes.values() if n.model == model and n.adapter is not None})
+    if not adapters:
+        return 0, None
+    return len(adapters), max(LoraAdapter.read(Path(a)).engine_rank() for a in adapters)
 
 
 def stage_configs(dag: DagSpec, choice: StageChoice, devices: DeviceSet, run_dir: RunDir, home: Path) -> dict[str, list[EngineConfig]]:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import MISSING, asdict, fields
+from pathlib import Path
 
 from batchllm.core.sampling import DEFAULT_SAMPLING, ORIGINAL_KEYS
 from batchllm.dag.model import DagSpec, NodeSpec
 from batchllm.io.input_formats import input_digest
 from batchllm.io.input_source import InputSource, file_digest
+from batchllm.models.lora_adapter import AdapterError, LoraAdapter
 
 __all__ = ["file_digest", "node_fingerprints"]
 
@@ -47,9 +49,20 @@ def node_fingerprints(dag: DagSpec, sources: dict[str, InputSource] | None = Non
         node = _decisive_fields(dag.nodes[name])
         if dag.nodes[name].merges_read:  # which nodes a merge joins, in which order, decides the text read
             node["merges"] = {m: list(dag.merges[m]) for m in dag.nodes[name].merges_read}
+        adapter = dag.nodes[name].adapter
+        if adapter is not None:  # its weights decide the results, wherever the folder is
+            node["adapter"] = _adapter_digest(adapter)
         if dag.nodes[name].nearest_read:  # which vectors, and how many rows, decide the rows read
             node["nearest"] = {n: [dag.nearest[n].query, dag.nearest[n].corpus, dag.nearest[n].k] for n in dag.nodes[name].nearest_read}
         payload = {"node": node, "input": inputs[dag.nodes[name].input_name],
                    "upstream": [prints[u] for u in dag.nodes[name].upstream]}
         prints[name] = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
     return prints
+
+
+def _adapter_digest(path: str) -> str:
+    """A LoRA adapter's content digest (its path where it cannot be read: the checks refuse it before a run)."""
+    try:
+        return LoraAdapter.read(Path(path)).digest
+    except AdapterError:
+        return path

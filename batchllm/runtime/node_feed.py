@@ -39,7 +39,8 @@ POSITION = "__batchllm_position"
 
 
 class Upstream:
-    """A producer as its consumers see it: its ledger (what is final) and its journal (the texts)."""
+    """A producer as its consumers see it: its ledger (what is final) and its journal (the values:
+    a generation node's texts, a score node's numbers)."""
 
     def __init__(self, ledger: NodeLedger, journal: ResultJournal):
         self.ledger, self.journal = ledger, journal
@@ -47,7 +48,14 @@ class Upstream:
     def final_state(self, start_row: int, stop_row: int) -> np.ndarray:
         return self.ledger.final_state(start_row, stop_row)
 
-    def texts(self, rows: np.ndarray) -> list[str | None]:
+    @property
+    def arrow_type(self) -> pa.DataType:
+        """Its values' type in `where:` (a score node's are float64)."""
+        return pa.float64() if self.journal.scores_kept else pa.string()
+
+    def values(self, rows: np.ndarray) -> list:
+        if self.journal.scores_kept:
+            return self.journal.scores(rows, self.ledger.final_steps(rows))
         return self.journal.texts(rows, self.ledger.final_steps(rows))
 
     def vectors(self, rows: np.ndarray) -> list[np.ndarray | None]:
@@ -65,11 +73,12 @@ class Nearest(Protocol):
 
 
 class MergedUpstream:
-    """A merge (`merges:`) as its readers see it: decided once every member is; its text
+    """A merge (`merges:`) as its readers see it: decided once every member is; its value
     is that of the first member, in the order listed, that has an output for the row."""
 
     def __init__(self, members: list[Upstream]):
         self.members = members
+        self.arrow_type = members[0].arrow_type  # the members share one task (dag.loader checks)
 
     def final_state(self, start_row: int, stop_row: int) -> np.ndarray:
         states = np.stack([m.final_state(start_row, stop_row) for m in self.members])
@@ -78,16 +87,16 @@ class MergedUpstream:
         merged[(states == FinalState.PENDING).any(axis=0)] = FinalState.PENDING
         return merged
 
-    def texts(self, rows: np.ndarray) -> list[str | None]:
-        texts: list[str | None] = [None] * len(rows)
+    def values(self, rows: np.ndarray) -> list:
+        values: list = [None] * len(rows)
         for member in self.members:
-            missing = np.array([k for k, t in enumerate(texts) if t is None], np.int64)
+            missing = np.array([k for k, t in enumerate(values) if t is None], np.int64)
             if not len(missing):
                 break
             committed = missing[member.ledger.final_state_of(rows[missing]) == FinalState.COMMITTED]
-            for k, text in zip(committed.tolist(), member.texts(rows[committed]) if len(committed) else []):
-                texts[k] = text
-        return texts
+            for k, value in zip(committed.tolist(), member.values(rows[committed]) if len(committed) else []):
+                values[k] = value
+        return values
 
 
 class NodeFeed:
@@ -199,7 +208,7 @@ class NodeFeed:
 
     def _where(self, rows: np.ndarray, where_filter: WhereFilter) -> np.ndarray:
         table = self._rows_table(rows)
-        texts = {name: pa.array(u.texts(rows), pa.string()) for name, u in self.upstream.items()}
+        texts = {name: pa.array(u.values(rows), u.arrow_type) for name, u in self.upstream.items()}
         table = table.append_column(POSITION, pa.array(rows, pa.int64()))
         kept = where_filter.kept(table, texts, key=POSITION)
         return np.sort(kept.to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
@@ -223,7 +232,7 @@ class NodeFeed:
         rows, steps = self.ledger.row_step_of(units)
         unique_rows, where_in = np.unique(rows, return_inverse=True)
         data = self._rows_table(unique_rows).to_pylist()
-        upstream: dict[str, list] = {name: u.texts(unique_rows) for name, u in self.upstream.items()}
+        upstream: dict[str, list] = {name: u.values(unique_rows) for name, u in self.upstream.items()}
         upstream |= {name: n.values(unique_rows) for name, n in self.nearest.items()}
         previous: list[str | None] = [None] * len(units)
         later = np.flatnonzero(steps > 0)
@@ -238,5 +247,5 @@ class NodeFeed:
             where = f"nodes.{node.name} (row {data[i][ROW_ID]!r}, step {step})"
             rendered = self._prompt.render(context, where=where)
             requests.append(EngineRequest(request_id(self.index, unit), rendered.prompt, rendered.system, node.chat, node.sampling,
-                                          None, node.output, rendered.messages))
+                                          None, node.output, rendered.messages, rendered.pair, node.adapter))
         return requests

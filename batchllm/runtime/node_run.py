@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from batchllm.core.requests import EngineResult
+from batchllm.core.requests import EngineResult, ModelTask
 from batchllm.dag.model import DagSpec, NodeSpec, Price
 from batchllm.engines.protocol import EngineConfig
 from batchllm.io.input_source import InputSource
@@ -97,13 +97,13 @@ class NodeRun:
     def stats(self, price: Price | None) -> NodeStats:
         """Its progress counters as it starts in this run (with what earlier invocations did)."""
         return NodeStats(self.name, self.spec.model, self.ledger.unit_counts, self.ledger.committed_units, earlier=self.earlier,
-                         price=price)
+                         price=price, pools=self.spec.task.pools)
 
     def commit(self, units: np.ndarray, results: list[EngineResult], ledger: Ledger) -> NodeCommit:
         """Journal its results (of `units`, in the same order) and mark them committed."""
         rows, steps = self.ledger.row_step_of(units)
         self.journal.append_many([
-            ResultRecord(row, step, r.texts, r.num_prompt_tokens, r.num_output_tokens, r.finish_text(), r.logprobs, r.vector)
+            ResultRecord(row, step, r.texts, r.num_prompt_tokens, r.num_output_tokens, r.finish_text(), r.logprobs, r.vector, r.score)
             for row, step, r in zip(rows.tolist(), steps.tolist(), results)])
         self.feed.requeue(ledger.commit(self.name, units))
         return NodeCommit.of(self.name, results)
@@ -203,7 +203,8 @@ def open_node_runs(dag: DagSpec, sources: dict[str, InputSource], run_dir: RunDi
     order = dag.topological_order()
     prints = node_fingerprints(dag, sources)
     journals = {n: ResultJournal(run_dir.journal_folder(n), prints[n], n, samples=dag.nodes[n].sampling.n,
-                                 logprobs=dag.nodes[n].sampling.logprobs, vector_dimensions=vector_dimensions.get(n))
+                                 logprobs=dag.nodes[n].sampling.logprobs, vector_dimensions=vector_dimensions.get(n),
+                                 scores=dag.nodes[n].task is ModelTask.SCORE)
                 for n in order}
     for journal in journals.values():
         for damage in journal.damage:

@@ -1,0 +1,75 @@
+"""LoRA adapters on the real engine and the embedded model (slow: marked `engine`): a node on an
+adapter made here (seeded random weights, tests/lora_adapters.py) gives the tokens vLLM's own
+`LLM.chat(..., lora_request=...)` gives with the same adapter at temperature 0, and other
+tokens than the base's; the base's node and two adapters' run in one engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from rich.console import Console
+
+from batchllm.engines.devices import engine_dtype, parse_devices
+from batchllm.models.embedded import SMOLLM2_135M
+from batchllm.runtime.launch import run_dag_file
+from tests.lora_adapters import make_lora_adapter
+
+pytestmark = pytest.mark.engine
+REPO = Path(__file__).resolve().parent.parent
+MODEL_HOME = REPO / ".batchllm-home"  # the prepared models, shared with the other real-engine tests
+ROWS = 4
+MAX_TOKENS = 12
+
+VLLM_LORA_CHAT = """
+import json, sys
+from vllm import LLM, SamplingParams
+from vllm.lora.request import LoRARequest
+questions, adapter = json.load(sys.stdin)
+llm = LLM(model=sys.argv[1], enable_lora=True, max_loras=1, max_lora_rank=8, enforce_eager=True, dtype=sys.argv[2], seed=0)
+outputs = llm.chat([[{"role": "user", "content": q}] for q in questions], SamplingParams(max_tokens=int(sys.argv[3]), temperature=0.0),
+                   lora_request=LoRARequest("adapter", 1, adapter))
+print("TEXTS " + json.dumps([output.outputs[0].text for output in outputs]))
+"""
+
+DAG = """
+inputs:
+  questions: {{path: questions.parquet, id_column: id}}
+nodes:
+  base: {{model: smollm2-135m, prompt: "{{{{ question }}}}", sampling: {{max_tokens: {tokens}}}}}
+  tuned: {{model: smollm2-135m, adapter: adapters/a, prompt: "{{{{ question }}}}", sampling: {{max_tokens: {tokens}}}}}
+  other: {{model: smollm2-135m, adapter: adapters/b, prompt: "{{{{ question }}}}", sampling: {{max_tokens: {tokens}}}}}
+"""
+
+
+def test_an_adapters_node_gives_vllms_own_lora_tokens_and_not_the_bases(tmp_path, monkeypatch, shared_engines):
+    monkeypatch.setenv("BATCHLLM_HOME", str(MODEL_HOME))
+    model_dir = SMOLLM2_135M.prepare(MODEL_HOME)
+    base_config = json.loads((model_dir / "config.json").read_text())
+    adapter = make_lora_adapter(tmp_path / "adapters" / "a", base_config, seed=1)
+    make_lora_adapter(tmp_path / "adapters" / "b", base_config, seed=2, rank=16)
+    questions = pq.read_table(REPO / "examples" / "questions.parquet").slice(0, ROWS)
+    pq.write_table(questions, tmp_path / "questions.parquet")
+    dag = tmp_path / "dag.yaml"
+    dag.write_text(DAG.format(tokens=MAX_TOKENS))
+    started = []
+    factory = lambda config: started.append(config) or shared_engines(config)  # noqa: E731
+    result, _ = run_dag_file(dag, tmp_path / "out", parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=factory)
+    assert result.nodes_failed == {}
+    assert {(c.max_loras, c.max_lora_rank) for c in started} == {(2, 16)} and len({c.sharing_key() for c in started}) == 1
+    texts = {node: pq.read_table(tmp_path / "out" / "nodes" / f"{node}.parquet").column("text").to_pylist()
+             for node in ("base", "tuned", "other")}
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    done = subprocess.run([sys.executable, "-c", VLLM_LORA_CHAT, str(model_dir), engine_dtype("cpu") or "auto", str(MAX_TOKENS)],
+                          input=json.dumps([questions.column("question").to_pylist(), str(adapter)]), env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("TEXTS ")).removeprefix("TEXTS "))
+    assert texts["tuned"] == theirs
+    assert sum(a != b for a, b in zip(texts["tuned"], texts["base"])) >= ROWS - 1  # the adapter changes the answers
+    assert texts["other"] != texts["tuned"]
