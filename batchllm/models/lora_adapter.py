@@ -1,6 +1,6 @@
 """A LoRA adapter directory (PEFT's files: `adapter_config.json` and `adapter_model.safetensors`),
 read without loading its weights: its rank, the layers and modules it adapts with their input
-widths (from the safetensors header), and a digest of its files' bytes.
+widths (from the safetensors header); and, on request, a digest of its files' bytes.
 
 What it is checked against: the base model's `config.json` (each adapted module's input width
 and layer must exist in the base: an adapter made for another base fails here, not in the
@@ -36,7 +36,6 @@ class LoraAdapter:
     rank: int
     in_features: dict[str, int]  # adapted module (q_proj, v_proj, ...) -> its input width
     layers: int  # one more than the highest layer it adapts
-    digest: str  # sha256 of its config and weights files
 
     @classmethod
     def read(cls, path: Path) -> "LoraAdapter":
@@ -64,12 +63,16 @@ class LoraAdapter:
                 layers = max(layers, int(found.group(1)) + 1)
         if not widths:
             raise AdapterError(f"{weights_path} holds no lora_A weights of numbered layers", "give the file PEFT wrote")
+        return cls(path, int(config["r"]), widths, layers)
+
+    def digest(self) -> str:
+        """sha256 of its config and weights files (read whole: for fingerprints, once a run)."""
         digest = hashlib.sha256()
-        for file in (config_path, weights_path):
+        for file in (self.path / CONFIG_FILE, self.path / WEIGHTS_FILE):
             with open(file, "rb") as handle:
                 for block in iter(lambda: handle.read(1 << 20), b""):
                     digest.update(block)
-        return cls(path, int(config["r"]), widths, layers, digest.hexdigest()[:32])
+        return digest.hexdigest()[:32]
 
     def engine_rank(self) -> int:
         """The smallest `max_lora_rank` vLLM takes that holds this adapter's rank; AdapterError over the largest."""

@@ -63,6 +63,6 @@ def node_fingerprints(dag: DagSpec, sources: dict[str, InputSource] | None = Non
 def _adapter_digest(path: str) -> str:
     """A LoRA adapter's content digest (its path where it cannot be read: the checks refuse it before a run)."""
     try:
-        return LoraAdapter.read(Path(path)).digest
-    except AdapterError:
+        return LoraAdapter.read(Path(path)).digest()
+    except (AdapterError, OSError):
         return path
