@@ -43,6 +43,7 @@ from batchllm.dag.sql_names import sql_identifiers
 from batchllm.dag.templates import compile_expression, compile_template
 from batchllm.dag.yaml_lines import LineDict, read_yaml
 from batchllm.dag.yaml_section import Section as _Section
+from batchllm.dag.yaml_section import names_section
 from batchllm.dag.yaml_section import place as _place
 from batchllm.dag.yaml_section import show as _show
 
@@ -113,12 +114,11 @@ def _parse_prices(top: _Section, path: Path, nodes: dict[str, NodeSpec]) -> dict
 
 def _parse_merges(top: _Section, path: Path) -> dict[str, tuple[str, ...]]:
     """`merges: {answer: [tech, general]}`: per row, the output of the first member that has one."""
-    if "merges" not in top.mapping:
+    section = names_section(top, "merges", "a mapping of merge names to lists of nodes")
+    if section is None:
         return {}
-    raw = top.get("merges", dict, expect="a mapping of merge names to lists of nodes")
-    section = _Section(path, raw, "merges", top.line("merges"), set(raw))
     merges = {}
-    for name, members in raw.items():
+    for name, members in section.mapping.items():
         _check_name(section, name, "merge")
         section.get(name, list, check=lambda v: len(v) >= 2 and all(isinstance(m, str) for m in v) and len(set(v)) == len(v),
                     expect="a list of two or more different node names")

@@ -16,19 +16,18 @@ from pathlib import Path
 
 from batchllm.core.requests import ModelTask
 from batchllm.dag.model import NearestSpec, NodeSpec
-from batchllm.dag.yaml_section import Section
+from batchllm.dag.yaml_section import Section, names_section
 
 KEYS = {"query", "corpus", "k"}
 
 
 def parse_nearest(top: Section, path: Path, check_name) -> dict[str, NearestSpec]:
     """Each entry's fields, typed; what they name is checked by `check_nearest` once the nodes are parsed."""
-    if "nearest" not in top.mapping:
+    section = names_section(top, "nearest", "a mapping of names to {query, corpus, k}")
+    if section is None:
         return {}
-    raw = top.get("nearest", dict, expect="a mapping of names to {query, corpus, k}")
-    section = Section(path, raw, "nearest", top.line("nearest"), set(raw))
     nearest = {}
-    for name, body in raw.items():
+    for name, body in section.mapping.items():
         check_name(section, name, "nearest list")
         entry = Section(path, body, f"nearest.{name}", section.line(name), KEYS)
         nearest[name] = NearestSpec(name, query=entry.get("query", str, expect="an embed node"),

@@ -46,6 +46,14 @@ class Section:
         return value
 
 
+def names_section(top: Section, key: str, expect: str) -> Section | None:
+    """A top-level mapping whose keys are names the DAG gives (`merges:`, `nearest:`); None when the DAG has none."""
+    if key not in top.mapping:
+        return None
+    raw = top.get(key, dict, expect=expect)
+    return Section(top.file, raw, key, top.line(key), set(raw))
+
+
 def place(file: Path, line: int, key_path: str) -> str:
     """Where an error is: its line in a YAML file, else (a mapping from Python, which has no
     lines and no file) its key path."""
