@@ -168,3 +168,12 @@ def test_the_vector_search_is_numpys_brute_force_with_ties_by_position_and_at_mo
     assert np.allclose(found.similarities, np.sort(cosines, axis=1)[:, ::-1][:, :4], atol=1e-6)
     assert [len(p) for p in search.nearest(as_array(queries[:2]), 50).positions] == [40, 40]
     search.close()
+
+
+def test_a_corpus_whose_id_column_is_its_own_row_id_column_gives_the_same_rows(nearest_workspace):
+    pq.write_table(pa.table({"row_id": [p for p, _ in PASSAGES], "passage": [t for _, t in PASSAGES]}),
+                   nearest_workspace.root / "passages.parquet")
+    factory = FakeEngineFactory()
+    result, _ = run(nearest_workspace, factory, NEAREST_DAG.replace("id_column: pid", "id_column: row_id"))
+    assert result.nodes_failed == {}
+    assert answer_prompts(factory) == {text: expected_prompt(text) for _, text in QUESTIONS}

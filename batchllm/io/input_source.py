@@ -53,6 +53,15 @@ class InputSource:
         """The rows at these sorted positions, in that order, only `columns`."""
         return self._reader.take(rows, columns)
 
+    def rows_at(self, rows: np.ndarray, columns: Sequence[str]) -> pa.Table:
+        """The rows at these sorted positions as templates and `where:` see them: `columns` and `row_id`
+        (string, last; a file's own `row_id` column is the id column and gives way to it)."""
+        wanted = [c for c in columns if c != ROW_ID]
+        table = self.take(rows, wanted + ([self.id_column] if self.id_column and self.id_column not in wanted else []))
+        ids = (pc.cast(table.column(self.id_column), pa.string()) if self.id_column
+               else pc.cast(pa.array(np.asarray(rows, np.int64)), pa.string()))
+        return table.select(wanted).append_column(pa.field(ROW_ID, pa.string()), ids)
+
     def head(self, count: int) -> pa.Table:
         """The first `count` rows (fewer if the file has fewer), all columns."""
         return self.read(0, min(count, self.num_rows), self.schema.names)

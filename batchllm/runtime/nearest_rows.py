@@ -13,7 +13,7 @@ import numpy as np
 
 from batchllm.dag.context import nearest_item
 from batchllm.dag.model import NearestSpec
-from batchllm.io.input_source import ROW_ID, InputSource
+from batchllm.io.input_source import InputSource
 from batchllm.io.node_journal import vector_array
 from batchllm.io.vector_search import VectorSearch
 from batchllm.runtime.ledger import FinalState
@@ -69,9 +69,4 @@ class NearestRows:
 
     def _corpus_rows(self, rows: np.ndarray) -> list[dict[str, object]]:
         """These corpus rows (sorted) as templates see rows: their input's columns and `row_id`."""
-        source = self.corpus_source
-        columns = [c for c in source.schema.names if c != ROW_ID]
-        table = source.take(rows, columns) if len(rows) else source.schema.empty_table().select(columns)
-        records = table.to_pylist()
-        ids = ([str(r[source.id_column]) for r in records] if source.id_column else [str(r) for r in rows.tolist()])
-        return [{**record, ROW_ID: row_id} for record, row_id in zip(records, ids)]
+        return self.corpus_source.rows_at(rows, self.corpus_source.schema.names).to_pylist() if len(rows) else []

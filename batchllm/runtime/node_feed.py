@@ -215,14 +215,7 @@ class NodeFeed:
 
     def _rows_table(self, rows: np.ndarray) -> pa.Table:
         """The input columns the node reads, plus `row_id`, for these (sorted) rows."""
-        columns = list(self._columns)
-        if self.source.id_column and self.source.id_column not in columns:
-            columns.append(self.source.id_column)
-        table = self.source.take(rows, columns)
-        ids = (table.column(self.source.id_column).cast(pa.string()) if self.source.id_column
-               else pa.array([str(r) for r in rows.tolist()], pa.string()))
-        table = table.select(self._columns)
-        return table.append_column(ROW_ID, ids)
+        return self.source.rows_at(rows, self._columns)
 
     # -- rendering ---------------------------------------------------------------------
     def render(self, units: np.ndarray) -> list[EngineRequest]:
