@@ -50,10 +50,10 @@ def check_dag(dag: DagSpec, home, *, resolve_models: bool = True) -> dict[str, I
     Planning for other hardware names models by profile only: `resolve_models=False`."""
     sources = open_inputs(dag.inputs)
     first_rows = {name: source.head_rows(1) for name, source in sources.items()}
+    first_records = {name: rows.to_pylist()[0] for name, rows in first_rows.items()}
     _check_nearest_sizes(dag, sources)
     for node in dag.nodes.values():
-        _check_node(dag, node, first_rows[node.input_name],
-                    nearest_samples(dag, node, {name: rows.to_pylist()[0] for name, rows in first_rows.items()}))
+        _check_node(dag, node, first_rows[node.input_name], nearest_samples(dag, node, first_records))
         if node.task.pools and node.model in dag.endpoints:
             raise UserError(f"node {node.name!r} {node.task.value}s with {node.model!r}, which the DAG serves from endpoints: "
                             f"batchllm {node.task.value}s on its own devices only", where=dag.where(node.line, f"nodes.{node.name}.task"),
@@ -122,11 +122,11 @@ def _check_node(dag: DagSpec, node: NodeSpec, first_row: pa.Table, nearest: dict
         if not _is_text_list(schema.field(over).type):
             raise UserError(f"iterate.over column {over!r} has type {schema.field(over).type}, but must be a list of strings",
                             where=where, hint="store the chunks of each row as list<string>")
+    stand_ins = upstream_stand_ins(dag, node)
     if node.where:
-        empty = {name: pa.array([], pa.float64() if isinstance(value, float) else pa.string())
-                 for name, value in upstream_stand_ins(dag, node).items()}
+        empty = {name: pa.array([], pa.float64() if isinstance(value, float) else pa.string()) for name, value in stand_ins.items()}
         where_row_ids(first_row.slice(0, 0), empty, node.where, where=f"{where}.where")
-    _dry_render(node, first_row, {**upstream_stand_ins(dag, node), **nearest}, where)
+    _dry_render(node, first_row, {**stand_ins, **nearest}, where)
 
 
 def _dry_render(node: NodeSpec, first_row: pa.Table, upstream: dict[str, object], where: str) -> None:

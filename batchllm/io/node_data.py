@@ -113,6 +113,7 @@ def summarize_dag(dag: DagSpec, sources: Sources, facts: Mapping[str, NodeFacts]
     tokenizers: dict[str, PromptTokenizer | None] = {}
     rows_of: dict[str, float] = {}
     summaries: dict[str, NodeSummary] = {}
+    first_records: dict[str, dict] | None = None  # each input's first row, for the nearest lists' stand-ins
     for name in dag.topological_order():
         node = dag.nodes[name]
         source = sources[node.input_name]
@@ -128,7 +129,9 @@ def summarize_dag(dag: DagSpec, sources: Sources, facts: Mapping[str, NodeFacts]
             tokenizers[node.model] = local_tokenizer(node.model, dag.path.parent, home)
         tokenizer = tokenizers.get(node.model)
         own = facts[name]
-        nearest = nearest_samples(dag, node, {n: sources[n].head_rows(1).to_pylist()[0] for n in dag.inputs}) if node.nearest_read else {}
+        if node.nearest_read and first_records is None:  # read once, for the first node that needs them
+            first_records = {n: sources[n].head_rows(1).to_pylist()[0] for n in dag.inputs}
+        nearest = nearest_samples(dag, node, first_records) if first_records is not None else {}
         prompts, cached, rendered = _prompt_tokens(node, sample, upstream_tokens, own.expected_output_tokens,
                                                    own.block_tokens, tokenizer, {**upstream_stand_ins(dag, node), **nearest})
         n = node.sampling.n
@@ -204,21 +207,21 @@ def local_tokenizer(model: str, dag_dir: Path, home: Path) -> PromptTokenizer | 
 
 
 def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own_output_tokens: float,
-                   block_tokens: int, tokenizer: PromptTokenizer | None = None, upstream: Mapping[str, object] | None = None
+                   block_tokens: int, tokenizer: PromptTokenizer | None, upstream: Mapping[str, object]
                    ) -> tuple[np.ndarray, np.ndarray, list[EngineRequest]]:
     """Estimated prompt tokens per row, the tokens of it the prefix cache serves when the
     requests go in prefix order (whole blocks of the rendered text shared with others;
     upstream outputs, unknown yet, count as not shared), and the rendered prompts. With the
     model's `tokenizer`, the rendered text is counted exactly (chat template included) and
     only what is not known yet (upstream outputs, iteration items) is estimated. `upstream`: what
-    the node reads by name, as stand-ins (empty texts; nearest lists as their corpus's first row,
-    k times); None: empty texts."""
+    the node reads by name, as stand-ins (empty texts, 0.0 for scores; nearest lists as their
+    corpus's first row, k times)."""
     node_prompt = NodePrompt(node)
     estimated: list[float] = []
     texts: list[str] = []
     requests: list[EngineRequest] = []
     for row in rows:
-        context = template_context(node, row, upstream if upstream is not None else {r: "" for r in node.reads}, step=1, previous="")
+        context = template_context(node, row, upstream, step=1, previous="")
         extra = upstream_tokens
         if node.iterate:  # a step's item counts by the mean length of the row's items, in `extra`
             items = row.get(node.iterate.over) or [""]

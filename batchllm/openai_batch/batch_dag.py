@@ -18,6 +18,7 @@ from batchllm.openai_batch.model_map import split_local
 INPUT_NAME = "requests"
 DAG_NAME = "openai-batch"
 SLUG_CHARACTERS = 40
+POOLING_TASKS = {"embedding": "embed", "score": "score"}  # a line's kind -> its node's task
 
 
 @dataclass(frozen=True)
@@ -53,12 +54,9 @@ def batch_dag(requests_path: str, groups: tuple[BatchGroup, ...]) -> dict:
     """The DAG (as a dict of the YAML schema) over the converted request file."""
     nodes: dict[str, dict[str, object]] = {}
     for group in groups:
-        if group.kind == "embedding":
-            nodes[group.node] = {"model": group.local_model, "task": "embed", "prompt": "{{ prompt }}", "where": f"node = '{group.node}'"}
-            continue
-        if group.kind == "score":
-            nodes[group.node] = {"model": group.local_model, "task": "score", "prompt": "{{ prompt }}", "pair": "{{ pair }}",
-                                 "where": f"node = '{group.node}'"}
+        if group.kind in POOLING_TASKS:  # no sampling, no chat: the line's text (and a score's pair) pooled
+            nodes[group.node] = {"model": group.local_model, "task": POOLING_TASKS[group.kind], "prompt": "{{ prompt }}",
+                                 **({"pair": "{{ pair }}"} if group.kind == "score" else {}), "where": f"node = '{group.node}'"}
             continue
         model, adapter = split_local(group.local_model)
         node: dict[str, object] = {"model": model, "chat": group.kind == "chat", "sampling": group.sampling,
