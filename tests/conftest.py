@@ -115,6 +115,20 @@ def workspace(tmp_path) -> Workspace:
     return Workspace(root)
 
 
+@pytest.fixture
+def profiles(tmp_path) -> Path:
+    """A profiles folder with the embedded model's measured CPU profile filed for the fake model
+    directory `tiny-model` on this machine's hardware name."""
+    import shutil
+
+    from batchllm.engines.devices import hardware_name
+
+    root = tmp_path / "profiles"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "profiles" / "cpu-intel-xeon" / "smollm2-135m",
+                    root / hardware_name("cpu") / "tiny-model", ignore=shutil.ignore_patterns("logs"))
+    return root
+
+
 def load_refused(dag: Path):
     """The UserError loading a DAG file gives (the test fails if it loads)."""
     from batchllm.core.errors import UserError

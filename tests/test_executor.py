@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from batchllm.core.errors import RunIncomplete, UserError
-from batchllm.engines.devices import DeviceSet, hardware_name
+from batchllm.engines.devices import DeviceSet
 from batchllm.runtime.launch import run_dag_file
 from batchllm.runtime.ledger import UNIT_BITS, UNIT_MASK
 from tests.conftest import ENSEMBLE_DAG, QUESTIONS, make_model_dir
@@ -24,15 +23,6 @@ CPU2 = DeviceSet("cpu", (0, 1))
 REPO = Path(__file__).resolve().parent.parent
 ORDER = ["a", "b", "judge"]  # ENSEMBLE_DAG's nodes in topological order: a request id is request_id(<index>, <unit>)
 ALL_KEYS = [(q, 0) for q, _ in QUESTIONS]
-
-
-@pytest.fixture
-def profiles(tmp_path) -> Path:
-    """The embedded model's measured CPU profile, filed for the fake model directory."""
-    root = tmp_path / "profiles"
-    shutil.copytree(REPO / "profiles" / "cpu-intel-xeon" / "smollm2-135m", root / hardware_name("cpu") / "tiny-model",
-                    ignore=shutil.ignore_patterns("logs"))
-    return root
 
 
 def run(workspace, factory, schedule="sequential", dag_text=ENSEMBLE_DAG, out=None, fresh=False, profiles=None):

@@ -45,6 +45,7 @@ def test_the_end_of_run_summary_fits_80_columns_with_every_node(workspace, monke
         "judge (tiny-model): 0 units, no row reached it",
         "  (its `where:` held nowhere, or an upstream node had no output)",
         "1 stage (sequential): N s, overhead N s (N%)",
+        "engines: 1 model load for 1 node on devices",
         "before them: N s, the command's start (imports, checks, planning)",
         "details: out/run.json",
         "judged: out/judged.parquet",

@@ -29,6 +29,7 @@ from batchllm.costmodel.server_pace import ServerPace, ServerPaceStore
 from batchllm.dag.model import DagSpec
 from batchllm.io.node_data import NodeFacts, NodeSummary, Sources, summarize_dag
 from batchllm.planner.cluster import Cluster, candidate_plans, cluster_profile, run_settings
+from batchllm.planner.engine_groups import engine_groups, grouped
 from batchllm.planner.length_sources import LengthsFor, profile_lengths
 from batchllm.planner.problem import NodeWorkload, too_big
 
@@ -38,6 +39,11 @@ class DagWorkloads:
     nodes: list[NodeWorkload]
     notes: tuple[str, ...]
     summaries: dict[str, NodeSummary] = field(default_factory=dict)  # each node's data, in topological order
+    groups: tuple[tuple[str, ...], ...] = ()  # engine groups (`planner.engine_groups`): nodes planned as one
+
+    def planning_nodes(self) -> list[NodeWorkload]:
+        """What the planner plans: the nodes, each engine group's merged into one."""
+        return grouped(self.nodes, self.groups)
 
 
 def profile_names(model: str) -> list[str]:
@@ -106,7 +112,7 @@ def dag_workloads(dag: DagSpec, sources: Sources, cluster: Cluster, profiles_roo
                                output_lengths=lengths.repeat(n) if lengths_for is not None else None)
         nodes.append(NodeWorkload(name, profile, workload, summary.rounds, tuple(u for u in node.upstream if u != name), n,
                                   output_lengths=lengths, summary=summary))
-    return DagWorkloads(nodes, tuple(notes), summaries)
+    return DagWorkloads(nodes, tuple(notes), summaries, engine_groups(dag))
 
 
 def measured_paces(dag: DagSpec, store: ServerPaceStore) -> dict[str, ServerPace | None]:

@@ -91,7 +91,7 @@ def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT,
     started = time.perf_counter()
     workloads = dag_workloads(dag, tables, cluster, profiles_root, ProfileStore.at_home(batchllm_home()),
                               batchllm_home(), lengths_for=lengths_for, outside=outside)
-    problem = build_problem(cluster, workloads.nodes, (*workloads.notes, *on_servers))
+    problem = build_problem(cluster, workloads.planning_nodes(), (*workloads.notes, *on_servers))
     fit_s = time.perf_counter() - started
     start = Timeline.start(problem)
     chosen = best_schedule(start)

@@ -26,6 +26,15 @@ from batchllm.planner.speed import PlanSpeed, fit_shape_speed, output_curve
 
 
 @dataclass(frozen=True)
+class GroupMember:
+    """A DAG node of an engine group (`planner.engine_groups`)."""
+
+    name: str
+    requests: int  # planner requests (sequences), as the member's own planning node would count them
+    requests_per_unit: int = 1  # its sampling.n
+
+
+@dataclass(frozen=True)
 class NodeWorkload:
     """One planning node before its speeds are fit."""
 
@@ -37,6 +46,7 @@ class NodeWorkload:
     requests_per_unit: int = 1  # sequences per runtime unit (row, step): the node's sampling.n
     output_lengths: RequestLengths | None = None  # predicted, one per sample row of `summary` (before `n`)
     summary: NodeSummary | None = None  # its data, when planned from a DAG
+    members: tuple[GroupMember, ...] = ()  # an engine group's DAG nodes (none: the node is a DAG node)
 
     def __post_init__(self):
         if not self.rounds or min(self.rounds) < 0:
@@ -53,6 +63,7 @@ class PlanNode:
     producers: tuple[str, ...]
     speeds: dict[ExecutionPlan, PlanSpeed]
     requests_per_unit: int = 1  # planner requests per runtime unit (row, step): the node's sampling.n
+    members: tuple[GroupMember, ...] = ()  # an engine group's DAG nodes (none: the node is a DAG node)
 
     @property
     def requests(self) -> int:
@@ -89,7 +100,8 @@ def build_problem(cluster: Cluster, workloads: list[NodeWorkload], notes: tuple[
         shapes = {plan.shape for plan in plans}
         speeds_by_shape = {shape: fit_shape_speed(item.profile, shape, item.workload) for shape in sorted(shapes, key=lambda s: s.key)}
         speeds = {plan: speeds_by_shape[plan.shape].plan_speed(plan, _curve(item, plan)) for plan in plans}
-        nodes[item.name] = PlanNode(item.name, item.profile.model, item.rounds, item.producers, speeds, item.requests_per_unit)
+        nodes[item.name] = PlanNode(item.name, item.profile.model, item.rounds, item.producers, speeds, item.requests_per_unit,
+                                    item.members)
     return PlanProblem(cluster, nodes, (*notes, *cluster_notes(cluster)))
 
 

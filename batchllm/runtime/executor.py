@@ -92,7 +92,8 @@ class Executor:
                 journal.close()
         if self.report.failed:
             raise RunIncomplete("; ".join(f"node {n}: {cause}" for n, cause in self.report.failed.items()), outputs)
-        return RunResult(len(self.engines.starts), dict(self.report.failed), outputs, self.report, rest_s)
+        loads = sum(1 for start in self.engines.starts if start.config.endpoint is None)
+        return RunResult(len(self.engines.starts), dict(self.report.failed), outputs, self.report, rest_s, loads)
 
     def open(self) -> None:
         """Each node's record: its journal, ledger and feed, and its pilot where its prompt set is new."""

@@ -174,7 +174,7 @@ def _calibrated_planning(dag: DagSpec, sources: dict[str, InputSource], devices:
                                   outside=outside)
     except UserError as missing:
         return None, missing.paragraph()
-    calibration = RunCalibration(build_problem(cluster, workloads.nodes, workloads.notes), workloads.nodes, store=store,
+    calibration = RunCalibration(build_problem(cluster, workloads.planning_nodes(), workloads.notes), workloads.nodes, store=store,
                                  settings=run_settings(dag.engine, cluster), source=f"a run of {dag.name}",
                                  log_shifts=lengths.log_shifts(dag) if lengths is not None else None)
     return RunPlanning(CalibratedStages(calibration, method), (calibration, RunEstimates(calibration, method)), calibration,

@@ -40,6 +40,7 @@ from batchllm.costmodel.latency import step_features
 from batchllm.costmodel.profile import ReplicaShape
 from batchllm.costmodel.request_lengths import RequestLengths, relative_shifts
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
+from batchllm.planner.engine_groups import grouped, problem_groups
 from batchllm.planner.problem import NodeWorkload, PlanProblem, build_problem
 from batchllm.runtime.observer import RunObserver
 from batchllm.runtime.run_state import NodeProgress
@@ -138,8 +139,8 @@ class RunCalibration(RunObserver):
         if self._built_version == version:
             return self._calibrated
         self._built_version = version
-        self._calibrated = build_problem(self.problem.cluster, [self.calibrated_workload(w.name) for w in self.workloads],
-                                         self.problem.notes)
+        calibrated = [self.calibrated_workload(w.name) for w in self.workloads]
+        self._calibrated = build_problem(self.problem.cluster, grouped(calibrated, problem_groups(self.problem)), self.problem.notes)
         return self._calibrated
 
     def _versions(self) -> tuple[int, ...]:

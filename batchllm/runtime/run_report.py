@@ -143,6 +143,7 @@ class RunResult:
     outputs: dict[str, Path]
     report: RunReport
     rest_estimate_s: float | None = None  # after pilots only: the rest of the run, planned on what they measured
+    model_loads: int = 0  # engines started on devices (each loads its model); nodes sharing one load it once
 
     @property
     def first_request_s(self) -> float | None:

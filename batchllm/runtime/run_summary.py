@@ -23,6 +23,10 @@ def closing_lines(result: RunResult, progress: RunProgress, out: Path) -> list[s
         stages = f"{len(r.stages)} stage{'' if len(r.stages) == 1 else 's'}"
         lines.append(f"{stages} ({r.method}): {r.wall_s:.1f} s{estimate}, overhead {r.overhead_s:.1f} s "
                      f"({r.overhead_s / r.wall_s:.1%})")
+        on_devices = {name for stage in r.stages for name, node in stage.nodes.items() if node.devices}
+        if on_devices:
+            lines.append(f"engines: {result.model_loads} model load{'' if result.model_loads == 1 else 's'} for "
+                         f"{len(on_devices)} node{'' if len(on_devices) == 1 else 's'} on devices")
         if r.command_start_s is not None:
             lines.append(f"before them: {r.command_start_s:.1f} s, the command's start (imports, checks, planning)")
         lines.append(f"details: {out / 'run.json'}")

@@ -12,6 +12,11 @@ Then the chosen method (batchllm's search, or the Max / Min heuristic for compar
 plans from there. This includes SamuLLM's dynamic rule as a special case: a node whose
 (model, plan, devices) is also in the new stage keeps its engine, because the timeline
 charges it no start, and idle engines of the same model and shape are handed over.
+
+An engine group (`planner.engine_groups`) is one planning node for several DAG nodes: their
+progress adds up into its own (in planner requests), their engines are its engines, and the
+schedule comes back in DAG nodes (each open member with its group's plan and devices), so
+the rest of the runtime never sees a group.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from typing import Callable
 
 from batchllm.planner.baselines import max_heuristic, min_heuristic
 from batchllm.planner.best import best_schedule
-from batchllm.planner.problem import PlanProblem
+from batchllm.planner.engine_groups import member_schedule
+from batchllm.planner.problem import GroupMember, PlanProblem
 from batchllm.planner.schedule import Schedule
 from batchllm.planner.timeline import Engine, NodeState, Timeline
 from batchllm.runtime.run_state import NodeProgress, RunningPlan
@@ -30,6 +36,29 @@ from batchllm.runtime.stage_chooser import StageChoice
 SCHEDULE_METHODS: dict[str, Callable[[Timeline], Schedule]] = {
     "plan": best_schedule, "max": max_heuristic, "min": min_heuristic,
 }
+
+
+def group_progress(members: tuple[GroupMember, ...], progress: dict[str, NodeProgress]) -> NodeProgress:
+    """An engine group's progress, one unit a planner request: each open member's share done
+    of its requests (its units over its total when that is final, else its units' requests),
+    each finished member's requests all done; final when every member's total is."""
+    done = before = 0.0
+    known, running_s = True, 0.0
+    for member in members:
+        p = progress.get(member.name)
+        if p is None:  # finished
+            done, before = done + member.requests, before + member.requests
+        elif p.total_known and p.total_units:
+            done += p.done_units / p.total_units * member.requests
+            before += p.done_units_before / p.total_units * member.requests
+        else:
+            known = False
+            done += min(p.done_units * member.requests_per_unit, 0.99 * member.requests)
+            before += min(p.done_units_before * member.requests_per_unit, 0.99 * member.requests)
+        if p is not None:
+            running_s = max(running_s, p.running_s)
+    total = sum(m.requests for m in members)
+    return NodeProgress(min(round(done), total), total, known, running_s, min(round(before), total))
 
 
 def known_method(method: str) -> str:
@@ -54,9 +83,29 @@ class StagePlanner:
         return self.plan(progress, {}).total_s if progress else 0.0
 
     def plan(self, progress: dict[str, NodeProgress], running: dict[str, RunningPlan]) -> Schedule:
-        """The whole rest of the run from here, as the method plans it."""
-        timeline = Timeline(self.problem, 0.0, self._states(progress, running), self._engines(running))
-        return SCHEDULE_METHODS[self.method](timeline)
+        """The whole rest of the run from here, as the method plans it (in DAG nodes)."""
+        planned, engines = self._grouped(progress, running)
+        timeline = Timeline(self.problem, 0.0, self._states(planned, engines), self._engines(engines))
+        return member_schedule(SCHEDULE_METHODS[self.method](timeline), self.problem, set(progress))
+
+    def _grouped(self, progress: dict[str, NodeProgress],
+                 running: dict[str, RunningPlan]) -> tuple[dict[str, NodeProgress], dict[str, RunningPlan]]:
+        """Progress and engines by planning node: an engine group's members' summed into its own."""
+        if not any(node.members for node in self.problem.nodes.values()):
+            return progress, running
+        planned, engines = dict(progress), dict(running)
+        for name, node in self.problem.nodes.items():
+            if not node.members:
+                continue
+            names = [m.name for m in node.members]
+            for member in names:
+                planned.pop(member, None)
+                engine = engines.pop(member, None)
+                if engine is not None:
+                    engines.setdefault(name, engine)
+            if any(member in progress for member in names):
+                planned[name] = group_progress(node.members, progress)
+        return planned, engines
 
     def _states(self, progress: dict[str, NodeProgress], running: dict[str, RunningPlan]) -> dict[str, NodeState]:
         """Each node's state in planner requests: a known total scales the units' done share
