@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import numpy as np
 
 from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, ModelTask, TokenLogprob
 from batchllm.engines.engine import EngineFailed
 from batchllm.engines.protocol import EngineConfig, WorkerReady
+from batchllm.models.model_kind import ModelKind
 
 
 def fake_text(request: EngineRequest) -> str:
@@ -24,6 +26,12 @@ def fake_vector(request: EngineRequest, dimensions: int) -> np.ndarray:
     seed = int.from_bytes(hashlib.sha256(request.prompt.encode()).digest()[:8], "little")
     vector = np.random.default_rng(seed).standard_normal(dimensions).astype(np.float32)
     return vector / np.linalg.norm(vector)
+
+
+def fake_probs(request: EngineRequest, labels: int) -> np.ndarray:
+    """A classify request's: a softmax of a fake vector of its text, one probability a label."""
+    weights = np.exp(4 * fake_vector(request, labels).astype(np.float64))
+    return (weights / weights.sum()).astype(np.float32)
 
 
 def fake_score(request: EngineRequest, dimensions: int) -> float:
@@ -77,6 +85,11 @@ class FakeEngine:
             if self.config.task is ModelTask.EMBED:
                 results.append(EngineResult(request.request_id, ("",), len(request.prompt), 0, FinishReason.STOP,
                                             vector=fake_vector(request, self.VECTOR_DIMENSIONS)))
+                continue
+            if self.config.task is ModelTask.CLASSIFY:  # the labels of the model directory's config
+                probs = fake_probs(request, len(labels := ModelKind.of(Path(self.config.model)).labels))
+                results.append(EngineResult(request.request_id, (labels[int(probs.argmax())],), len(request.prompt), 0,
+                                            FinishReason.STOP, vector=probs))
                 continue
             text = self.answer(request)
             logprobs = fake_logprobs(text, request.sampling.top_logprobs) if request.sampling.logprobs else None

@@ -144,7 +144,7 @@ def test_a_template_that_reads_an_embed_nodes_vector_as_text_is_refused(embed_wo
 def test_an_unknown_task_and_a_text_field_of_an_embed_node_are_refused(embed_workspace):
     with pytest.raises(UserError) as refused:
         load_dag(embed_workspace.dag(EMBED_DAG.replace("task: embed", "task: rerank")))
-    assert str(refused.value) == "nodes.embed.task must be generate, embed or score, got 'rerank'"
+    assert str(refused.value) == "nodes.embed.task must be generate, embed, score or classify, got 'rerank'"
     with pytest.raises(UserError) as refused:
         load_dag(embed_workspace.dag(EMBED_DAG.replace("vector: embed,", "vector: embed.text,")))
     assert str(refused.value) == "outputs.vectors.columns.vector: 'embed.text' names unknown field 'text'"

@@ -19,6 +19,7 @@ from rich.console import Console
 from batchllm.engines.devices import engine_dtype, parse_devices
 from batchllm.models.embedded import MINILM_L6
 from batchllm.runtime.launch import run_dag_file
+from tests.classifier_model import make_classifier
 from tests.example_rows import example_dag
 
 pytestmark = pytest.mark.engine
@@ -32,6 +33,15 @@ from vllm import LLM
 texts = json.load(sys.stdin)
 llm = LLM(model=sys.argv[1], runner="pooling", enforce_eager=True, dtype=sys.argv[2], seed=0)
 print("VECTORS " + json.dumps([output.outputs.embedding for output in llm.embed(texts)]))
+"""
+
+
+VLLM_CLASSIFY = """
+import json, sys
+from vllm import LLM
+texts = json.load(sys.stdin)
+llm = LLM(model=sys.argv[1], runner="pooling", enforce_eager=True, dtype=sys.argv[2], seed=0)
+print("PROBS " + json.dumps([output.outputs.probs for output in llm.classify(texts)]))
 """
 
 
@@ -188,3 +198,26 @@ def test_a_score_node_gives_the_scores_of_vllms_own_score(tmp_path, monkeypatch,
     theirs = vllm_script(VLLM_SCORE, MINILM_L6.prepare(MODEL_HOME), [questions, passages], "SCORES")
     assert np.allclose(ours, theirs, atol=1e-4, rtol=0), (ours, theirs)
     assert len(set(np.round(ours, 3))) == ROWS  # eight pairs, eight scores: not one value for all
+
+
+LABELS = ("negative", "neutral", "positive")
+
+
+def test_a_classify_node_gives_the_probabilities_of_vllms_own_classify(tmp_path, monkeypatch, shared_engines, questions):
+    monkeypatch.setenv("BATCHLLM_HOME", str(MODEL_HOME))
+    classifier = make_classifier(tmp_path / "classifier", MINILM_L6.prepare(MODEL_HOME), LABELS, seed=3)
+    pq.write_table(pq.read_table(REPO / "examples" / "questions.parquet").slice(0, ROWS), tmp_path / "questions.parquet")
+    dag = tmp_path / "dag.yaml"
+    dag.write_text("inputs:\n  questions: {path: questions.parquet, id_column: id}\n"
+                   "nodes:\n  mood:\n    model: ./classifier\n    task: classify\n    prompt: '{{ question }}'\n"
+                   "outputs:\n  moods:\n    columns: {mood: mood, probs: mood.probs}\n")
+    result, _ = run_dag_file(dag, tmp_path / "out", parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
+    assert result.nodes_failed == {}
+    table = pq.read_table(tmp_path / "out" / "moods.parquet")
+    ours = np.array(table.column("probs").to_pylist(), np.float64)
+    theirs = np.array(vllm_script(VLLM_CLASSIFY, classifier, questions, "PROBS"), np.float64)
+    assert ours.shape == theirs.shape == (ROWS, len(LABELS))
+    assert np.allclose(ours, theirs, atol=1e-5, rtol=0), (ours, theirs)
+    assert np.allclose(ours.sum(axis=1), 1.0, atol=1e-4)  # probabilities
+    assert table.column("mood").to_pylist() == [LABELS[k] for k in theirs.argmax(axis=1)]
+    assert len({tuple(np.round(p, 3)) for p in ours}) == ROWS  # the head tells the questions apart

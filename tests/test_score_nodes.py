@@ -124,7 +124,7 @@ def test_the_journal_keeps_scores_as_exact_floats_through_reopening_and_compacti
      "drop `sampling:` from nodes.relevance, or make it a generation node (task: generate)"),
     ("relevance: relevance,", "relevance: relevance.text,", "outputs.scored.columns.relevance: 'relevance.text' names unknown "
      "field 'text'", "fields: score, num_prompt_tokens, finish_reason"),
-    ("task: score", "task: rerank", "nodes.relevance.task must be generate, embed or score, got 'rerank'", None),
+    ("task: score", "task: rerank", "nodes.relevance.task must be generate, embed, score or classify, got 'rerank'", None),
     ("    outputs:", "    merges:\n      either: [relevance, answer]\n    outputs:",
      "merges.either joins generate and score nodes: a row's result would be a text or a number", "merge nodes of one task"),
 ])

@@ -57,13 +57,20 @@ class EngineRequest(NamedTuple):
 
 
 class ModelTask(str, Enum):
-    """What a node asks of its model: text, one vector a row (a pooling model's), or one score a
+    """What a node asks of its model: text, one vector a row (a pooling model's), one score a
     row (the cosine of a pooling model's vectors of two texts, as vLLM's score API gives for an
-    embedding model)."""
+    embedding model), or a label a row with every label's probability (a sequence-classification
+    model's)."""
 
     GENERATE = "generate"
     EMBED = "embed"
     SCORE = "score"
+    CLASSIFY = "classify"
+
+    @property
+    def verb(self) -> str:
+        """What a node of this task does, in a sentence: `node 'x' embeds`."""
+        return "classifies" if self is ModelTask.CLASSIFY else f"{self.value}s"
 
     @property
     def pools(self) -> bool:

@@ -5,7 +5,9 @@ A result is keyed by where it belongs (the row's position in the journal, the ro
 node file) and its step; `texts` holds every completion when a node samples n > 1,
 `logprobs` each output token's log probability (and the top ones) when a node asks for them,
 `vector` an embed node's vector (a fixed-size list of float32; its text is empty), and
-`score` a score node's number (float64; its text is empty).
+`score` a score node's number (float64; its text is empty). A classify node's label is its
+text and its labels' probabilities its vector; an output column names them `label` and
+`probs` (`CLASSIFY_FIELD_COLUMNS`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ LOGPROBS_FIELD = ("logprobs", pa.list_(pa.struct([("token", pa.string()), ("logp
 LOGPROB_FIELDS = ("logprobs", "logprob")  # what `node.field` may name of a node with `logprobs: true` (logprob: their sum)
 VECTOR_FIELD_NAME = "vector"
 SCORE_FIELD = ("score", pa.float64())
+CLASSIFY_FIELD_COLUMNS = {"label": "text", "probs": VECTOR_FIELD_NAME}  # a classify node's fields, and the columns that hold them
 
 
 def vector_field(dimensions: int) -> tuple[str, pa.DataType]:

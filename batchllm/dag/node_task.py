@@ -7,13 +7,17 @@ read it by name; an output column takes it as `node.vector` (the default field o
 node) or its token count and finish reason. A `score` node gives one number a unit: the
 cosine of the vectors an embedding model gives its `prompt` and its `pair` (as vLLM's score
 API does for an embedding model); templates and `where:` read it as a number, an output
-column as `node.score` (float64, its default field).
+column as `node.score` (float64, its default field). A `classify` node gives one label a unit,
+from a sequence-classification model (its config's `id2label`), with every label's
+probability: templates and `where:` read the label as text (`where: "mood = 'positive'"`), an
+output column takes `node.label` (its default field) or `node.probs` (a fixed-size list of
+float32, in the model's label order).
 """
 
 from __future__ import annotations
 
 from batchllm.core.requests import ModelTask
-from batchllm.core.result_schema import SCORE_FIELD, VECTOR_FIELD_NAME
+from batchllm.core.result_schema import CLASSIFY_FIELD_COLUMNS, SCORE_FIELD, VECTOR_FIELD_NAME
 from batchllm.core.sampling import SamplingSpec
 from batchllm.dag.model import EngineSpec
 from batchllm.dag.yaml_section import Section
@@ -25,6 +29,7 @@ EMBED_SAMPLING = SamplingSpec(max_tokens=1)
 GENERATION_ONLY_KEYS = ("system", "messages", "chat", "sampling", "output")  # what a pooling node cannot take
 EMBED_FIELDS = (VECTOR_FIELD_NAME, "num_prompt_tokens", "finish_reason")  # what `node.field` may name of an embed node
 SCORE_FIELDS = (SCORE_FIELD[0], "num_prompt_tokens", "finish_reason")  # and of a score node
+CLASSIFY_FIELDS = (*CLASSIFY_FIELD_COLUMNS, "num_prompt_tokens", "finish_reason")  # and of a classify node
 
 
 def parse_task(node: Section) -> ModelTask:
@@ -35,7 +40,7 @@ def parse_task(node: Section) -> ModelTask:
     if task.pools:
         for key in GENERATION_ONLY_KEYS:
             if key in node.mapping:
-                node.fail(key, f"{node.where}.{key}: {_a(task)} {task.value} node {task.value}s its prompt as plain text, so `{key}:` does not "
+                node.fail(key, f"{node.where}.{key}: {_a(task)} {task.value} node {task.verb} its prompt as plain text, so `{key}:` does not "
                           "apply", f"drop `{key}:` from {node.where}, or make it a generation node (task: generate)")
     if task is ModelTask.SCORE and "pair" not in node.mapping:
         node.fail(None, f"{node.where} scores a pair of texts, but gives only `prompt:`",
@@ -51,8 +56,9 @@ def _a(task: ModelTask) -> str:
 
 def engine_task(task: ModelTask) -> ModelTask:
     """The engine a node's requests run on: a score node's is an embed engine (each of its requests
-    is two texts embedded), so embed and score nodes of one model share one."""
-    return ModelTask.EMBED if task.pools else task
+    is two texts embedded), so embed and score nodes of one model share one; a classify node's
+    is its own (the model's classification head gives its probabilities)."""
+    return ModelTask.EMBED if task in (ModelTask.EMBED, ModelTask.SCORE) else task
 
 
 def engine_max_model_len(engine: EngineSpec, task: ModelTask) -> int | None:
@@ -64,9 +70,9 @@ def engine_max_model_len(engine: EngineSpec, task: ModelTask) -> int | None:
 
 def result_fields(task: ModelTask) -> tuple[str, ...] | None:
     """What `node.field` may name of a pooling node (None: a generation node's, which depend on its options)."""
-    return {ModelTask.EMBED: EMBED_FIELDS, ModelTask.SCORE: SCORE_FIELDS}.get(task)
+    return {ModelTask.EMBED: EMBED_FIELDS, ModelTask.SCORE: SCORE_FIELDS, ModelTask.CLASSIFY: CLASSIFY_FIELDS}.get(task)
 
 
 def default_field(task: ModelTask) -> str:
     """The result field an output column `node` (with no `.field`) takes."""
-    return {ModelTask.EMBED: VECTOR_FIELD_NAME, ModelTask.SCORE: SCORE_FIELD[0]}.get(task, "text")
+    return {ModelTask.EMBED: VECTOR_FIELD_NAME, ModelTask.SCORE: SCORE_FIELD[0], ModelTask.CLASSIFY: "label"}.get(task, "text")

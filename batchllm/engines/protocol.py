@@ -27,7 +27,7 @@ class EngineConfig:
     dtype: str | None = None  # None: the model's own (bfloat16 for the embedded model)
     log_path: str | None = None  # where the engine's own logs go
     endpoint: Endpoint | None = None  # a server that already serves the model (its replica names no devices then)
-    task: ModelTask = ModelTask.GENERATE  # EMBED: the engine runs the model as a pooling model (prefill only, one vector a request)
+    task: ModelTask = ModelTask.GENERATE  # EMBED, CLASSIFY: the engine runs the model as a pooling model (prefill only, one vector a request)
     # LoRA adapters on the model (its nodes with `adapter:`): how many the engine holds at once, and the largest rank;
     # the base's nodes and its adapters' share the engine (0 and None: no adapter)
     max_loras: int = 0

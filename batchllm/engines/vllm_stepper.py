@@ -6,7 +6,9 @@ A generating engine streams text deltas; a pooling engine (an EMBED config) answ
 request in the step that computes its prompt, with the vector the model's pooling config
 gives (pooled and normalised as its sentence-transformers files say). A score request (one
 with a `pair`) is two pooling requests, its text and its pair, answered with their vectors'
-cosine once both are computed: what vLLM's score API gives for an embedding model.
+cosine once both are computed: what vLLM's score API gives for an embedding model. A
+classifying engine (a CLASSIFY config) answers each request with its labels' probabilities as
+the vector and the likeliest label as the text (the labels of the model's config, `ModelKind`).
 Each step is measured: its wall time, and from vLLM's own per-iteration details
 (through a stat logger, vLLM's public hook) how many prompt tokens it computed, how
 many sequences decoded, and the prefix cache's lookups and hits.
@@ -17,12 +19,14 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, RequestId, TokenLogprob
+from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, ModelTask, RequestId, TokenLogprob
 from batchllm.core.sampling import SamplingSpec, request_seed
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 from batchllm.engines.score_pairs import PAIR_HALF, ScorePairs
+from batchllm.models.model_kind import ModelKind
 from batchllm.models.tokens import PromptTokenizer
 
 if TYPE_CHECKING:
@@ -131,6 +135,7 @@ class VllmStepper:
             if getattr(config, key) is not None:
                 options[key] = getattr(config, key)
         self._pooling = config.task.pools
+        self._classify = config.task is ModelTask.CLASSIFY
         if self._pooling:
             options["runner"] = "pooling"
         if config.max_loras:  # the base's requests and its adapters' in one engine, batched together
@@ -141,6 +146,7 @@ class VllmStepper:
         self._engine = LLMEngine.from_engine_args(EngineArgs(**options), stat_loggers=[_recorder_factory(self._tally)])
         self._tokenizer = PromptTokenizer(config.model)
         vllm_config = self._engine.vllm_config
+        self._labels = ModelKind.of(Path(config.model)).labels if self._classify else ()
         cache, scheduler = vllm_config.cache_config, vllm_config.scheduler_config
         self.ready = WorkerReady(
             load_time_s=time.perf_counter() - started,
@@ -159,7 +165,7 @@ class VllmStepper:
         """Queue a request; a request the engine refuses comes back at once as an error result."""
         from vllm.exceptions import VLLMError
 
-        params = self._pooling_params() if self._pooling else self._sampling_params(request)
+        params = self._pooling_params(self._classify) if self._pooling else self._sampling_params(request)
         ids = list(request.prompt_token_ids) if request.prompt_token_ids is not None else self._tokenizer.token_ids(request)
         texts = [(str(request.request_id), ids)]
         if request.pair is not None:
@@ -198,10 +204,10 @@ class VllmStepper:
         return self._adapters[path]
 
     @staticmethod
-    def _pooling_params():
+    def _pooling_params(classify: bool):
         from vllm.pooling_params import PoolingParams
 
-        return PoolingParams(task="embed")
+        return PoolingParams(task="classify" if classify else "embed")
 
     @staticmethod
     def _sampling_params(request: EngineRequest):
@@ -235,7 +241,10 @@ class VllmStepper:
                     continue
                 del self._live[output.request_id]
                 vector = cast("PoolingOutput", output.outputs).data.float().numpy()  # float32, whatever the engine's dtype
-                if not self._pairs.owns(output.request_id):
+                if self._classify:  # the probabilities, and the likeliest label as the text
+                    finished.append(EngineResult(live.request_id, (self._labels[int(vector.argmax())],), live.prompt_tokens, 0,
+                                                 FinishReason.STOP, vector=vector))
+                elif not self._pairs.owns(output.request_id):
                     finished.append(EngineResult(live.request_id, ("",), live.prompt_tokens, 0, FinishReason.STOP, vector=vector))
                 elif (scored := self._pairs.half_done(output.request_id, live.request_id, vector, live.prompt_tokens)) is not None:
                     finished.append(scored)

@@ -55,8 +55,8 @@ def check_dag(dag: DagSpec, home, *, resolve_models: bool = True) -> dict[str, I
     for node in dag.nodes.values():
         _check_node(dag, node, first_rows[node.input_name], nearest_samples(dag, node, first_records))
         if node.task.pools and node.model in dag.endpoints:
-            raise UserError(f"node {node.name!r} {node.task.value}s with {node.model!r}, which the DAG serves from endpoints: "
-                            f"batchllm {node.task.value}s on its own devices only", where=dag.where(node.line, f"nodes.{node.name}.task"),
+            raise UserError(f"node {node.name!r} {node.task.verb} with {node.model!r}, which the DAG serves from endpoints: "
+                            f"batchllm {node.task.verb} on its own devices only", where=dag.where(node.line, f"nodes.{node.name}.task"),
                             hint=f"drop {node.model!r} from `endpoints:` to run it here")
         if node.adapter is not None and node.model in dag.endpoints:
             raise UserError(f"node {node.name!r} runs adapter {node.adapter!r} on {node.model!r}, which the DAG serves from endpoints: "
@@ -157,9 +157,15 @@ def _check_adapter(dag: DagSpec, node: NodeSpec, home: Path) -> None:
 
 
 def node_vector_dimensions(dag: DagSpec, home: Path) -> dict[str, int]:
-    """Each embed node's vector size (its model's), checked as `check_dag` does."""
-    return {name: cast(int, _node_model_kind(dag, node, home).vector_dimensions) for name, node in dag.nodes.items()
-            if node.task is ModelTask.EMBED}  # _node_model_kind refuses an embed node's model without one
+    """Each embed node's vector size (its model's), and each classify node's labels (its
+    probabilities' vector), checked as `check_dag` does."""
+    sizes = {}
+    for name, node in dag.nodes.items():
+        if node.task is ModelTask.EMBED:  # _node_model_kind refuses an embed node's model without one
+            sizes[name] = cast(int, _node_model_kind(dag, node, home).vector_dimensions)
+        elif node.task is ModelTask.CLASSIFY:  # and a classify node's without labels
+            sizes[name] = len(_node_model_kind(dag, node, home).labels)
+    return sizes
 
 
 def _node_model_kind(dag: DagSpec, node: NodeSpec, home: Path) -> ModelKind:
@@ -167,11 +173,23 @@ def _node_model_kind(dag: DagSpec, node: NodeSpec, home: Path) -> ModelKind:
     where = dag.where(node.line, f"nodes.{node.name}.model")
     kind = ModelKind.of(resolve_model(node.model, dag_dir=dag.path.parent, home=home, where=where).config_dir(home))
     if node.task is ModelTask.GENERATE and kind.architectures and not kind.generates:
+        only, task = ("classifies", "classify") if kind.classifies else ("embeds", "embed")
         raise UserError(f"node {node.name!r} generates text, but model {node.model!r} ({', '.join(kind.architectures)}) has no "
-                        "language-model head: it embeds only", where=where,
-                        hint="set `task: embed` on the node, or give it a generation model")
+                        f"language-model head: it {only} only", where=where,
+                        hint=f"set `task: {task}` on the node, or give it a generation model")
+    if node.task is ModelTask.EMBED and kind.classifies:
+        raise UserError(f"node {node.name!r} embeds, but model {node.model!r} ({', '.join(kind.architectures)}) is a classifier",
+                        where=where, hint="set `task: classify` on the node, or give it an embedding model, such as the embedded 'minilm-l6'")
+    if node.task is ModelTask.CLASSIFY:
+        if not kind.classifies or not kind.labels:
+            architectures = ", ".join(kind.architectures) or "no architecture in its config.json"
+            what = "its config names no labels (no id2label, no num_labels)" if kind.classifies else "it has no classification head"
+            raise UserError(f"node {node.name!r} classifies, but model {node.model!r} ({architectures}): {what}", where=where,
+                            hint="give the node a sequence-classification model (architectures: ...ForSequenceClassification, "
+                                 "with id2label or num_labels in its config.json)")
+        return kind
     if node.task.pools and kind.vector_dimensions is None:
-        raise UserError(f"node {node.name!r} {node.task.value}s, but model {node.model!r} names no vector size (no hidden_size in "
+        raise UserError(f"node {node.name!r} {node.task.verb}, but model {node.model!r} names no vector size (no hidden_size in "
                         "its config.json, no sentence-transformers pooling files)", where=where,
                         hint="give the node an embedding model, such as the embedded 'minilm-l6'")
     if node.task is ModelTask.SCORE and kind.classifies:

@@ -28,7 +28,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchllm.core.files import replacing
-from batchllm.core.result_schema import LOGPROBS_FIELD, SCORE_FIELD, VECTOR_FIELD_NAME, result_schema, vector_field
+from batchllm.core.result_schema import (
+    CLASSIFY_FIELD_COLUMNS,
+    LOGPROBS_FIELD,
+    SCORE_FIELD,
+    VECTOR_FIELD_NAME,
+    result_schema,
+    vector_field,
+)
 from batchllm.dag.model import ColumnRef, OutputSpec
 from batchllm.io.input_source import ROW_ID
 from batchllm.io.node_journal import ResultJournal
@@ -77,10 +84,10 @@ def _column_type(ref: ColumnRef, vector_dimensions: int | None) -> tuple[str, pa
     """The SQL and Arrow types of a node result's column: a result field's, or a JSON field's."""
     if ref.json_type is not None:
         kind = JSON_SQL_TYPES[ref.json_type]
-    elif ref.field == VECTOR_FIELD_NAME and vector_dimensions is not None:
+    elif CLASSIFY_FIELD_COLUMNS.get(ref.field, ref.field) == VECTOR_FIELD_NAME and vector_dimensions is not None:
         return f"FLOAT[{vector_dimensions}]", vector_field(vector_dimensions)[1]
     else:
-        kind = {"text": "VARCHAR", "finish_reason": "VARCHAR", "logprobs": LOGPROBS_SQL_TYPE, "logprob": "DOUBLE",
+        kind = {"text": "VARCHAR", "label": "VARCHAR", "finish_reason": "VARCHAR", "logprobs": LOGPROBS_SQL_TYPE, "logprob": "DOUBLE",
                 SCORE_FIELD[0]: "DOUBLE"}.get(ref.field, "BIGINT")
     return kind, ARROW_TYPES[kind]
 
@@ -91,7 +98,7 @@ def _result_value(alias: str, ref: ColumnRef) -> str:
     if ref.field == "logprob":  # the sum over the output's tokens
         return f"list_sum(list_transform({alias}.logprobs, lambda t: t.logprob))"
     if ref.json_type is None:
-        return f"{alias}.{ref.field}"
+        return f"{alias}.{CLASSIFY_FIELD_COLUMNS.get(ref.field, ref.field)}"
     path = sql_literal(f'$."{ref.field}"')
     value = (f"json_extract({alias}.text, {path})::VARCHAR" if ref.json_type == "json"
              else f"TRY_CAST(json_extract_string({alias}.text, {path}) AS {JSON_SQL_TYPES[ref.json_type]})")

@@ -1,5 +1,7 @@
 """What a model directory can do, read from its files without loading its weights: whether it
-generates text (a language-model head), and the size of the vectors it embeds into.
+generates text (a language-model head), the size of the vectors it embeds into, and the labels
+a classification head gives (its config's `id2label` in id order, else `LABEL_<k>` for each of
+its `num_labels`, as transformers names them).
 
 The vector size follows sentence-transformers' files where they are: the last `Dense`
 module's `out_features`, else the pooling module's `word_embedding_dimension`; else the
@@ -19,6 +21,7 @@ GENERATING_ARCHITECTURES = ("ForCausalLM", "ForConditionalGeneration", "LMHeadMo
 class ModelKind:
     architectures: tuple[str, ...]
     vector_dimensions: int | None  # None: its config names no size
+    labels: tuple[str, ...] = ()  # a classification head's, in id order
 
     @property
     def generates(self) -> bool:
@@ -46,7 +49,18 @@ class ModelKind:
                     size = module_config["word_embedding_dimension"]
                 elif kind.endswith(".Dense") and module_config.get("out_features"):
                     size = module_config["out_features"]
-        return cls(architectures, int(size) if size else None)
+        return cls(architectures, int(size) if size else None, _labels(config))
+
+
+def _labels(config: dict) -> tuple[str, ...]:
+    id2label = config.get("id2label")
+    if isinstance(id2label, dict) and id2label:
+        try:
+            return tuple(str(label) for _, label in sorted((int(k), v) for k, v in id2label.items()))
+        except ValueError:
+            return ()
+    count = config.get("num_labels")
+    return tuple(f"LABEL_{k}" for k in range(count)) if isinstance(count, int) and count > 0 else ()
 
 
 def _json(path: Path):

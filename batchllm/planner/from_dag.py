@@ -87,7 +87,7 @@ def dag_workloads(dag: DagSpec, sources: Sources, cluster: Cluster, profiles_roo
         node = dag.nodes[name]
         where = dag.where(node.line, f"nodes.{name}")
         if node.task.pools:
-            raise UserError(f"node {name!r} {node.task.value}s, and batchllm has no cost model of embedding models yet", where=f"{where}.task",
+            raise UserError(f"node {name!r} {node.task.verb}, and batchllm has no cost model of pooling models yet", where=f"{where}.task",
                             hint="`batchllm run` runs such a DAG node by node (as `--schedule sequential`)")
         profile, profile_notes[name] = _profile_for(node.model, cluster, profiles_root, f"{where}.model",
                                                     run_settings(dag.engine, cluster), store)

@@ -27,13 +27,12 @@ def engine_config(dag: DagSpec, model: str, replica: Replica, run_dir: RunDir, h
     e = dag.engine
     devices = (f"{replica.node[:8]}-" if replica.node else "") + "-".join(map(str, replica.device_ids))
     task = engine_task(task)
-    embeds = task is ModelTask.EMBED
     max_loras, max_lora_rank = lora_settings(dag, model) if task is ModelTask.GENERATE else (0, None)
     return EngineConfig(
         model=ref.materialise(home), replica=replica, max_model_len=engine_max_model_len(e, task), max_num_seqs=e.max_num_seqs,
         kv_cache_memory_bytes=e.kv_cache_memory_bytes or (CPU_KV_CACHE_DEFAULT_BYTES if replica.kind == "cpu" else None),
         enforce_eager=replica.kind == "cpu" if e.enforce_eager is None else e.enforce_eager, dtype=engine_dtype(replica.kind),
-        log_path=str(run_dir.log_path(f"engine-{ref.name.replace('/', '_')}{'-embed' if embeds else ''}-{replica.kind}{devices}")),
+        log_path=str(run_dir.log_path(f"engine-{ref.name.replace('/', '_')}{'-' + task.value if task.pools else ''}-{replica.kind}{devices}")),
         task=task, max_loras=max_loras, max_lora_rank=max_lora_rank,
     )
 

@@ -1,0 +1,114 @@
+"""What serving LoRA adapters costs an engine's steps on this machine: the same requests on vLLM
+with LoRA off, and with LoRA on (three adapters held) as base requests and as adapter requests.
+
+    .venv/bin/python benchmarks/lora_step_cost.py [--requests 48] [--rounds 2] [--out FILE]
+
+The embedded smollm2-135m on cpu:2 (eager, float32 where batchllm's engines run float32), each
+engine in its own process (vLLM's `LLM`), three adapters of rank 8 on q_proj and v_proj (made as
+tests/lora_adapters.py makes them). Two workloads, each timed `--rounds` times per side after a
+warm-up: decode (real ShareGPT prompts cut to 200 characters, 96 tokens each, `ignore_eos`) and
+prefill (prompts of about 600 tokens, 1 token each). The adapter requests go round-robin over
+the three adapters, so every batch mixes them, as an engine group's do.
+
+The last line: `lora steps: adapters <d>x decode, <p>x prefill; base requests on a LoRA engine
+<b>x` (each the median time over the median time with LoRA off): the factor the cost model
+takes for an engine that serves adapters (docs/cost-model.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from batchllm.engines.devices import engine_dtype  # noqa: E402
+from batchllm.engines.hardware import this_machine  # noqa: E402
+from batchllm.models.embedded import SMOLLM2_135M  # noqa: E402
+from batchllm.models.registry import batchllm_home  # noqa: E402
+from tests.lora_adapters import make_lora_adapter  # noqa: E402
+
+ENGINE = """
+import json, statistics, sys, time
+from vllm import LLM, SamplingParams
+from vllm.lora.request import LoRARequest
+model, dtype, lora, rounds = sys.argv[1], sys.argv[2], sys.argv[3] == "lora", int(sys.argv[4])
+work = json.load(sys.stdin)
+extra = dict(enable_lora=True, max_loras=len(work["adapters"]), max_lora_rank=8) if lora else {}
+llm = LLM(model=model, enforce_eager=True, dtype=dtype, seed=0, max_model_len=2048, **extra)
+adapters = [LoRARequest(f"a{k}", k + 1, path) for k, path in enumerate(work["adapters"])]
+def timed(prompts, tokens, with_adapters):
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    requests = [adapters[k % len(adapters)] for k in range(len(prompts))] if with_adapters else None
+    started = time.perf_counter()
+    llm.generate(prompts, params, lora_request=requests, use_tqdm=False)
+    return time.perf_counter() - started
+timed(work["decode"][:8], 8, lora)  # warm-up
+result = {}
+for kind, tokens in (("decode", work["decode_tokens"]), ("prefill", 1)):
+    for with_adapters in ((False, True) if lora else (False,)):
+        result[f"{kind} {'adapters' if with_adapters else 'base'}"] = [timed(work[kind], tokens, with_adapters) for _ in range(rounds)]
+print("TIMES " + json.dumps(result))
+"""
+
+
+def workloads(count: int) -> tuple[list[str], list[str]]:
+    prompts = pq.read_table(REPO / "profiles" / "prompts" / "first_turns.parquet").column("prompt").to_pylist()
+    decode = [p[:200] for p in prompts[:count]]
+    long_texts = [p for p in prompts if len(p) >= 900]
+    prefill = [(p + " " + q)[:2400] for p, q in zip(long_texts[:count], reversed(long_texts))]  # ~600 tokens each
+    return decode, prefill
+
+
+def run_engine(model: Path, lora: bool, work: dict, rounds: int) -> dict[str, list[float]]:
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    done = subprocess.run([sys.executable, "-c", ENGINE, str(model), engine_dtype("cpu") or "auto", "lora" if lora else "off",
+                           str(rounds)], input=json.dumps(work), env=env, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise SystemExit(f"engine ({'lora' if lora else 'off'}) exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("TIMES ")).removeprefix("TIMES "))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=48)
+    parser.add_argument("--decode-tokens", type=int, default=96)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="also write the report to this file")
+    args = parser.parse_args()
+    model = SMOLLM2_135M.prepare(batchllm_home())
+    config = json.loads((model / "config.json").read_text())
+    decode, prefill = workloads(args.requests)
+    with tempfile.TemporaryDirectory(prefix="lora-cost-") as scratch:
+        adapters = [str(make_lora_adapter(Path(scratch) / f"a{k}", config, seed=k, rank=8)) for k in range(3)]
+        work = {"decode": decode, "prefill": prefill, "decode_tokens": args.decode_tokens, "adapters": adapters}
+        off = run_engine(model, False, work, args.rounds)
+        on = run_engine(model, True, work, args.rounds)
+    identity = this_machine("cpu")
+    median = {**{f"off {k}": statistics.median(v) for k, v in off.items()}, **{f"on {k}": statistics.median(v) for k, v in on.items()}}
+    lines = [f"{args.requests} requests a workload, {args.rounds} rounds, smollm2-135m on cpu:2, {identity.name} "
+             f"({','.join(identity.cpu_flags or ()) or 'neither avx2 nor avx512'}; engines {identity.dtype or 'bfloat16'})"]
+    every = {**{f"off {k}": v for k, v in off.items()}, **{f"on {k}": v for k, v in on.items()}}
+    lines += [f"LoRA {name:<22} median {s:7.2f} s  ({', '.join(f'{x:.2f}' for x in every[name])})" for name, s in median.items()]
+    decode_x = median["on decode adapters"] / median["off decode base"]
+    prefill_x = median["on prefill adapters"] / median["off prefill base"]
+    base_x = statistics.median([median["on decode base"] / median["off decode base"], median["on prefill base"] / median["off prefill base"]])
+    lines.append(f"lora steps: adapters {decode_x:.2f}x decode, {prefill_x:.2f}x prefill; base requests on a LoRA engine {base_x:.2f}x")
+    report = "\n".join(lines)
+    print(report)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(report + "\n")
+
+
+if __name__ == "__main__":
+    main()
