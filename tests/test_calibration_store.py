@@ -180,6 +180,52 @@ def test_a_run_on_a_stand_in_engine_files_nothing(tmp_path, workspace, monkeypat
     assert not (batchllm_home() / "profiles").exists()
 
 
+ADAPTER_DAG = ENSEMBLE_DAG.replace('prompt: "B {{ question }}"', 'adapter: adapters/b\n        prompt: "B {{ question }}"')
+
+
+def test_an_engine_with_adapters_is_learnt_apart_from_the_base_and_planned_from_it_until_then(tmp_path, workspace, monkeypatch):
+    from batchllm.costmodel.calibration.store import LORA_SETTING
+    from batchllm.costmodel.lora_cost import LORA_STEP_FACTOR_PRIOR
+    from batchllm.dag.loader import load_dag
+    from tests.lora_adapters import TINY_BASE, make_lora_adapter
+
+    monkeypatch.setattr(cluster_module, "installed_engine_version", lambda: "fake")
+    (workspace.root / "tiny-model" / "config.json").write_text(json.dumps(TINY_BASE))
+    make_lora_adapter(workspace.root / "adapters" / "b", TINY_BASE, seed=1, rank=4)
+    root = tmp_path / "profiles"
+    shutil.copytree(REPO / "profiles" / "cpu-intel-xeon" / "smollm2-135m", root / hardware_name("cpu") / "tiny-model",
+                    ignore=shutil.ignore_patterns("logs"))
+    prior = Profile.load(root / hardware_name("cpu") / "tiny-model").shapes["w1-tp1"].latency
+    store, identity = ProfileStore.at_home(batchllm_home()), this_machine("cpu")
+    settings = cluster_module.run_settings(load_dag(workspace.dag(ENSEMBLE_DAG)).engine, cluster_module.local_cluster("cpu", 2))
+
+    def run(dag_text: str, slower: float, out: str) -> None:
+        truth = scaled(prior, slower)
+        run_dag_file(workspace.dag(dag_text), workspace.root / out, DeviceSet("cpu", (0, 1)), console=Console(quiet=True),
+                     engine_factory=lambda config: SteppingEngine(config, truth), prefix_order=False, schedule="plan",
+                     profiles_root=root)
+
+    run(ENSEMBLE_DAG, 2.0, "base-run")
+    base = store.load(identity, "smollm2-135m", settings)
+    assert base is not None and store.load(identity, "smollm2-135m", {**settings, LORA_SETTING: True}) is None
+    # before any run with adapters: the base's learnt steps, as long as adapters make them
+    planned = plan_dag_file(workspace.dag(ADAPTER_DAG), "cpu:2", profiles_root=root)
+    [group] = [node for node in planned.problem.nodes.values() if node.members]
+    assert [m.name for m in group.members] == ["a", "b"]
+    assert any(note.startswith("./tiny-model serves LoRA adapters: its steps are taken") for note in planned.problem.notes)
+    run(ADAPTER_DAG, 3.0, "adapter-run")  # an engine with adapters: slower still
+    with_lora = store.load(identity, "smollm2-135m", {**settings, LORA_SETTING: True})
+    assert with_lora is not None and with_lora.profile.engine[LORA_SETTING] is True
+    again = store.load(identity, "smollm2-135m", settings)
+    assert again is not None and again.record == base.record  # the base's entry untouched by the run with adapters
+    [shape] = with_lora.record["evidence"]["shapes_measured"]
+    measured = Profile.load(root / hardware_name("cpu") / "tiny-model").shapes[shape].latency
+    features = [StepFeatures(0, 0, b, b * 80) for b in (1, 2, 4)]
+    ratios = [with_lora.profile.shapes[shape].latency.step_s(f) / measured.step_s(f) for f in features]
+    assert np.allclose(ratios, 3.0, rtol=0.15), ratios  # what its own steps took
+    assert LORA_STEP_FACTOR_PRIOR >= 1.0
+
+
 def test_step_features_match_the_profile_builders():
     from batchllm.profiling.profiler import feature_rows as builder
 

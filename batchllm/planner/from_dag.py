@@ -24,6 +24,7 @@ import numpy as np
 from batchllm.core.errors import UserError
 from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.estimator import Workload
+from batchllm.costmodel.lora_cost import LORA_SETTING, LORA_STEP_FACTOR_PRIOR, with_adapters
 from batchllm.costmodel.profile import Profile
 from batchllm.costmodel.server_pace import ServerPace, ServerPaceStore
 from batchllm.dag.model import DagSpec
@@ -55,18 +56,27 @@ def profile_names(model: str) -> list[str]:
 def _profile_for(model: str, cluster: Cluster, profiles_root: Path, where: str,
                  settings: dict[str, object], store: ProfileStore | None = None) -> tuple[Profile, tuple[str, ...]]:
     """The profile a model is planned with: what the local store learnt on this machine
-    (with these settings) when it has it, else the shipped one, with its notes."""
+    (with these settings) when it has it, else the shipped one, with its notes. An engine that
+    serves adapters (`LORA_SETTING` in the settings) with no such profile learnt yet takes the
+    base's, its steps as long as adapters make them (`costmodel.lora_cost`)."""
+    adapters = bool(settings.get(LORA_SETTING))
+    adapter_note = (f"{model} serves LoRA adapters: its steps are taken {LORA_STEP_FACTOR_PRIOR:.2f}x the base's until a run "
+                    "with adapters measures them here",)
     for name in profile_names(model):
         try:
             shipped, notes = cluster_profile(cluster, name, profiles_root, settings)
         except UserError:
             shipped, notes = None, ()
         if store is not None and cluster.local and cluster.identity is not None:
-            learnt = store.load(cluster.identity, shipped.model if shipped else name, settings)  # filed as the profile names it
+            filed = shipped.model if shipped else name  # filed as the profile names it
+            learnt = store.load(cluster.identity, filed, settings)
             if learnt is not None:
                 return learnt.profile, (f"prior for {model}: {learnt.describe()}",)
+            base = store.load(cluster.identity, filed, {k: v for k, v in settings.items() if k != LORA_SETTING}) if adapters else None
+            if base is not None:
+                return with_adapters(base.profile), (f"prior for {model}: {base.describe()}", *adapter_note)
         if shipped is not None:
-            return shipped, notes
+            return (with_adapters(shipped), (*notes, *adapter_note)) if adapters else (shipped, notes)
     available = sorted({p.parent.name for p in profiles_root.glob(f"**/{cluster.hardware}/*/profile.json")})
     raise UserError(f"no profile for model {model!r} on {cluster.hardware}", where=where,
                     hint=f"profiled models there: {', '.join(available) or 'none'}; run `batchllm profile --model {model}` on that hardware")
@@ -83,6 +93,9 @@ def dag_workloads(dag: DagSpec, sources: Sources, cluster: Cluster, profiles_roo
     answers its nodes' prompts read."""
     profiles: dict[str, Profile] = {}
     profile_notes: dict[str, tuple[str, ...]] = {}
+    settings = run_settings(dag.engine, cluster)
+    with_lora = {**settings, LORA_SETTING: True}
+    adapter_models = {node.model for node in dag.nodes.values() if node.adapter is not None}
     for name in dag.topological_order():
         node = dag.nodes[name]
         where = dag.where(node.line, f"nodes.{name}")
@@ -90,7 +103,7 @@ def dag_workloads(dag: DagSpec, sources: Sources, cluster: Cluster, profiles_roo
             raise UserError(f"node {name!r} {node.task.verb}, and batchllm has no cost model of pooling models yet", where=f"{where}.task",
                             hint="`batchllm run` runs such a DAG node by node (as `--schedule sequential`)")
         profile, profile_notes[name] = _profile_for(node.model, cluster, profiles_root, f"{where}.model",
-                                                    run_settings(dag.engine, cluster), store)
+                                                    with_lora if node.model in adapter_models else settings, store)
         if not candidate_plans(profile, cluster):
             raise too_big(node.model, profile, cluster, f"{where}.model")
         profiles[name] = profile

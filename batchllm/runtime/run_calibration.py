@@ -34,7 +34,7 @@ from batchllm.costmodel.calibration.batch_tail import batch_left_s
 from batchllm.costmodel.calibration.model import ModelCalibration, SpeedFactors
 from batchllm.costmodel.calibration.node_lengths import NodeLengths, output_length
 from batchllm.costmodel.calibration.output_forecast import LogShift
-from batchllm.costmodel.calibration.store import ProfileStore
+from batchllm.costmodel.calibration.store import LORA_SETTING, ProfileStore
 from batchllm.costmodel.estimator import Workload
 from batchllm.costmodel.latency import step_features
 from batchllm.costmodel.profile import ReplicaShape
@@ -225,6 +225,7 @@ class RunCalibration(RunObserver):
                 lines.append(f"learnt profile of {name} not saved: its engines reported {ran!r}, not "
                              f"{self.settings['engine_version']!r} (a stand-in engine teaches nothing about the real one)")
                 continue
+            settings = {**self.settings, LORA_SETTING: True} if model.engine.get(LORA_SETTING) else self.settings  # kept apart
             calibrated = model.profile_to_keep(fallback=self.machine_factors())
             unmeasured = [k for k in calibrated.shapes if k not in evidence.shapes_measured]
             learnt = replace(calibrated, kind="learnt", hardware=cluster.identity.folder_name, identity=cluster.identity,
@@ -232,7 +233,7 @@ class RunCalibration(RunObserver):
                              notes={"prior": f"{model.prior.kind} {model.prior.hardware}/{model.prior.model}",
                                     "shapes_measured": list(evidence.shapes_measured),
                                     ("shapes_kept" if model.prior.kind == "learnt" else "shapes_rescaled"): unmeasured})
-            folder = self.store.save(learnt, cluster.identity, self.settings, source=self.source,
+            folder = self.store.save(learnt, cluster.identity, settings, source=self.source,
                                      evidence={"steps": evidence.steps, "outputs": evidence.outputs, "loads": evidence.loads,
                                                "shapes_measured": list(evidence.shapes_measured)})
             lines.append(f"learnt profile of {name} saved: {folder} ({evidence.steps:,} steps, {evidence.outputs:,.0f} outputs)")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from batchllm.costmodel.calibration.latency import PRIOR_STEPS, LatencyCalibration, scaled
 from batchllm.costmodel.calibration.lengths import LengthCalibration
 from batchllm.costmodel.calibration.loads import LoadCalibration
+from batchllm.costmodel.calibration.store import LORA_SETTING
 from batchllm.costmodel.latency import StepFeatures
 from batchllm.costmodel.lengths import LengthDistribution
 from batchllm.costmodel.profile import Profile
@@ -61,7 +62,8 @@ class ModelCalibration:
                                         "max_num_batched_tokens": ready.max_num_batched_tokens,
                                         "block_size_tokens": ready.block_size_tokens, "max_model_len": ready.max_model_len,
                                         "enforce_eager": config.enforce_eager,
-                                        "kv_cache_memory_bytes": config.kv_cache_memory_bytes}, ready.kv_capacity_tokens)
+                                        "kv_cache_memory_bytes": config.kv_cache_memory_bytes,
+                                        LORA_SETTING: config.max_loras > 0}, ready.kv_capacity_tokens)
 
     def observe_engine(self, shape_key: str, settings: dict[str, object], kv_capacity_tokens: int) -> None:
         """What a started engine reported about itself: its scheduler settings and KV cache."""

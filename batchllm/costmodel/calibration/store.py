@@ -28,7 +28,8 @@ from batchllm.engines.hardware import HardwareIdentity
 
 STORE_FOLDER = "profiles"
 RECORD_FILE = "store.json"
-KEY_SETTINGS = ("engine_version", "dtype", "enforce_eager", "max_num_seqs")
+LORA_SETTING = "lora_adapters"  # an engine that serves LoRA adapters: learnt apart from the base's (costmodel.lora_cost)
+KEY_SETTINGS = ("engine_version", "dtype", "enforce_eager", "max_num_seqs", LORA_SETTING)
 
 
 def _digest(body: object) -> str:
