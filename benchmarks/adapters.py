@@ -46,9 +46,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from batchllm.engines.devices import hardware_name  # noqa: E402
-from batchllm.engines.hardware import this_machine  # noqa: E402
 from batchllm.models.embedded import SMOLLM2_135M  # noqa: E402
 from batchllm.models.registry import batchllm_home  # noqa: E402
+from benchmarks.reporting import host_line, publish  # noqa: E402
 from tests.lora_adapters import make_lora_adapter  # noqa: E402
 
 VARIANTS = ("a", "b", "c")
@@ -136,7 +136,6 @@ def main() -> None:
     base = SMOLLM2_135M.prepare(home)
     items = questions(args.questions)
     env = {**os.environ, "BATCHLLM_HOME": str(home), "PYTHONPATH": str(REPO)}
-    identity = this_machine("cpu")
     sides: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="adapters-bench-") as scratch:
         folder = Path(scratch)
@@ -154,9 +153,8 @@ def main() -> None:
         for side in ("adapters", "merged"):
             sides[side] = run_side(router_dag(folder, side, args.max_tokens), folder / f"out-{side}", profiles, env)
             print(f"{side}: {json.dumps(sides[side])}", flush=True)
-    flags = ",".join(identity.cpu_flags or ()) or "neither avx2 nor avx512"
     lines = [f"{len(items)} ShareGPT questions routed over 3 variants of {SMOLLM2_135M.name} (LoRA rank {RANK} on q_proj, v_proj), "
-             f"max_tokens {args.max_tokens}, cpu:2 on {identity.name} ({flags}; engines {identity.dtype or 'bfloat16'})"]
+             f"max_tokens {args.max_tokens}, cpu:2 on {host_line()}"]
     lines.append(f"{'side':<9} {'whole s':>8} {'rest s':>8} {'rest est. s':>12} {'err':>7} {'loads':>6} {'output tok':>11}")
     for side, r in sides.items():
         error = (r["rest_estimate_s"] - r["rest_s"]) / r["rest_s"] if r["rest_estimate_s"] else float("nan")
@@ -166,11 +164,7 @@ def main() -> None:
     estimate_error = abs(adapters["rest_estimate_s"] - adapters["rest_s"]) / adapters["rest_s"] * 100
     lines.append(f"adapters: {merged['wall_s'] / adapters['wall_s']:.2f}x faster than merged models, "
                  f"plan estimate within {estimate_error:.0f} %")
-    report = "\n".join(lines)
-    print(report)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report + "\n")
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from batchllm.engines.devices import engine_dtype  # noqa: E402
 from batchllm.models.embedded import MINILM_L6  # noqa: E402
 from batchllm.models.registry import batchllm_home  # noqa: E402
 from batchllm.models.tokens import PromptTokenizer  # noqa: E402
+from benchmarks.reporting import publish  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BATCHLLM = str(Path(sys.executable).parent / "batchllm")
@@ -129,11 +130,7 @@ def main() -> None:
     lines.append(f"min cosine to vLLM's vectors: run-batch {cosine_batch:.6f}, embed node {cosine_node:.6f}")
     lines.append(f"embeddings: batchllm {vllm_s / medians['batchllm run-batch']:.2f}x vLLM's run-batch, vectors equal "
                  f"(min cosine {min(cosine_batch, cosine_node):.6f})")
-    report = "\n".join(lines)
-    print(report)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report + "\n")
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

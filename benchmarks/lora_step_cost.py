@@ -32,9 +32,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from batchllm.engines.devices import engine_dtype  # noqa: E402
-from batchllm.engines.hardware import this_machine  # noqa: E402
 from batchllm.models.embedded import SMOLLM2_135M  # noqa: E402
 from batchllm.models.registry import batchllm_home  # noqa: E402
+from benchmarks.reporting import host_line, publish  # noqa: E402
 from tests.lora_adapters import make_lora_adapter  # noqa: E402
 
 ENGINE = """
@@ -93,21 +93,15 @@ def main() -> None:
         work = {"decode": decode, "prefill": prefill, "decode_tokens": args.decode_tokens, "adapters": adapters}
         off = run_engine(model, False, work, args.rounds)
         on = run_engine(model, True, work, args.rounds)
-    identity = this_machine("cpu")
     median = {**{f"off {k}": statistics.median(v) for k, v in off.items()}, **{f"on {k}": statistics.median(v) for k, v in on.items()}}
-    lines = [f"{args.requests} requests a workload, {args.rounds} rounds, smollm2-135m on cpu:2, {identity.name} "
-             f"({','.join(identity.cpu_flags or ()) or 'neither avx2 nor avx512'}; engines {identity.dtype or 'bfloat16'})"]
+    lines = [f"{args.requests} requests a workload, {args.rounds} rounds, smollm2-135m on cpu:2, {host_line()}"]
     every = {**{f"off {k}": v for k, v in off.items()}, **{f"on {k}": v for k, v in on.items()}}
     lines += [f"LoRA {name:<22} median {s:7.2f} s  ({', '.join(f'{x:.2f}' for x in every[name])})" for name, s in median.items()]
     decode_x = median["on decode adapters"] / median["off decode base"]
     prefill_x = median["on prefill adapters"] / median["off prefill base"]
     base_x = statistics.median([median["on decode base"] / median["off decode base"], median["on prefill base"] / median["off prefill base"]])
     lines.append(f"lora steps: adapters {decode_x:.2f}x decode, {prefill_x:.2f}x prefill; base requests on a LoRA engine {base_x:.2f}x")
-    report = "\n".join(lines)
-    print(report)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report + "\n")
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from rich.console import Console
 from batchllm.engines.devices import engine_dtype, parse_devices
 from batchllm.models.embedded import SMOLLM2_135M
 from batchllm.runtime.launch import run_dag_file
+from tests.killed_run import committed, kill_after_commits, run_command
 from tests.lora_adapters import make_lora_adapter
 
 pytestmark = pytest.mark.engine
@@ -73,3 +75,46 @@ def test_an_adapters_node_gives_vllms_own_lora_tokens_and_not_the_bases(tmp_path
     assert texts["tuned"] == theirs
     assert sum(a != b for a, b in zip(texts["tuned"], texts["base"])) >= ROWS - 1  # the adapter changes the answers
     assert texts["other"] != texts["tuned"]
+
+
+KILL_ROWS = 600  # routed over the base and two adapters (pilots of 64 each first): enough that a kill lands with most left
+ROUTER_DAG = """
+inputs:
+  questions: {path: questions.parquet, id_column: id}
+nodes:
+  base: {model: smollm2-135m, where: "route = 0", prompt: "{{ question }}", sampling: {max_tokens: 16}}
+  tuned: {model: smollm2-135m, adapter: adapters/a, where: "route = 1", prompt: "{{ question }}", sampling: {max_tokens: 16}}
+  other: {model: smollm2-135m, adapter: adapters/b, where: "route = 2", prompt: "{{ question }}", sampling: {max_tokens: 16}}
+"""
+
+
+def test_a_killed_run_over_adapters_resumes_with_every_node_and_row_once_in_one_engine_group(tmp_path, monkeypatch):
+    import pyarrow as pa
+
+    from batchllm.io.node_journal import read_records
+
+    monkeypatch.setenv("BATCHLLM_HOME", str(MODEL_HOME))
+    base_config = json.loads((SMOLLM2_135M.prepare(MODEL_HOME) / "config.json").read_text())
+    make_lora_adapter(tmp_path / "adapters" / "a", base_config, seed=1)
+    make_lora_adapter(tmp_path / "adapters" / "b", base_config, seed=2)
+    texts = [p[:200] for p in pq.read_table(REPO / "profiles" / "prompts" / "first_turns.parquet").column("prompt").to_pylist()]
+    pq.write_table(pa.table({"id": [f"q{k}" for k in range(KILL_ROWS)], "question": texts[:KILL_ROWS],
+                             "route": [k % 3 for k in range(KILL_ROWS)]}), tmp_path / "questions.parquet")
+    dag = tmp_path / "dag.yaml"
+    dag.write_text(ROUTER_DAG)
+    out, nodes = tmp_path / "out", ("base", "tuned", "other")
+    journals = [out / ".batchllm" / "journal" / node for node in nodes]
+    kill_after_commits(dag, out, nodes, 6)
+    assert 6 <= committed(out, nodes) < KILL_ROWS, "the kill must land with work left"
+    before = {j.name: dict(zip(t.column("row").to_pylist(), t.column("text").to_pylist()))
+              for j in journals if j.exists() for t in [read_records(j)]}
+    resumed = subprocess.run(run_command(dag, out), capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for route, node in enumerate(("base", "tuned", "other")):
+        table = pq.read_table(out / "nodes" / f"{node}.parquet")
+        assert sorted(table.column("row_id").to_pylist()) == sorted(f"q{k}" for k in range(route, KILL_ROWS, 3)), node  # each once
+    after = {j.name: dict(zip(t.column("row").to_pylist(), t.column("text").to_pylist())) for j in journals for t in [read_records(j)]}
+    assert committed(out, nodes) == KILL_ROWS
+    assert all(after[node][row] == text for node, rows in before.items() for row, text in rows.items())  # kept, not redone
+    loads = re.search(r"engines: (\d+) model loads? for 3 nodes on devices", resumed.stdout)
+    assert loads is not None and int(loads.group(1)) <= 2, resumed.stdout[-2000:]  # one engine a replica (2 cores), not one a node

@@ -21,6 +21,7 @@ from batchllm.models.embedded import MINILM_L6
 from batchllm.runtime.launch import run_dag_file
 from tests.classifier_model import make_classifier
 from tests.example_rows import example_dag
+from tests.killed_run import committed, kill_after_commits, run_command
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parent.parent
@@ -127,34 +128,19 @@ KILL_ROWS = 400  # short ShareGPT first turns: enough that a kill lands with mos
 
 def test_a_killed_embed_run_resumes_with_every_row_once_and_the_vectors_of_an_uninterrupted_run(tmp_path, monkeypatch,
                                                                                                  shared_engines):
-    import signal
-    import time
-
-    from batchllm.io.node_journal import read_records
-
     monkeypatch.setenv("BATCHLLM_HOME", str(MODEL_HOME))
     texts = [p[:300] for p in pq.read_table(REPO / "profiles" / "prompts" / "first_turns.parquet").column("prompt").to_pylist()]
     pq.write_table(pa.table({"id": [f"t{k}" for k in range(KILL_ROWS)], "text": texts[:KILL_ROWS]}), tmp_path / "texts.parquet")
     dag = tmp_path / "dag.yaml"
     dag.write_text("inputs:\n  texts: {path: texts.parquet, id_column: id}\n"
                    "nodes:\n  embed:\n    model: minilm-l6\n    task: embed\n    prompt: '{{ text }}'\n")
-    out, journal = tmp_path / "out", tmp_path / "out" / ".batchllm" / "journal" / "embed"
-    committed = lambda: read_records(journal).num_rows if journal.exists() else 0  # noqa: E731
-    command = [str(Path(sys.executable).parent / "batchllm"), "run", str(dag), "--out", str(out), "--devices", "cpu:2"]
-    driver = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 600
-    while committed() < 8:
-        if driver.poll() is not None:
-            pytest.fail(f"the run ended before the kill: {driver.communicate()[1][-3000:]}")
-        assert time.monotonic() < deadline, "nothing committed in 600 s"
-        time.sleep(0.02)
-    driver.send_signal(signal.SIGKILL)
-    driver.wait()
-    assert 8 <= committed() < KILL_ROWS, "the kill must land with work left"
-    resumed = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    out = tmp_path / "out"
+    kill_after_commits(dag, out, ("embed",), 8)
+    assert 8 <= committed(out, ("embed",)) < KILL_ROWS, "the kill must land with work left"
+    resumed = subprocess.run(run_command(dag, out), capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     node = pq.read_table(out / "nodes" / "embed.parquet")
-    assert sorted(node.column("row_id").to_pylist()) == sorted(f"t{k}" for k in range(KILL_ROWS)) and committed() == KILL_ROWS
+    assert sorted(node.column("row_id").to_pylist()) == sorted(f"t{k}" for k in range(KILL_ROWS)) and committed(out, ("embed",)) == KILL_ROWS
     run_dag_file(dag, tmp_path / "whole", parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
     whole = pq.read_table(tmp_path / "whole" / "nodes" / "embed.parquet")
     by_row = dict(zip(whole.column("row_id").to_pylist(), whole.column("vector").to_pylist()))
