@@ -395,16 +395,16 @@ def profile(
 ) -> None:
     """Measure MODEL on the real engine: load time, KV capacity and step latency per
     replica shape, and its output-length distribution. The planner reads the result.
+    A pooling model (an embedding model such as minilm-l6, or a classifier) is measured
+    on its prefill steps alone, in about a minute.
 
     Runs calibrate themselves as they go and keep what they learn; --quick does it before
     the first run."""
-    if quick:
-        _profile_quick(model, devices)
-        return
     from batchllm.costmodel.profile import profile_dir
     from batchllm.engines.devices import hardware_name
     from batchllm.engines.process_engine import start_vllm_engine
     from batchllm.models.registry import resolve_model
+    from batchllm.profiling.pooling import pooling_task, profile_pooling_model
     from batchllm.profiling.profiler import ProfileSettings, profile_model
 
     console = run_console()
@@ -414,11 +414,22 @@ def profile(
         hardware = hardware_name(device_set.kind)
         target = profile_dir(out, hardware, ref.name.replace("/", "_"))
         model_dir = Path(ref.materialise(batchllm_home()))
+        task = pooling_task(model_dir)
+        if quick and task is not None:
+            raise UserError(f"model {model!r} is a pooling model ({task.value}): its profile is quick already", where="--quick",
+                            hint=f"run `batchllm profile --model {model}` without --quick")
     except UserError as error:
         _fail(error)
+    if quick:
+        _profile_quick(model, devices)
+        return
     logs = target / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    result, tables = profile_model(ref.name, model_dir, device_set, hardware, start_vllm_engine, ProfileSettings(), logs, console.print)
+    if task is not None:
+        result, tables = profile_pooling_model(ref.name, model_dir, task, device_set, hardware, start_vllm_engine, logs, console.print)
+    else:
+        result, tables = profile_model(ref.name, model_dir, device_set, hardware, start_vllm_engine, ProfileSettings(), logs,
+                                       console.print)
     result.save(target, tables)
     typer.echo(f"profile: {target}")
 

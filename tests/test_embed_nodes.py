@@ -71,6 +71,57 @@ def test_a_planned_run_of_an_embed_node_runs_node_by_node_for_want_of_a_cost_mod
     assert result.report.method == "sequential" and result.nodes_failed == {}
 
 
+def pooling_profile(root, model: str):
+    """A pooling model's profile as `batchllm profile` writes one (prefill steps only, every answer one token), filed for
+    `model` on this machine's hardware name."""
+    from batchllm.costmodel.latency import StepLatencyModel
+    from batchllm.costmodel.lengths import LengthDistribution
+    from batchllm.costmodel.profile import ModelFacts, Profile, ShapeProfile
+    from batchllm.engines.devices import hardware_name
+    from batchllm.engines.hardware import this_machine
+
+    latency = StepLatencyModel(0.004, 2e-5, 1e-9, 0.0, 0.0)
+    shapes = {key: ShapeProfile(3.0, 256 * 256, latency, 0.05) for key in ("w1-tp1", "w2-tp1")}
+    engine = {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "block_size_tokens": 16, "max_model_len": 256, "task": "embed"}
+    profile = Profile("measured", hardware_name("cpu"), model, engine, ModelFacts(22_000_000, 6, 384, 12, 12, 256), shapes,
+                      LengthDistribution.fit([1] * 4, [True] * 4), identity=this_machine("cpu"))
+    profile.save(root / hardware_name("cpu") / model)
+    return root
+
+
+def test_with_a_profile_an_embed_node_is_planned_like_any_node_beside_a_generation_node(embed_workspace, profiles):
+    pooling_profile(profiles, "bert-model")
+    dag = EMBED_DAG.replace("    outputs:", """      answer:
+        model: ./tiny-model
+        prompt: "{{ question }}"
+    outputs:""")
+    from batchllm.planner.plan_file import plan_dag_file
+
+    report = plan_dag_file(embed_workspace.dag(dag), "cpu:2", profiles_root=profiles)
+    assert {name for stage in report.chosen.stages for name in stage.plans} == {"embed", "answer"}
+    embed = report.problem.nodes["embed"]
+    assert embed.requests == len(QUESTIONS) and report.chosen.total_s > 0
+    result, _ = run_dag_file(embed_workspace.dag(dag), embed_workspace.out, parse_devices("cpu:2"), console=Console(quiet=True),
+                             engine_factory=FakeEngineFactory(), prefix_order=False, schedule="plan", profiles_root=profiles)
+    assert result.report.method == "plan" and result.nodes_failed == {}
+    assert pq.read_table(embed_workspace.out / "vectors.parquet").column("vector").to_pylist() == \
+        [expected_vector(text) for _, text in QUESTIONS]
+
+
+def test_a_pooling_node_runs_no_pilot_its_answers_have_no_length_to_learn(embed_workspace, profiles):
+    pooling_profile(profiles, "bert-model")
+    rows = 300  # a pilot's worth: 64 rows of 300
+    pq.write_table(pa.table({"id": [f"r{k}" for k in range(rows)], "question": [f"Question {k}?" for k in range(rows)]}),
+                   embed_workspace.root / "questions.parquet")
+    dag = EMBED_DAG.replace("    outputs:", "      answer:\n        model: ./tiny-model\n        prompt: \"{{ question }}\"\n    outputs:")
+    console = Console(record=True, width=300)
+    run_dag_file(embed_workspace.dag(dag), embed_workspace.out, parse_devices("cpu:2"), console=console,
+                 engine_factory=FakeEngineFactory(), prefix_order=False, schedule="plan", profiles_root=profiles)
+    pilots = [line for line in console.export_text().splitlines() if "pilot: " in line]
+    assert [line[line.index("pilot: "):] for line in pilots] == [
+        "pilot: 64 random rows of answer first (21.3% of 300), to learn its answer lengths; then the rest is planned on them"]
+
+
 def test_an_embed_node_killed_mid_run_resumes_with_every_row_once_and_the_same_vectors(embed_workspace):
     with pytest.raises(DriverCrash):
         run(embed_workspace, FakeEngineFactory(crash_after_results=2))

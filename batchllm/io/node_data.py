@@ -220,6 +220,7 @@ def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own
     estimated: list[float] = []
     texts: list[str] = []
     requests: list[EngineRequest] = []
+    pairs: list[EngineRequest] = []  # a score node's second texts: prompt tokens of its request too
     for row in rows:
         context = template_context(node, row, upstream, step=1, previous="")
         extra = upstream_tokens
@@ -232,10 +233,14 @@ def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own
         texts.append(text)
         requests.append(EngineRequest(str(len(requests)), rendered.prompt, rendered.system or None, node.chat, node.sampling,
                                       messages=rendered.messages))
+        if rendered.pair is not None:
+            pairs.append(EngineRequest(str(len(pairs)), rendered.pair, chat=False))
         estimated.append(estimated_tokens(len(text)) + extra + (CHAT_OVERHEAD_TOKENS if node.chat else 0))
     counts = np.array(estimated, float)
     if tokenizer is not None and requests:
         counted = np.array([len(ids) for ids in tokenizer.token_ids_many(requests)], float)
+        if pairs:  # text (rendered.text) holds the pair: counted apart, as the engine takes it
+            counted += [len(ids) for ids in tokenizer.token_ids_many(pairs)]
         counts = counted + (counts - [estimated_tokens(len(t)) + (CHAT_OVERHEAD_TOKENS if node.chat else 0) for t in texts])
     tokens = np.maximum(np.round(counts), 1).astype(np.int64)
     tree = PrefixTree([[ord(c) for c in t] for t in texts], block_tokens * CHARS_PER_TOKEN)

@@ -28,6 +28,7 @@ from batchllm.costmodel.lora_cost import LORA_SETTING, LORA_STEP_FACTOR_PRIOR, w
 from batchllm.costmodel.profile import Profile
 from batchllm.costmodel.server_pace import ServerPace, ServerPaceStore
 from batchllm.dag.model import DagSpec
+from batchllm.dag.node_task import engine_max_model_len
 from batchllm.io.node_data import NodeFacts, NodeSummary, Sources, summarize_dag
 from batchllm.planner.cluster import Cluster, candidate_plans, cluster_profile, run_settings
 from batchllm.planner.engine_groups import engine_groups, grouped
@@ -99,16 +100,14 @@ def dag_workloads(dag: DagSpec, sources: Sources, cluster: Cluster, profiles_roo
     for name in dag.topological_order():
         node = dag.nodes[name]
         where = dag.where(node.line, f"nodes.{name}")
-        if node.task.pools:
-            raise UserError(f"node {name!r} {node.task.verb}, and batchllm has no cost model of pooling models yet", where=f"{where}.task",
-                            hint="`batchllm run` runs such a DAG node by node (as `--schedule sequential`)")
         profile, profile_notes[name] = _profile_for(node.model, cluster, profiles_root, f"{where}.model",
                                                     with_lora if node.model in adapter_models else settings, store)
         if not candidate_plans(profile, cluster):
             raise too_big(node.model, profile, cluster, f"{where}.model")
         profiles[name] = profile
     facts = {name: NodeFacts(min(p.lengths.mean(), dag.nodes[name].sampling.max_tokens), int(p.engine.get("block_size_tokens", 16)),
-                             dag.engine.max_model_len or p.facts.max_model_len) for name, p in profiles.items()}
+                             engine_max_model_len(dag.engine, dag.nodes[name].task) or p.facts.max_model_len)
+             for name, p in profiles.items()}
     summaries = summarize_dag(dag, sources, {**(outside or {}), **facts}, home=home)
     notes: list[str] = []
     nodes: list[NodeWorkload] = []

@@ -96,8 +96,9 @@ class Pilots:
 
     def begin(self, node: NodeSpec, ledger: NodeLedger, fingerprint: str) -> NodePilot | None:
         """The node's pilot when it gets one: its sampled rows, none of them run yet, or some
-        committed by an interrupted pilot (those are not run again)."""
-        if (self.size is None or node.reads or node.iterate or fingerprint in self.known_prompt_sets
+        committed by an interrupted pilot (those are not run again). A pooling node gets none:
+        each of its answers is one prefill step, there is no length to learn."""
+        if (self.size is None or node.reads or node.iterate or node.task.pools or fingerprint in self.known_prompt_sets
                 or not wants_pilot(ledger.rows, self.size)):
             return None
         rows = pilot_rows(ledger.rows, self.size, seed_of(fingerprint))

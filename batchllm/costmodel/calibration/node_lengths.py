@@ -68,10 +68,12 @@ class OutputLengths(Protocol):
 
 
 def output_length(result: EngineResult, requests_per_unit: int) -> tuple[int, bool] | None:
-    """(tokens per answer, finished: not cut at max_tokens) of a committed output; None: an error."""
+    """(tokens per answer, finished: not cut at max_tokens) of a committed output; None: an error.
+    A pooling request's answer (a vector, a score, a label: no tokens) counts as one token, as
+    the cost model sees it: answered by its prefill step."""
     if result.is_error:
         return None
-    return round(result.num_output_tokens / requests_per_unit), result.finish_reason != FinishReason.LENGTH
+    return max(1, round(result.num_output_tokens / requests_per_unit)), result.finish_reason != FinishReason.LENGTH
 
 
 @dataclass(frozen=True)
