@@ -395,6 +395,7 @@ def profile(
 ) -> None:
     """Measure MODEL on the real engine: load time, KV capacity and step latency per
     replica shape, and its output-length distribution. The planner reads the result.
+
     A pooling model (an embedding model such as minilm-l6, or a classifier) is measured
     on its prefill steps alone, in about a minute.
 
