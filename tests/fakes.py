@@ -78,7 +78,7 @@ class FakeEngine:
             if self._die_after is not None and self._answered >= self._die_after:
                 break  # like the real engine: what was delivered is kept, the failure comes next
             self._answered += 1
-            if self.config.task is ModelTask.EMBED and request.pair is not None:  # a score: the cosine of the two texts' vectors
+            if self.config.task in (ModelTask.EMBED, ModelTask.CLASSIFY) and request.pair is not None:  # a score of two texts
                 results.append(EngineResult(request.request_id, ("",), len(request.prompt) + len(request.pair), 0, FinishReason.STOP,
                                             score=fake_score(request, self.VECTOR_DIMENSIONS)))
                 continue

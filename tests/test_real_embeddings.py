@@ -207,3 +207,19 @@ def test_a_classify_node_gives_the_probabilities_of_vllms_own_classify(tmp_path,
     assert np.allclose(ours.sum(axis=1), 1.0, atol=1e-4)  # probabilities
     assert table.column("mood").to_pylist() == [LABELS[k] for k in theirs.argmax(axis=1)]
     assert len({tuple(np.round(p, 3)) for p in ours}) == ROWS  # the head tells the questions apart
+
+
+def test_a_score_node_on_a_cross_encoder_gives_the_scores_of_vllms_own_score(tmp_path, monkeypatch, shared_engines, questions):
+    monkeypatch.setenv("BATCHLLM_HOME", str(MODEL_HOME))
+    make_classifier(tmp_path / "cross-encoder", MINILM_L6.prepare(MODEL_HOME), ("LABEL_0",), seed=4)
+    passages = pq.read_table(REPO / "examples" / "passages.parquet").column("passage").to_pylist()[:ROWS]
+    pq.write_table(pa.table({"id": [f"r{k}" for k in range(ROWS)], "question": questions, "passage": passages}), tmp_path / "pairs.parquet")
+    dag = tmp_path / "dag.yaml"
+    dag.write_text("inputs:\n  pairs: {path: pairs.parquet, id_column: id}\n"
+                   "nodes:\n  relevance:\n    model: ./cross-encoder\n    task: score\n    prompt: '{{ question }}'\n    pair: '{{ passage }}'\n")
+    result, _ = run_dag_file(dag, tmp_path / "out", parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
+    assert result.nodes_failed == {}
+    ours = pq.read_table(tmp_path / "out" / "results.parquet").column("relevance").to_pylist()
+    theirs = vllm_script(VLLM_SCORE, tmp_path / "cross-encoder", [questions, passages], "SCORES")
+    assert np.allclose(ours, theirs, atol=1e-5, rtol=0), (ours, theirs)
+    assert len(set(np.round(ours, 4))) == ROWS  # eight pairs, eight scores

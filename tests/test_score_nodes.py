@@ -134,15 +134,31 @@ def test_a_bad_score_node_is_refused_naming_the_key_and_the_fix(score_workspace,
     assert (str(refused), refused.hint) == (message, hint)
 
 
-def test_a_score_node_on_a_cross_encoder_is_exit_2_at_the_checks_with_nothing_written(score_workspace):
+def test_a_score_node_on_a_classifier_of_several_labels_is_exit_2_at_the_checks_with_nothing_written(score_workspace):
     (score_workspace.root / "bert-model" / "config.json").write_text(
-        json.dumps({"architectures": ["BertForSequenceClassification"], "hidden_size": FakeEngine.VECTOR_DIMENSIONS}))
+        json.dumps({"architectures": ["BertForSequenceClassification"], "hidden_size": FakeEngine.VECTOR_DIMENSIONS, "num_labels": 3}))
     dag = SCORE_DAG.split("      vector:")[0]
     with pytest.raises(UserError) as refused:
         run(score_workspace, FakeEngineFactory(), dag + "    outputs:\n      s:\n        columns: {r: relevance}\n")
     assert str(refused.value) == ("node 'relevance' scores, but model './bert-model' (BertForSequenceClassification) is a "
-                                  "cross-encoder: batchllm scores with embedding models so far (the cosine of the two texts' vectors)")
+                                  "classifier of 3 labels: a cross-encoder that scores gives one")
+    assert refused.value.hint.endswith("or set `task: classify` for the labels' probabilities")
     assert not score_workspace.out.exists()
+
+
+def test_a_score_node_on_a_cross_encoder_sends_each_pair_whole_to_a_classify_engine(score_workspace):
+    (score_workspace.root / "bert-model" / "config.json").write_text(
+        json.dumps({"architectures": ["BertForSequenceClassification"], "hidden_size": FakeEngine.VECTOR_DIMENSIONS,
+                    "id2label": {"0": "LABEL_0"}}))
+    dag = SCORE_DAG.split("      vector:")[0] + "    outputs:\n      s:\n        columns: {r: relevance}\n"
+    factory = FakeEngineFactory()
+    result, _ = run(score_workspace, factory, dag)
+    assert result.nodes_failed == {}
+    assert [e.config.task for e in factory.started] == [ModelTask.GENERATE, ModelTask.CLASSIFY]
+    scored = [r for r in factory.started[1].seen]
+    assert len(scored) == len(QUESTIONS) and all(r.pair is not None for r in scored)  # one request a pair, not two texts
+    assert pq.read_table(score_workspace.out / "s.parquet").column("r").to_pylist() == \
+        [pytest.approx(fake_score(r, FakeEngine.VECTOR_DIMENSIONS)) for r in scored]
 
 
 def test_score_pairs_answer_once_both_halves_are_done_in_either_order_with_torchs_cosine():

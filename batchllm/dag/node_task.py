@@ -6,8 +6,9 @@ into a fixed-size list of float32. Its result has no text, so no template or `wh
 read it by name; an output column takes it as `node.vector` (the default field of an embed
 node) or its token count and finish reason. A `score` node gives one number a unit: the
 cosine of the vectors an embedding model gives its `prompt` and its `pair` (as vLLM's score
-API does for an embedding model); templates and `where:` read it as a number, an output
-column as `node.score` (float64, its default field). A `classify` node gives one label a unit,
+API does for an embedding model), or a cross-encoder's value for the two texts read as one (a
+`...ForSequenceClassification` of one label, as vLLM's score API does for one); templates and
+`where:` read it as a number, an output column as `node.score` (float64, its default field). A `classify` node gives one label a unit,
 from a sequence-classification model (its config's `id2label`), with every label's
 probability: templates and `where:` read the label as text (`where: "mood = 'positive'"`), an
 output column takes `node.label` (its default field) or `node.probs` (a fixed-size list of
@@ -54,11 +55,14 @@ def _a(task: ModelTask) -> str:
     return "an" if task.value[0] in "aeiou" else "a"
 
 
-def engine_task(task: ModelTask) -> ModelTask:
+def engine_task(task: ModelTask, cross_encoder: bool = False) -> ModelTask:
     """The engine a node's requests run on: a score node's is an embed engine (each of its requests
-    is two texts embedded), so embed and score nodes of one model share one; a classify node's
-    is its own (the model's classification head gives its probabilities)."""
-    return ModelTask.EMBED if task in (ModelTask.EMBED, ModelTask.SCORE) else task
+    is two texts embedded), so embed and score nodes of one model share one, unless its model is a
+    cross-encoder (`cross_encoder`: a classifier of one label), whose classify engine reads the
+    two texts as one; a classify node's is a classify engine (the head gives its probabilities)."""
+    if task is ModelTask.SCORE:
+        return ModelTask.CLASSIFY if cross_encoder else ModelTask.EMBED
+    return task
 
 
 def engine_max_model_len(engine: EngineSpec, task: ModelTask) -> int | None:

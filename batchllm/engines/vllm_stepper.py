@@ -60,12 +60,13 @@ class _LiveRequest:
     logprobs: list[TokenLogprob] | None = None  # of the main completion, when asked for
     top_logprobs: int = 0
     decoding: bool = False
+    scores: bool = False  # a score request (a pair of texts)
 
     @classmethod
-    def new(cls, request_id: RequestId, prompt_tokens: int, sampling: SamplingSpec) -> "_LiveRequest":
+    def new(cls, request_id: RequestId, prompt_tokens: int, sampling: SamplingSpec, scores: bool = False) -> "_LiveRequest":
         n = sampling.n
         return cls(request_id, prompt_tokens, [[] for _ in range(n)], [0] * n, [None] * n,
-                   [] if sampling.logprobs else None, sampling.top_logprobs)
+                   [] if sampling.logprobs else None, sampling.top_logprobs, scores=scores)
 
     def context(self) -> int:
         return sum(self.prompt_tokens + tokens for tokens in self.output_tokens)
@@ -147,6 +148,7 @@ class VllmStepper:
         self._tokenizer = PromptTokenizer(config.model)
         vllm_config = self._engine.vllm_config
         self._labels = ModelKind.of(Path(config.model)).labels if self._classify else ()
+        self._model_dir, self._cross_tokenizer = config.model, None
         cache, scheduler = vllm_config.cache_config, vllm_config.scheduler_config
         self.ready = WorkerReady(
             load_time_s=time.perf_counter() - started,
@@ -165,12 +167,7 @@ class VllmStepper:
         """Queue a request; a request the engine refuses comes back at once as an error result."""
         from vllm.exceptions import VLLMError
 
-        params = self._pooling_params(self._classify) if self._pooling else self._sampling_params(request)
-        ids = list(request.prompt_token_ids) if request.prompt_token_ids is not None else self._tokenizer.token_ids(request)
-        texts = [(str(request.request_id), ids)]
-        if request.pair is not None:
-            pair = EngineRequest(request.request_id, request.pair, chat=False)
-            texts.append((str(request.request_id) + PAIR_HALF, self._tokenizer.token_ids(pair)))
+        texts, params = self._engine_texts(request)
         tokens = sum(len(t) for _, t in texts)
         longest = max(len(t) for _, t in texts)
         if longest > self.ready.max_model_len or (longest == self.ready.max_model_len and not self._pooling):
@@ -187,10 +184,40 @@ class VllmStepper:
                 self._engine.abort_request(added)
             return EngineResult.failed(request.request_id, tokens, str(exc))
         for text_id, text_ids in texts:
-            self._live[text_id] = _LiveRequest.new(request.request_id, len(text_ids), request.sampling)
-        if request.pair is not None:
+            self._live[text_id] = _LiveRequest.new(request.request_id, len(text_ids), request.sampling, scores=request.pair is not None)
+        if request.pair is not None and not self._classify:
             self._pairs.submitted(request.request_id)
         return None
+
+    def _engine_texts(self, request: EngineRequest) -> tuple[list[tuple[str, list[int]]], Any]:
+        """What the engine computes for a request, as (engine id, token ids), and its parameters:
+        its prompt; with a pair on an embedding model also the pair (two vectors, then their
+        cosine); with a pair on a classifier (a cross-encoder) the two texts as one sequence, the
+        pair's tokens marked as the second segment (what vLLM's score API sends such a model)."""
+        if not self._pooling:
+            return [(str(request.request_id), self._prompt_ids(request))], self._sampling_params(request)
+        from vllm.pooling_params import PoolingParams
+
+        if request.pair is not None and self._classify:
+            encoded = self._pair_tokenizer()(text=request.prompt, text_pair=request.pair)
+            types = list(encoded["token_type_ids"])
+            params = PoolingParams(task="classify", extra_kwargs={"compressed_token_type_ids": types.index(1) if 1 in types else len(types)})
+            return [(str(request.request_id), list(encoded["input_ids"]))], params
+        texts = [(str(request.request_id), self._prompt_ids(request))]
+        if request.pair is not None:
+            texts.append((str(request.request_id) + PAIR_HALF, self._tokenizer.token_ids(EngineRequest(request.request_id, request.pair, chat=False))))
+        return texts, PoolingParams(task="classify" if self._classify else "embed")
+
+    def _prompt_ids(self, request: EngineRequest) -> list[int]:
+        return list(request.prompt_token_ids) if request.prompt_token_ids is not None else self._tokenizer.token_ids(request)
+
+    def _pair_tokenizer(self):
+        """The model's own tokenizer (transformers'), for pairs of texts as a cross-encoder reads them."""
+        if self._cross_tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._cross_tokenizer = AutoTokenizer.from_pretrained(self._model_dir)
+        return self._cross_tokenizer
 
     def _adapter(self, path: str | None):
         """The LoRARequest of an adapter directory (None: the base model)."""
@@ -202,12 +229,6 @@ class VllmStepper:
             number = len(self._adapters) + 1
             self._adapters[path] = LoRARequest(f"adapter-{number}", number, path)
         return self._adapters[path]
-
-    @staticmethod
-    def _pooling_params(classify: bool):
-        from vllm.pooling_params import PoolingParams
-
-        return PoolingParams(task="classify" if classify else "embed")
 
     @staticmethod
     def _sampling_params(request: EngineRequest):
@@ -241,7 +262,9 @@ class VllmStepper:
                     continue
                 del self._live[output.request_id]
                 vector = cast("PoolingOutput", output.outputs).data.float().numpy()  # float32, whatever the engine's dtype
-                if self._classify:  # the probabilities, and the likeliest label as the text
+                if self._classify and live.scores:  # a cross-encoder's one value for the pair
+                    finished.append(EngineResult(live.request_id, ("",), live.prompt_tokens, 0, FinishReason.STOP, score=float(vector[0])))
+                elif self._classify:  # the probabilities, and the likeliest label as the text
                     finished.append(EngineResult(live.request_id, (self._labels[int(vector.argmax())],), live.prompt_tokens, 0,
                                                  FinishReason.STOP, vector=vector))
                 elif not self._pairs.owns(output.request_id):

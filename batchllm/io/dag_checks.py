@@ -192,8 +192,9 @@ def _node_model_kind(dag: DagSpec, node: NodeSpec, home: Path) -> ModelKind:
         raise UserError(f"node {node.name!r} {node.task.verb}, but model {node.model!r} names no vector size (no hidden_size in "
                         "its config.json, no sentence-transformers pooling files)", where=where,
                         hint="give the node an embedding model, such as the embedded 'minilm-l6'")
-    if node.task is ModelTask.SCORE and kind.classifies:
-        raise UserError(f"node {node.name!r} scores, but model {node.model!r} ({', '.join(kind.architectures)}) is a cross-encoder: "
-                        "batchllm scores with embedding models so far (the cosine of the two texts' vectors)", where=where,
-                        hint="give the node an embedding model, such as the embedded 'minilm-l6'")
+    if node.task is ModelTask.SCORE and kind.classifies and len(kind.labels) != 1:
+        raise UserError(f"node {node.name!r} scores, but model {node.model!r} ({', '.join(kind.architectures)}) is a classifier of "
+                        f"{len(kind.labels) or 'unnamed'} labels: a cross-encoder that scores gives one", where=where,
+                        hint="give the node a cross-encoder (one label) or an embedding model, such as the embedded 'minilm-l6'; "
+                             "or set `task: classify` for the labels' probabilities")
     return kind

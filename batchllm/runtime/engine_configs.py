@@ -16,6 +16,7 @@ from batchllm.engines.devices import CPU_KV_CACHE_DEFAULT_BYTES, DeviceSet, Repl
 from batchllm.engines.endpoint.http_engine import endpoint_config
 from batchllm.engines.protocol import EngineConfig
 from batchllm.models.lora_adapter import LoraAdapter
+from batchllm.models.model_kind import ModelKind
 from batchllm.models.registry import resolve_model
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.stage_chooser import StageChoice
@@ -26,7 +27,7 @@ def engine_config(dag: DagSpec, model: str, replica: Replica, run_dir: RunDir, h
     ref = resolve_model(model, dag_dir=dag.path.parent, home=home, where=f"model {model!r}")
     e = dag.engine
     devices = (f"{replica.node[:8]}-" if replica.node else "") + "-".join(map(str, replica.device_ids))
-    task = engine_task(task)
+    task = engine_task(task, cross_encoder=task is ModelTask.SCORE and ModelKind.of(ref.config_dir(home)).classifies)
     max_loras, max_lora_rank = lora_settings(dag, model) if task is ModelTask.GENERATE else (0, None)
     return EngineConfig(
         model=ref.materialise(home), replica=replica, max_model_len=engine_max_model_len(e, task), max_num_seqs=e.max_num_seqs,
