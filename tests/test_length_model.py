@@ -317,3 +317,16 @@ def test_the_share_that_carries_over_weighs_every_held_out_set_alike():
     assert best_transfer(shifts, lengths, finished, labels) == 0.0
     helped = np.rint(np.exp(3.0 + shifts + rng.normal(0, 0.2, labels.size)))  # the shifts carry over to every set
     assert best_transfer(shifts, helped, finished, labels) == 1.0
+
+
+def test_prompt_sets_are_held_out_one_by_one_up_to_the_fold_count_then_in_stable_groups():
+    from batchllm.costmodel.length_model.new_sets import SET_FOLDS, set_folds
+
+    few = [f"set{k}" for k in range(SET_FOLDS)]
+    assert set_folds(few) == [[key] for key in sorted(few)]
+    many = [f"set{k}" for k in range(47)]
+    folds = set_folds(many)
+    assert len(folds) <= SET_FOLDS and sorted(key for fold in folds for key in fold) == sorted(many)  # each set in one fold
+    grown = set_folds([*many, "one more"])
+    assert all(any(set(fold) <= set(other) for other in grown) for fold in folds)  # the new set moved no other
+    assert set_folds(many, seed=1) != folds  # another seed, other groups

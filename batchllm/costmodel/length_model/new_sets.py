@@ -2,8 +2,11 @@
 
 Within a prompt set the model learns what makes one answer longer than another; across sets
 part of that does not carry over (a short last turn means a short answer in a set of quiz
-questions, not in a conversation that asks to "continue"). Measured by leaving each training
-prompt set out in turn: the model fit on the other sets predicts the held-out set's shifts s.
+questions, not in a conversation that asks to "continue"). Measured by leaving training prompt
+sets out: the model fit on the other sets predicts a held-out set's shifts s. With more than
+SET_FOLDS sets, they are held out SET_FOLDS groups at a time (each set in one group, by a
+stable hash) rather than one by one: a fit a set made the cost grow with the sets a store had
+seen (47 small sets on a 2-core AVX2 host: over 200 s at a run's start), SET_FOLDS fits bound it.
 A new set's lengths are then base' x exp(k s), k in [0, 1] the share of the shift that
 carries over and base' the Kaplan-Meier distribution of the held-out outputs' residuals
 length / exp(k s): k minimises the censoring-aware log error (scores.py) of each held-out set
@@ -15,6 +18,7 @@ relative to the CDF's set by set, is never worse on average than the CDF's.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +29,7 @@ from batchllm.costmodel.length_model.scores import log_error
 from batchllm.costmodel.lengths import LengthDistribution
 
 MIN_SETS = 3  # prompt sets needed to measure the carry-over
+SET_FOLDS = 8  # at most this many fits without a group of sets
 TRANSFERS = np.linspace(0.0, 1.0, 11)
 ERROR_FLOOR = 0.05  # log error added to each set's, so a set the CDF fits almost exactly does not decide alone
 
@@ -52,12 +57,26 @@ def calibrate_new_sets(matrix, lengths: np.ndarray, finished: np.ndarray, groups
     labels = np.asarray(groups, dtype=object)
     targets = np.log(np.maximum(lengths, 1.0))
     shifts = np.zeros(lengths.size)
-    for key in keys:
-        held, kept = np.flatnonzero(labels == key), np.flatnonzero(labels != key)
+    for fold in set_folds(keys, seed):
+        out = np.isin(labels, fold)
+        held, kept = np.flatnonzero(out), np.flatnonzero(~out)
         fit = fit_censored(matrix[kept], targets[kept], ~finished[kept], alpha=alpha, iterations=3, seed=seed)
         shifts[held] = fit.predict(matrix[held]) - float(np.mean(fit.predict(matrix[kept])))
     best = best_transfer(shifts, lengths, finished, labels)
     return NewSetCalibration(best, residual_base(lengths, finished, best * shifts), len(keys))
+
+
+def set_folds(keys: Sequence[str], seed: int = 0) -> list[list[str]]:
+    """The groups of prompt sets held out together: one a set up to SET_FOLDS sets, else at most
+    SET_FOLDS groups, each set's by a stable hash of its name (a refit with one more set moves
+    no other)."""
+    keys = sorted(set(keys))
+    if len(keys) <= SET_FOLDS:
+        return [[key] for key in keys]
+    groups: dict[int, list[str]] = {}
+    for key in keys:
+        groups.setdefault(zlib.crc32(f"{seed}:{key}".encode()) % SET_FOLDS, []).append(key)
+    return [groups[k] for k in sorted(groups)]
 
 
 def best_transfer(shifts: np.ndarray, lengths: np.ndarray, finished: np.ndarray, labels: np.ndarray) -> float:
