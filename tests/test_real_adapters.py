@@ -118,3 +118,37 @@ def test_a_killed_run_over_adapters_resumes_with_every_node_and_row_once_in_one_
     assert all(after[node][row] == text for node, rows in before.items() for row, text in rows.items())  # kept, not redone
     loads = re.search(r"engines: (\d+) model loads? for 3 nodes on devices", resumed.stdout)
     assert loads is not None and int(loads.group(1)) <= 2, resumed.stdout[-2000:]  # one engine a replica (2 cores), not one a node
+
+
+def test_a_batch_file_naming_two_adapters_validates_against_vllms_response_models(tmp_path, monkeypatch, shared_engines):
+    from vllm.entrypoints.launchers.run_batch import BatchRequestOutput
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionResponse
+
+    from batchllm.openai_batch.model_map import model_map
+    from batchllm.openai_batch.run import run_batch
+
+    monkeypatch.setenv("BATCHLLM_HOME", str(MODEL_HOME))
+    base_config = json.loads((SMOLLM2_135M.prepare(MODEL_HOME) / "config.json").read_text())
+    make_lora_adapter(tmp_path / "adapters" / "a", base_config, seed=1)
+    make_lora_adapter(tmp_path / "adapters" / "b", base_config, seed=2)
+    monkeypatch.chdir(tmp_path)  # the adapters' folders are relative to where the command runs
+    models = model_map(["base=smollm2-135m", "tuned-a=smollm2-135m:adapters/a", "tuned-b=smollm2-135m:adapters/b"], None, MODEL_HOME)
+    questions = pq.read_table(REPO / "examples" / "questions.parquet").column("question").to_pylist()[:ROWS]
+    lines = [{"custom_id": f"{name}-{k}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": name, "messages": [{"role": "user", "content": q}], "max_tokens": MAX_TOKENS, "temperature": 0}}
+             for name in ("base", "tuned-a", "tuned-b") for k, q in enumerate(questions)]
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    started = []
+    factory = lambda config: started.append(config) or shared_engines(config)  # noqa: E731
+    run_batch(tmp_path / "requests.jsonl", tmp_path / "results.jsonl", models, run_dir=tmp_path / "run", devices="cpu:2",
+              engine_factory=factory, console=Console(quiet=True))
+    results = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["custom_id"] for r in results) == sorted(line["custom_id"] for line in lines)  # each once
+    for result in results:
+        BatchRequestOutput.model_validate(result)
+        ChatCompletionResponse.model_validate(result["response"]["body"])
+    text = {r["custom_id"]: r["response"]["body"]["choices"][0]["message"]["content"] for r in results}
+    assert sum(text[f"tuned-a-{k}"] != text[f"base-{k}"] for k in range(ROWS)) >= ROWS - 1  # the adapter's answers, not the base's
+    assert all(r["response"]["body"]["model"] == r["custom_id"].rsplit("-", 1)[0] for r in results)  # the line's own model name
+    assert {c.max_loras for c in started} == {2}  # every engine holds both adapters beside the base
+    assert len({c.replica for c in started}) == len(started) <= 2  # one engine a replica (2 cores), not one a model name
