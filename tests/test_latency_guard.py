@@ -153,17 +153,18 @@ def test_with_an_slo_the_crowded_slow_core_sees_at_most_one_batch_request_and_se
 
 
 def test_a_guard_held_back_grows_again_after_a_lull_and_drops_to_0_when_online_requests_return():
-    """Held back beside the crowded slow core's online answers; none from 120.5 to 240 s: the
-    batch starts again and grows on the idle server; one comes at 240.5 s, and the first scrape
-    that shows it takes the batch back to 0 (the level last judged beside them), not to half the
-    lull's level."""
-    scenario = Scenario(ONE_SLOW_CORE, tuple(0.5 + 15.0 * k for k in range(9)) + (240.5, 255.5, 270.5), online_tokens=100)
+    """Held back beside the crowded slow core's online answers; none from 120.5 to 300 s: once the
+    last answer is `lull_s` behind, the batch starts again and grows on the idle server; one comes
+    at 300.5 s, and the first scrape that shows it takes the batch back to 0 (the level last judged
+    beside them), not to half the lull's level."""
+    scenario = Scenario(ONE_SLOW_CORE, tuple(0.5 + 15.0 * k for k in range(9)) + (300.5, 315.5, 330.5), online_tokens=100)
     guard = LatencyGuard(None, 64)
-    trace = run(scenario, guard, 290.0)
+    trace = run(scenario, guard, 350.0)
     held = [at for at, phase in trace.phases if phase is GuardPhase.HELD]
-    assert held and min(held) < 120.0 and max(held) < 200.0  # held back beside them, out after a window of none
-    assert max(allowed for at, allowed in trace.allowed if 215.0 <= at < 240.0) >= 4
-    after = [allowed for at, allowed in trace.allowed if 240.5 <= at < 290.0]  # steps of 5 s at the lull's level
+    last_answer_s = max(r.last_s for r in trace.online if r.sent_s < 200.0 and r.last_s is not None)
+    assert held and min(held) < 120.0 and last_answer_s + GuardPolicy().lull_s - 2.0 <= max(held) < 260.0  # out after a lull of none
+    assert max(allowed for at, allowed in trace.allowed if 275.0 <= at < 300.0) >= 4
+    after = [allowed for at, allowed in trace.allowed if 300.5 <= at < 350.0]  # steps of 5 s at the lull's level
     assert after[0] >= 4 and next(allowed for allowed in after if allowed < after[0]) == 0
 
 
@@ -186,17 +187,32 @@ def test_when_the_server_stops_answering_metrics_the_batch_grows_no_more():
     assert guard.reading(120.0).basis == "own requests"
 
 
-def test_growth_in_a_lull_returns_at_the_first_scrape_that_shows_online_requests():
-    """No online request from 30 to 70 s: the batch grows on the idle server; one comes, and the
-    next scrape takes the batch back to the level last judged beside online requests."""
-    scenario = Scenario(FAST, poisson(2.0, 30, seed=5) + poisson(2.0, 120, seed=6, from_s=70.0), online_tokens=32)
+def test_growth_in_a_lull_waits_lull_s_and_returns_at_the_first_scrape_that_shows_online_requests():
+    """No online request from 30 to 110 s: the batch holds its level for `lull_s` (a gap between
+    online arrivals is no lull), then grows on the idle server; one comes, and the next scrape takes
+    the batch back to the level last judged beside online requests."""
+    scenario = Scenario(FAST, poisson(2.0, 30, seed=5) + poisson(2.0, 160, seed=6, from_s=110.0), online_tokens=32)
     guard = LatencyGuard(None, 64)
-    trace = run(scenario, guard, 100.0)
+    trace = run(scenario, guard, 140.0)
     before = max(allowed for at, allowed in trace.allowed if 25.0 <= at < 30.0)
-    in_lull = max(allowed for at, allowed in trace.allowed if 40.0 <= at < 70.0)
-    first_online = scenario.online_arrivals_s[next(i for i, at in enumerate(scenario.online_arrivals_s) if at >= 70.0)]
+    gap = max(allowed for at, allowed in trace.allowed if 30.0 <= at < 30.0 + GuardPolicy().lull_s)
+    in_lull = max(allowed for at, allowed in trace.allowed if 80.0 <= at < 110.0)
+    first_online = scenario.online_arrivals_s[next(i for i, at in enumerate(scenario.online_arrivals_s) if at >= 110.0)]
     after = [allowed for at, allowed in trace.allowed if first_online + 2.2 <= at < first_online + 5.0]  # a scrape (1 s) and its steps
-    assert in_lull >= before + 5 and max(after) <= before
+    assert gap <= before < before + 5 <= in_lull and max(after) <= before
+
+
+def test_between_light_online_arrivals_the_batch_grows_only_on_what_it_saw_beside_them():
+    """An online request every 20 s (gaps of two windows): grown in each gap (a lull of one window),
+    the batch meets the next arrival at whatever it reached there; with `lull_s` it meets it at a
+    level judged beside online requests."""
+    scenario = Scenario(FAST, tuple(0.5 + 20.0 * k for k in range(15)), online_tokens=32)
+    alone = run(scenario, None, 300.0)
+    slo = slo_of(alone, 0.0, 300.0)
+    guarded = run(scenario, LatencyGuard(slo, 64), 300.0)
+    one_window = run(scenario, LatencyGuard(slo, 64, GuardPolicy(lull_s=GuardPolicy().window_s)), 300.0)
+    assert max(guarded.batch_while_online) < max(one_window.batch_while_online)
+    assert worst_ratio(alone, guarded, 60.0, 300.0) <= 1.25 < worst_ratio(alone, one_window, 60.0, 300.0)
 
 
 # -- the verdicts, on exact evidence

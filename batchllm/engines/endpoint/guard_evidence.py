@@ -47,12 +47,14 @@ class WindowEvidence:
     running: float | None
     silent_s: float  # the longest any of the batch's decoding streams has now gone without a token
     idle_s: float = 0.0  # how long, up to now, the server held nothing but the batch's requests (whatever `since_s`)
+    online_ever: bool = False  # online requests have been on the server since the guard began
 
     def idle(self, policy: GuardPolicy) -> bool:
-        """The server held nothing but the batch's requests for a whole window: an online request
-        that comes finds the batch at a level the window showed harmless to nobody, but not one grown
-        in the lull between two online requests."""
-        return self.basis == SERVER_METRICS and self.idle_s >= policy.window_s
+        """A lull: the server held nothing but the batch's requests for a whole window, or, once online
+        requests have been on it, for `lull_s` (the gaps between light online arrivals are longer than
+        a window, and the next arrival meets whatever the batch grew to). An online request that comes
+        finds the batch at a level the lull showed harmless to nobody, not to it: RETURN then."""
+        return self.basis == SERVER_METRICS and self.idle_s >= (policy.lull_s if self.online_ever else policy.window_s)
 
     @property
     def saturated(self) -> bool:
@@ -115,12 +117,14 @@ class ServerHistory:
         self._kept: deque[tuple[MetricsSnapshot, int]] = deque()
         self.seen = 0  # snapshots so far
         self.first_with_latency: MetricsSnapshot | None = None
+        self.online_ever = False  # a snapshot showed requests that were not the batch's
 
     def add(self, snapshot: MetricsSnapshot, batch_in_flight: int) -> None:
         if self._kept and snapshot.at_s < self._kept[-1][0].at_s:
             raise ValueError(f"snapshot at_s {snapshot.at_s!r} is before the previous one's, {self._kept[-1][0].at_s!r}")
         self._kept.append((snapshot, batch_in_flight))
         self.seen += 1
+        self.online_ever = self.online_ever or _others(snapshot, batch_in_flight) > 0
         if self.first_with_latency is None and snapshot.ttft is not None:
             self.first_with_latency = snapshot
         while len(self._kept) > 1 and self._kept[1][0].at_s <= snapshot.at_s - self.policy.max_window_s:
@@ -169,7 +173,7 @@ class ServerHistory:
         preempted = newest.preemptions is not None and start.preemptions is not None and newest.preemptions > start.preemptions
         return WindowEvidence(SERVER_METRICS, newest.at_s - start.at_s, latency, online_seen, preempted, newest.kv_usage, newest.waiting,
                               queue_held=newest.waiting > 0 and previous is not None and previous.waiting > 0, running=newest.running,
-                              silent_s=silent_s, idle_s=self._idle_s(own))
+                              silent_s=silent_s, idle_s=self._idle_s(own), online_ever=self.online_ever or online_seen)
 
     def _idle_s(self, own: OwnTimings) -> float:
         """How long back from the newest snapshot every snapshot showed no request but the batch's,

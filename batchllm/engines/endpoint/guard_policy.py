@@ -22,6 +22,11 @@ class GuardPolicy:
     # A window without `min_observations` online ones widens back up to this: an online request on a
     # slow server (one AVX2 core: 2-5 s to first token alone, answers of 20-60 s) outlasts 10 s.
     max_window_s: float = 60.0
+    # A lull the batch may grow in once online requests have been on the server: no request but the
+    # batch's for this long, not a window (a server that never had any: a window). Grown in the 10 s
+    # gaps between light online arrivals, the batch met the next ones at 8-13 in flight: their first-token
+    # p99 1.91x, inter-token 1.33-1.49x of alone (coserve matrix, second run, (c) and (e), 2026-11-28).
+    lull_s: float = 45.0
     # The online traffic alone, before any batch request: 8 s held a light load's ~10 first tokens.
     baseline_s: float = 8.0
     # Observations a p99 needs before the guard grows on it (5 online first tokens: a p99 of fewer
@@ -51,6 +56,9 @@ class GuardPolicy:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not self.window_s <= self.max_window_s:
             raise ValueError(f"max_window_s must be >= window_s {self.window_s!r}, got {self.max_window_s!r}")
+        if not self.window_s <= self.lull_s <= self.max_window_s:
+            raise ValueError(f"lull_s must be in [window_s {self.window_s!r}, max_window_s {self.max_window_s!r}] (the history "
+                             f"keeps max_window_s), got {self.lull_s!r}")
         if not self.judge_after_s <= self.window_s:
             raise ValueError(f"judge_after_s must be in (0, window_s {self.window_s!r}] (a level is judged inside the window), "
                              f"got {self.judge_after_s!r}")
@@ -82,7 +90,7 @@ class Verdict(enum.Enum):
 
     CUT = "cut"  # a p99 over its target, a silence over the inter-token target, a preemption, a queue, KV nearly full
     EASE = "ease off"  # a p99 (or a silence) over its ease bound
-    GROW = "grow"  # positive evidence of room: enough online observations under the growth bounds, or no online traffic
+    GROW = "grow"  # positive evidence of room: enough online observations under the growth bounds, or a lull (no online traffic)
     HOLD = "hold"  # inside the band, or too little evidence to say
     # online requests are on the server again after a lull the batch grew in: back at once to the
     # level last judged beside them (the lull's growth was judged harmless to nobody, not to them)

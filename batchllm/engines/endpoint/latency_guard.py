@@ -15,7 +15,7 @@ Phases (`GuardPhase`; the rules and their numbers in `guard_policy.py`):
   at 1 with an SLO; without one, a new BASELINE (an overloaded server's latency is no baseline).
 - HELD, when even one batch request beside online requests broke a target (a cut to 0 with online
   requests there): as WAITING, 0 in flight while online requests are on the server and 1 while
-  none is, until a whole window without online requests (a lull: nobody to harm); then SLOW_START
+  none is, until a lull (`lull_s` without online requests: nobody to harm); then SLOW_START
   at 1, and when online requests come back the level last judged beside them, 0, and one more
   try a window later. At most one try beside online requests per lull: a probe a window, as at 0
   otherwise, harmed every window where one batch request is too many (one slow core, online
@@ -23,8 +23,9 @@ Phases (`GuardPhase`; the rules and their numbers in `guard_policy.py`):
 - SLOW_START and STEADY, guarding: at each new snapshot (without metrics: each new timing), the
   window since the last cut took effect and the stretch since the level was set give a `Verdict`
   (`guard_evidence.judge`), and `TRANSITIONS` the next phase and allowance. Growth needs positive
-  evidence (enough online observations under the growth bounds, or a whole window with no
-  online request), the batch using all it was allowed during the level, and room under the
+  evidence (enough online observations under the growth bounds, or a lull: a whole window with
+  no online request on a server that never had one, `lull_s` once it had, since the gaps between
+  light online arrivals are longer than a window), the batch using all it was allowed during the level, and room under the
   server's capacity as last seen full. Online requests back after a lull the batch grew in:
   RETURN to the level last judged beside them. At 0: 1 again once a whole window at 0 gave no
   reason to cut or ease off.
@@ -224,7 +225,7 @@ class LatencyGuard:
             self._why_waiting = why
 
     def _hold(self, now_s: float) -> None:
-        """HELD: 1 only while no online request is on the server; out after a whole window without any."""
+        """HELD: 1 only while no online request is on the server; out after a lull."""
         level = self._trickle(now_s)
         if level is not None and level.idle(self.policy):
             self.phase, self._why_waiting = GuardPhase.SLOW_START, None
@@ -258,8 +259,11 @@ class LatencyGuard:
             return
         self.phase = phase
         grown_in_a_lull = verdict is Verdict.GROW and level is not None and level.idle(self.policy)
-        if (level is not None and level.online_seen and not grown_in_a_lull) or verdict in (Verdict.CUT, Verdict.RETURN):
-            self._beside_online = allowed  # judged beside online requests (a cut's level too: no higher one was)
+        # judged beside online requests: their first tokens came at this level, or a cut with them on the server (no
+        # higher level was); not a cut in a lull, on the batch's own excess, nor growth in one
+        beside = level is not None and level.online_seen and level.latency.ttft_count > 0 and not grown_in_a_lull
+        if beside or verdict is Verdict.RETURN or (verdict is Verdict.CUT and (self._history.others_now(now_s) or 0) > 0):
+            self._beside_online = allowed
         if phase is GuardPhase.DRAINING:
             if since_cut.queue_held:
                 self._capacity_running = since_cut.running
