@@ -77,14 +77,14 @@ def test_an_adapters_node_gives_vllms_own_lora_tokens_and_not_the_bases(tmp_path
     assert texts["other"] != texts["tuned"]
 
 
-KILL_ROWS = 600  # routed over the base and two adapters (pilots of 64 each first): enough that a kill lands with most left
+KILL_ROWS = 600  # routed over the base and two adapters (a pilot of 64 rows each first): enough that a kill lands with work left
 ROUTER_DAG = """
 inputs:
   questions: {path: questions.parquet, id_column: id}
 nodes:
-  base: {model: smollm2-135m, where: "route = 0", prompt: "{{ question }}", sampling: {max_tokens: 16}}
-  tuned: {model: smollm2-135m, adapter: adapters/a, where: "route = 1", prompt: "{{ question }}", sampling: {max_tokens: 16}}
-  other: {model: smollm2-135m, adapter: adapters/b, where: "route = 2", prompt: "{{ question }}", sampling: {max_tokens: 16}}
+  base: {model: smollm2-135m, where: "route = 0", prompt: "{{ question }}", sampling: {max_tokens: 4}}
+  tuned: {model: smollm2-135m, adapter: adapters/a, where: "route = 1", prompt: "{{ question }}", sampling: {max_tokens: 4}}
+  other: {model: smollm2-135m, adapter: adapters/b, where: "route = 2", prompt: "{{ question }}", sampling: {max_tokens: 4}}
 """
 
 
@@ -116,8 +116,9 @@ def test_a_killed_run_over_adapters_resumes_with_every_node_and_row_once_in_one_
     after = {j.name: dict(zip(t.column("row").to_pylist(), t.column("text").to_pylist())) for j in journals for t in [read_records(j)]}
     assert committed(out, nodes) == KILL_ROWS
     assert all(after[node][row] == text for node, rows in before.items() for row, text in rows.items())  # kept, not redone
-    loads = re.search(r"engines: (\d+) model loads? for 3 nodes on devices", resumed.stdout)
-    assert loads is not None and int(loads.group(1)) <= 2, resumed.stdout[-2000:]  # one engine a replica (2 cores), not one a node
+    said = resumed.stdout + resumed.stderr  # the summary goes where the progress goes
+    loads = re.search(r"engines: (\d+) model loads? for 3 nodes on devices", said)
+    assert loads is not None and int(loads.group(1)) <= 2, said[-2000:]  # one engine a replica (2 cores), not one a node
 
 
 def test_a_batch_file_naming_two_adapters_validates_against_vllms_response_models(tmp_path, monkeypatch, shared_engines):
