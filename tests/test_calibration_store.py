@@ -185,7 +185,7 @@ ADAPTER_DAG = ENSEMBLE_DAG.replace('prompt: "B {{ question }}"', 'adapter: adapt
 
 def test_an_engine_with_adapters_is_learnt_apart_from_the_base_and_planned_from_it_until_then(tmp_path, workspace, monkeypatch):
     from batchllm.costmodel.calibration.store import LORA_SETTING
-    from batchllm.costmodel.lora_cost import LORA_STEP_FACTOR_PRIOR
+    from batchllm.costmodel.lora_cost import LORA_DECODE_FACTOR_PRIOR, LORA_PREFILL_FACTOR_PRIOR
     from batchllm.dag.loader import load_dag
     from tests.lora_adapters import TINY_BASE, make_lora_adapter
 
@@ -223,7 +223,20 @@ def test_an_engine_with_adapters_is_learnt_apart_from_the_base_and_planned_from_
     features = [StepFeatures(0, 0, b, b * 80) for b in (1, 2, 4)]
     ratios = [with_lora.profile.shapes[shape].latency.step_s(f) / measured.step_s(f) for f in features]
     assert np.allclose(ratios, 3.0, rtol=0.15), ratios  # what its own steps took
-    assert LORA_STEP_FACTOR_PRIOR >= 1.0
+    assert LORA_DECODE_FACTOR_PRIOR >= 1.0 and LORA_PREFILL_FACTOR_PRIOR >= 1.0
+
+
+def test_the_prior_of_an_engine_with_adapters_scales_prefill_and_decode_apart():
+    from batchllm.costmodel.lora_cost import with_adapters
+
+    base = Profile.load(REPO / "profiles" / "cpu-intel-xeon" / "smollm2-135m")
+    adapted = with_adapters(base, decode=2.0, prefill=3.0)
+    for key, shape in base.shapes.items():
+        before, after = shape.latency, adapted.shapes[key].latency
+        assert after.step_s(StepFeatures(100, 100 * 100, 0, 0)) - after.base_s == pytest.approx(
+            3.0 * (before.step_s(StepFeatures(100, 100 * 100, 0, 0)) - before.base_s))
+        assert after.step_s(StepFeatures(0, 0, 8, 8 * 300)) == pytest.approx(2.0 * before.step_s(StepFeatures(0, 0, 8, 8 * 300)))
+    assert adapted.engine["lora_adapters"] is True and adapted.lengths is base.lengths
 
 
 def test_step_features_match_the_profile_builders():

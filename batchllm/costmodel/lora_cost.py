@@ -5,8 +5,8 @@ An engine started with LoRA on computes, in every step, each adapted layer's low
 for the requests of every adapter in the batch (vLLM's punica kernels; on CPUs their torch
 fallbacks). The cost model keeps what it learns of such an engine apart from the base's (the
 local store keys it by `LORA_SETTING`: a run with adapters teaches neither the base's profile
-nor is taught by it), and until it has learnt one, it takes the base's profile with every
-step `LORA_STEP_FACTOR_PRIOR` times as long. A run's calibration replaces the prior with what
+nor is taught by it), and until it has learnt one, it takes the base's profile with its steps'
+prefill terms and decode terms as many times longer as adapter requests' were measured to be. A run's calibration replaces the prior with what
 its own steps take, and the store keeps that for the next plan.
 """
 
@@ -14,17 +14,25 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from batchllm.costmodel.calibration.latency import scaled
 from batchllm.costmodel.calibration.store import LORA_SETTING
+from batchllm.costmodel.latency import StepLatencyModel
 from batchllm.costmodel.profile import Profile
 
-__all__ = ["LORA_SETTING", "LORA_STEP_FACTOR_PRIOR", "with_adapters"]
-# Every step of an engine serving adapters, over the base's: benchmarks/lora_step_cost.py measures it
-# (not yet run: 1.0, no cost, until it has).
-LORA_STEP_FACTOR_PRIOR = 1.0
+__all__ = ["LORA_DECODE_FACTOR_PRIOR", "LORA_PREFILL_FACTOR_PRIOR", "LORA_SETTING", "with_adapters"]
+
+# Adapter requests' steps over the base's on one engine, measured by benchmarks/lora_step_cost.py (smollm2-135m,
+# rank 8 on q_proj and v_proj, cpu:2, float32 on an AVX2-only host, 2026-11-28: decode 2.00x, prefill 3.28x; the
+# base's own requests on a LoRA engine 1.01x): vLLM's CPU fallback of its LoRA kernels. On GPUs (punica's
+# kernels) far less; a run there learns its own.
+LORA_DECODE_FACTOR_PRIOR = 2.00
+LORA_PREFILL_FACTOR_PRIOR = 3.28
 
 
-def with_adapters(profile: Profile, factor: float = LORA_STEP_FACTOR_PRIOR) -> Profile:
-    """The base's profile as the prior of an engine that serves adapters: every shape's steps `factor` x."""
-    shapes = {key: replace(shape, latency=scaled(shape.latency, factor)) for key, shape in profile.shapes.items()}
+def with_adapters(profile: Profile, decode: float = LORA_DECODE_FACTOR_PRIOR, prefill: float = LORA_PREFILL_FACTOR_PRIOR) -> Profile:
+    """The base's profile as the prior of an engine that serves adapters: every shape's prefill terms
+    `prefill` x, its per-step and decode terms `decode` x (every request taken for an adapter's)."""
+    shapes = {key: replace(shape, latency=StepLatencyModel(
+        base_s=shape.latency.base_s * decode, per_prefill_token_s=shape.latency.per_prefill_token_s * prefill,
+        per_attention_unit_s=shape.latency.per_attention_unit_s * prefill, per_decode_seq_s=shape.latency.per_decode_seq_s * decode,
+        per_context_token_s=shape.latency.per_context_token_s * decode)) for key, shape in profile.shapes.items()}
     return replace(profile, shapes=shapes, engine={**profile.engine, LORA_SETTING: True})

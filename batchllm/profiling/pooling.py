@@ -10,9 +10,9 @@ The step model is fit on every step as a generation model's is; its decode terms
 "output length" of every request is 1: the planner sees a pooling request as a generation
 request of one token, answered by its prefill step.
 
-An encoder's engine keeps no KV cache between steps; where it reports none, the profile holds
-what could ever be in a step at once (`max_num_seqs` x its context), so the simulator never
-waits for memory the engine does not use.
+An encoder's engine keeps no KV cache between steps (vLLM reports a block of one for
+all-MiniLM-L6-v2: 128 tokens); the profile holds at least what could ever be in a step at once
+(`max_num_seqs` x its context), so the simulator never waits for memory the engine does not use.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def profile_pooling_model(model_name: str, model_dir: Path, task: ModelTask, dev
         features, seconds = feature_rows(steps), np.array([s.wall_s for s in steps])
         latency, error = fit_steps(features, seconds)
         warmup_s = sum(max(0.0, s.wall_s - latency.step_s(StepFeatures(*row))) for s, row in zip(first_steps, feature_rows(first_steps)))
-        capacity = ready.kv_capacity_tokens or ready.max_num_seqs * ready.max_model_len  # none kept: what a step could ever hold
+        capacity = max(ready.kv_capacity_tokens, ready.max_num_seqs * ready.max_model_len)  # kept none between steps: what one holds
         shape_profiles[shape.key] = ShapeProfile(ready.load_time_s, capacity, latency, error, round(warmup_s, 2))
         tables[shape.key] = [{"wall_s": round(s.wall_s, 6), **dict(zip(FEATURES, map(float, f)))} for s, f in zip(steps, features)]
         report(f"[{shape.key}] load {ready.load_time_s:.1f} s + warm-up {warmup_s:.1f} s, step fit median error {error:.1%}")
