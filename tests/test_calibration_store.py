@@ -285,3 +285,15 @@ def test_the_planner_counts_prompt_tokens_with_the_models_tokenizer_when_it_is_h
                                                               for i, q in enumerate(questions)])]
     assert exact.tolist() == counted
     assert estimated.tolist() != counted  # 4 characters a token and a guess for the template
+
+
+def test_a_pooling_engines_capacity_is_at_least_what_one_step_holds():
+    from batchllm.core.requests import ModelTask
+    from batchllm.costmodel.calibration.model import kv_capacity_tokens
+    from batchllm.engines.devices import Replica
+    from batchllm.engines.protocol import EngineConfig, WorkerReady
+
+    ready = WorkerReady(20.0, 128, 128, 128, 2048, 256, "vllm")  # an encoder's one block
+    embed = EngineConfig("minilm", Replica("cpu", (0,)), task=ModelTask.EMBED)
+    assert kv_capacity_tokens(embed, ready) == 128 * 256  # a 65-token text no longer "needs more KV than the replica has"
+    assert kv_capacity_tokens(EngineConfig("smollm", Replica("cpu", (0,))), ready) == 128  # a generation engine's own

@@ -25,6 +25,7 @@ from typing import Callable, cast
 import numpy as np
 
 from batchllm.core.requests import EngineRequest, ModelTask
+from batchllm.costmodel.calibration.model import kv_capacity_tokens
 from batchllm.costmodel.latency import FEATURES, StepFeatures
 from batchllm.costmodel.lengths import LengthDistribution
 from batchllm.costmodel.profile import Profile, ReplicaShape, ShapeProfile
@@ -88,7 +89,7 @@ def profile_pooling_model(model_name: str, model_dir: Path, task: ModelTask, dev
         features, seconds = feature_rows(steps), np.array([s.wall_s for s in steps])
         latency, error = fit_steps(features, seconds)
         warmup_s = sum(max(0.0, s.wall_s - latency.step_s(StepFeatures(*row))) for s, row in zip(first_steps, feature_rows(first_steps)))
-        capacity = max(ready.kv_capacity_tokens, ready.max_num_seqs * ready.max_model_len)  # kept none between steps: what one holds
+        capacity = kv_capacity_tokens(config, ready)  # kept none between steps: at least what one holds
         shape_profiles[shape.key] = ShapeProfile(ready.load_time_s, capacity, latency, error, round(warmup_s, 2))
         tables[shape.key] = [{"wall_s": round(s.wall_s, 6), **dict(zip(FEATURES, map(float, f)))} for s, f in zip(steps, features)]
         report(f"[{shape.key}] load {ready.load_time_s:.1f} s + warm-up {warmup_s:.1f} s, step fit median error {error:.1%}")

@@ -63,7 +63,7 @@ class ModelCalibration:
                                         "block_size_tokens": ready.block_size_tokens, "max_model_len": ready.max_model_len,
                                         "enforce_eager": config.enforce_eager,
                                         "kv_cache_memory_bytes": config.kv_cache_memory_bytes,
-                                        LORA_SETTING: config.max_loras > 0}, ready.kv_capacity_tokens)
+                                        LORA_SETTING: config.max_loras > 0}, kv_capacity_tokens(config, ready))
 
     def observe_engine(self, shape_key: str, settings: dict[str, object], kv_capacity_tokens: int) -> None:
         """What a started engine reported about itself: its scheduler settings and KV cache."""
@@ -131,3 +131,12 @@ class ModelCalibration:
                                   kv_capacity_tokens=self.kv_capacity_tokens.get(key, shape.kv_capacity_tokens))
         return replace(self.prior, engine={**self.prior.engine, **self.engine}, shapes=shapes,
                        lengths=lengths or self.lengths.posterior())
+
+
+def kv_capacity_tokens(config: EngineConfig, ready: WorkerReady) -> int:
+    """The tokens a replica holds at once, as the simulator takes them: its KV cache; a pooling
+    engine (an encoder keeps no KV between steps: vLLM reports one 128-token block for
+    all-MiniLM-L6-v2) at least what one step can hold, `max_num_seqs` x its context."""
+    if config.task.pools:
+        return max(ready.kv_capacity_tokens, ready.max_num_seqs * ready.max_model_len)
+    return ready.kv_capacity_tokens
