@@ -38,25 +38,29 @@ SCHEDULE_METHODS: dict[str, Callable[[Timeline], Schedule]] = {
 }
 
 
+def requests_done(units: int, progress: NodeProgress, requests: float, requests_per_unit: int) -> float:
+    """`units` of a node's progress in planner requests: their share of its `requests` (the planner's
+    estimate) when its total is final, else `requests_per_unit` each, under 99 % of the estimate."""
+    if progress.total_known and progress.total_units:
+        return units / progress.total_units * requests
+    return min(float(units * requests_per_unit), 0.99 * requests)
+
+
 def group_progress(members: tuple[GroupMember, ...], progress: dict[str, NodeProgress]) -> NodeProgress:
-    """An engine group's progress, one unit a planner request: each open member's share done
-    of its requests (its units over its total when that is final, else its units' requests),
-    each finished member's requests all done; final when every member's total is."""
+    """An engine group's progress, one unit a planner request: each open member's units done in its
+    requests (`requests_done`), each finished member's requests all done; final when every member's
+    total is."""
     done = before = 0.0
     known, running_s = True, 0.0
     for member in members:
         p = progress.get(member.name)
         if p is None:  # finished
             done, before = done + member.requests, before + member.requests
-        elif p.total_known and p.total_units:
-            done += p.done_units / p.total_units * member.requests
-            before += p.done_units_before / p.total_units * member.requests
-        else:
-            known = False
-            done += min(p.done_units * member.requests_per_unit, 0.99 * member.requests)
-            before += min(p.done_units_before * member.requests_per_unit, 0.99 * member.requests)
-        if p is not None:
-            running_s = max(running_s, p.running_s)
+            continue
+        known = known and p.total_known and p.total_units > 0
+        done += requests_done(p.done_units, p, member.requests, member.requests_per_unit)
+        before += requests_done(p.done_units_before, p, member.requests, member.requests_per_unit)
+        running_s = max(running_s, p.running_s)
     total = sum(m.requests for m in members)
     return NodeProgress(min(round(done), total), total, known, running_s, min(round(before), total))
 
@@ -113,10 +117,7 @@ class StagePlanner:
         states = {}
         for name, p in progress.items():
             node = self.problem.nodes[name]
-            if p.total_known and p.total_units:
-                done = p.done_units / p.total_units * node.requests
-            else:
-                done = min(float(p.done_units * node.requests_per_unit), node.requests * 0.99)
+            done = requests_done(p.done_units, p, node.requests, node.requests_per_unit)
             state = NodeState(len(node.rounds), 0.0, 1.0).capped(node, min(done, node.requests * 0.999))
             speed = node.speeds.get(running[name].plan) if name in running else None
             if speed is not None and speed.output_curve and p.total_known and p.total_units and len(node.rounds) == 1:
