@@ -122,7 +122,7 @@ def run(
 @app.command("run-batch")
 def run_batch(
     input_file: Path = typer.Option(..., "--input", "-i", help="OpenAI batch request file (JSONL lines: custom_id, method, url, "
-                                    "body) for /v1/chat/completions, /v1/completions, /v1/embeddings and /score.", show_default=False),
+                                    "body) for /v1/chat/completions, /v1/completions, /v1/embeddings, /score and /rerank.", show_default=False),
     output: Path = typer.Option(..., "--output", "-o", help="Results file: one OpenAI batch output line per request, in order.",
                                 show_default=False),
     model: list[str] = typer.Option(None, "--model", metavar="NAME=LOCAL", help="NAME=LOCAL: run body.model NAME on LOCAL (an embedded model such as "

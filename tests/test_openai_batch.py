@@ -102,13 +102,24 @@ def test_a_completion_line_takes_openais_defaults():
     ("[1, 2]", "invalid_request", "line 3: a request line must be a JSON object, got list"),
     (json.dumps({"method": "POST", "url": "/v1/completions", "body": {}}), "invalid_request",
      "line 3: custom_id must be a non-empty string"),
-    (json.dumps(embedding("x", "m", ["a", "b"])), "unsupported_body",
-     'line 3: body.input must be one string (or a list of one), got ["a", "b"]'),
+    (json.dumps(embedding("x", "m", [])), "unsupported_body", "line 3: body.input must be a string or a non-empty list of strings, got []"),
+    (json.dumps(embedding("x", "m", [[101, 2023]])), "unsupported_body",
+     "line 3: body.input must be a string or a non-empty list of strings, got [[101, 2023]]"),
+    (json.dumps({**embedding("x\u001f0", "m", "a")}), "invalid_request", "line 3: custom_id must not hold the control character U+001F"),
+    (json.dumps({"custom_id": "x", "url": "/score", "body": {"model": "m", "text_1": ["a", "b"], "text_2": ["c", "d", "e"]}}),
+     "invalid_request", "line 3: body.text_1 has 2 texts and body.text_2 3: score 1:1, 1:N or N:N texts"),
+    (json.dumps({"custom_id": "x", "url": "/score", "body": {"model": "m", "text_1": "a", "text_2": "b", "top_n": 3}}),
+     "unsupported_parameter", "line 3: body.top_n = 3 is not supported on /score lines (batchllm takes model and its two sides: "
+                              "text_1 and text_2)"),
+    (json.dumps({"custom_id": "x", "url": "/rerank", "body": {"model": "m", "query": ["a"], "documents": ["b"]}}),
+     "unsupported_body", 'line 3: body.query must be a string, got ["a"]'),
+    (json.dumps({"custom_id": "x", "url": "/v1/rerank", "body": {"model": "m", "query": "a", "documents": ["b"], "top_n": -1}}),
+     "invalid_request", "line 3: body.top_n must be an integer >= 0 (0: every document), got -1"),
     (json.dumps(embedding("x", "m", "a", encoding_format="base64")), "unsupported_parameter",
      "line 3: body.encoding_format = 'base64' is not supported on /v1/embeddings lines (batchllm takes model and input, "
      "and encoding_format float)"),
     (json.dumps({**completion("x", "m", "p"), "url": "/v1/moderations"}), "unsupported_url",
-     "line 3: url '/v1/moderations' is not supported; use /v1/chat/completions, /v1/completions, /v1/embeddings or /score"),
+     "line 3: url '/v1/moderations' is not supported; use /v1/chat/completions, /v1/completions, /v1/embeddings, /score or /rerank"),
     (json.dumps(completion("x", "nope", "p")), "model_not_found",
      "line 3: model 'nope' is not mapped to a local model; map it with --model nope=<local model>"),
     (json.dumps(completion("x", "m", "p", tools=[{"type": "function"}])), "unsupported_parameter",
@@ -256,13 +267,19 @@ def test_embedding_lines_run_in_an_embed_node_beside_chat_lines_and_give_vllms_r
     (bert / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "hidden_size": FakeEngine.VECTOR_DIMENSIONS}))
     lines = [json.dumps(embedding("e1", "text-embed", "What is a prime number?")),
              json.dumps(chat("c1", "gpt-a", "What is a prime number?", max_tokens=8)),
-             json.dumps(embedding("e2", "text-embed", ["Why is the sky blue?"], encoding_format="float"))]
+             json.dumps(embedding("e2", "text-embed", ["Why is the sky blue?"], encoding_format="float")),
+             json.dumps(embedding("e3", "text-embed", ["one", "two", "three"]))]
     batch["requests"].write_text("\n".join(lines) + "\n")
     factory = FakeEngineFactory()
     done = run({**batch, "models": {**batch["models"], "text-embed": str(bert)}}, factory)
     assert sorted(engine.config.task.value for engine in factory.started) == ["embed", "generate"]
-    e1, c1, e2 = output_lines(done.output)
-    assert [line["custom_id"] for line in (e1, c1, e2)] == ["e1", "c1", "e2"] and c1["response"]["body"]["object"] == "chat.completion"
+    e1, c1, e2, e3 = output_lines(done.output)
+    assert [line["custom_id"] for line in (e1, c1, e2, e3)] == ["e1", "c1", "e2", "e3"]
+    assert c1["response"]["body"]["object"] == "chat.completion"
+    vectors = [fake_vector(EngineRequest("", text, chat=False), FakeEngine.VECTOR_DIMENSIONS).tolist() for text in ("one", "two", "three")]
+    assert e3["response"]["body"]["data"] == [{"index": k, "object": "embedding", "embedding": pytest.approx(vector)}
+                                              for k, vector in enumerate(vectors)]
+    assert e3["response"]["body"]["usage"]["prompt_tokens"] == len("onetwothree")
     body = e1["response"]["body"]
     assert body["object"] == "list" and body["model"] == "text-embed" and body["id"].startswith("embd-")
     expected = fake_vector(EngineRequest("", "What is a prime number?", chat=False), FakeEngine.VECTOR_DIMENSIONS)
@@ -281,23 +298,32 @@ def test_score_lines_run_in_a_score_node_and_give_vllms_score_response_shape(bat
     lines = [score("s1", "/score", text_1="What is a prime number?", text_2="A number with two divisors."),
              score("s2", "/v1/score", queries=["Why is the sky blue?"], documents="Rayleigh scattering."),
              score("s3", "/score", text_1="q", text_2=["a", "b"]),
-             score("s4", "/score", text_1="q", text_2="a", top_n=3)]
+             score("s4", "/score", data_1=["q1", "q2"], data_2=["a", "b"]),
+             score("r1", "/rerank", query="q", documents=["a", "b", "c"]),
+             score("r2", "/v1/rerank", query="q", documents=["a", "b", "c"], top_n=2)]
     batch["requests"].write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     factory = FakeEngineFactory()
     done = run({**batch, "models": {**batch["models"], "rank": str(bert)}}, factory)
-    s1, s2, s3, s4 = output_lines(done.output)
+    [engine] = factory.started  # the score and the rerank lines share the model's one engine (two nodes)
+    s1, s2, s3, s4, r1, r2 = output_lines(done.output)
+    scored = lambda first, second: fake_score(EngineRequest("", first, chat=False, pair=second), FakeEngine.VECTOR_DIMENSIONS)  # noqa: E731
     pairs = [("What is a prime number?", "A number with two divisors."), ("Why is the sky blue?", "Rayleigh scattering.")]
     for line, (first, second) in zip((s1, s2), pairs):
         body = line["response"]["body"]
-        expected = fake_score(EngineRequest("", first, chat=False, pair=second), FakeEngine.VECTOR_DIMENSIONS)
         assert body["object"] == "list" and body["model"] == "rank" and body["id"].startswith("score-")
-        assert body["data"] == [{"index": 0, "object": "score", "score": expected}]
+        assert body["data"] == [{"index": 0, "object": "score", "score": scored(first, second)}]
         assert body["usage"] == {"prompt_tokens": len(first) + len(second), "total_tokens": len(first) + len(second),
                                  "completion_tokens": 0, "prompt_tokens_details": None}
-    assert s3["error"] == {"code": "unsupported_body", "message": "line 3: body.text_2 must be one string (or a list of one): "
-                                                                  "batchllm scores one pair a line, got [\"a\", \"b\"]"}
-    assert s4["error"] == {"code": "unsupported_parameter", "message": "line 4: body.top_n = 3 is not supported on /score lines "
-                                                                       "(batchllm takes model and one pair: text_1 and text_2)"}
+    assert s3["response"]["body"]["data"] == [{"index": 0, "object": "score", "score": scored("q", "a")},
+                                              {"index": 1, "object": "score", "score": scored("q", "b")}]  # 1:N
+    assert s4["response"]["body"]["data"] == [{"index": 0, "object": "score", "score": scored("q1", "a")},
+                                              {"index": 1, "object": "score", "score": scored("q2", "b")}]  # N:N
+    ranked = sorted([(scored("q", text), k, text) for k, text in enumerate("abc")], reverse=True)
+    body = r1["response"]["body"]
+    assert set(body) == {"id", "model", "usage", "results"} and body["id"].startswith("rerank-")
+    assert body["results"] == [{"index": k, "document": {"text": text}, "relevance_score": value} for value, k, text in ranked]
+    assert body["usage"] == {"prompt_tokens": 6, "total_tokens": 6}
+    assert r2["response"]["body"]["results"] == body["results"][:2]
 
 
 def test_a_model_mapped_to_base_and_adapter_runs_its_lines_with_the_adapter_in_the_bases_engine(batch, monkeypatch):

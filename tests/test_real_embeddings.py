@@ -100,27 +100,46 @@ def test_an_embed_node_gives_the_vectors_of_vllms_own_embed(tmp_path, monkeypatc
     assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-3)  # normalised, as the model's modules.json says
 
 
-def test_embedding_lines_validate_against_vllms_response_models_with_its_vectors(tmp_path, monkeypatch, shared_engines,
-                                                                                questions, vllms_vectors):
+def test_embedding_score_and_rerank_lines_validate_against_vllms_response_models_with_its_vectors(tmp_path, monkeypatch, shared_engines,
+                                                                                                   questions, vllms_vectors):
+    """One line an input, one line of several inputs, a 1:N score line and a rerank line (cosines of
+    the embedding model's vectors, as vLLM scores with a model that embeds)."""
     from vllm.entrypoints.launchers.run_batch import BatchRequestOutput
     from vllm.entrypoints.pooling.embed.protocol import EmbeddingResponse
+    from vllm.entrypoints.pooling.scoring.protocol import RerankResponse, ScoreResponse
 
     from batchllm.openai_batch.run import run_batch
 
     monkeypatch.setenv("BATCHLLM_HOME", str(MODEL_HOME))
+    line = lambda custom_id, url, **body: json.dumps({"custom_id": custom_id, "method": "POST", "url": url,  # noqa: E731
+                                                      "body": {"model": "text-embedding-3-small", **body}}) + "\n"
     requests = tmp_path / "requests.jsonl"
-    requests.write_text("".join(json.dumps({"custom_id": f"e{k}", "method": "POST", "url": "/v1/embeddings",
-                                            "body": {"model": "text-embedding-3-small", "input": text}}) + "\n"
-                                for k, text in enumerate(questions)))
+    requests.write_text("".join(line(f"e{k}", "/v1/embeddings", input=text) for k, text in enumerate(questions))
+                        + line("many", "/v1/embeddings", input=questions[2:5])
+                        + line("score", "/score", text_1=questions[0], text_2=questions[1:4])
+                        + line("rerank", "/rerank", query=questions[0], documents=questions[1:4], top_n=2))
     run_batch(requests, tmp_path / "results.jsonl", {"text-embedding-3-small": "minilm-l6"}, run_dir=tmp_path / "run",
               devices="cpu:2", engine_factory=shared_engines, console=Console(quiet=True))
     lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
-    assert [line["custom_id"] for line in lines] == [f"e{k}" for k in range(ROWS)]
+    assert [line["custom_id"] for line in lines] == [f"e{k}" for k in range(ROWS)] + ["many", "score", "rerank"]
     for line in lines:
         BatchRequestOutput.model_validate(line)
-        EmbeddingResponse.model_validate(line["response"]["body"])
-    ours = np.array([line["response"]["body"]["data"][0]["embedding"] for line in lines], np.float32)
+    *embedded, many, scored, reranked = [line["response"]["body"] for line in lines]
+    for body in (*embedded, many):
+        EmbeddingResponse.model_validate(body)
+    ours = np.array([body["data"][0]["embedding"] for body in embedded], np.float32)
     assert cosines(ours, vllms_vectors).min() >= 0.9999
+    assert [item["index"] for item in many["data"]] == [0, 1, 2]
+    assert cosines(np.array([item["embedding"] for item in many["data"]], np.float32), vllms_vectors[2:5]).min() >= 0.9999
+    expected = [float(vllms_vectors[0] @ vllms_vectors[k]) / float(np.linalg.norm(vllms_vectors[0]) * np.linalg.norm(vllms_vectors[k]))
+                for k in (1, 2, 3)]
+    ScoreResponse.model_validate(scored)
+    assert [item["score"] for item in scored["data"]] == pytest.approx(expected, abs=1e-4)
+    RerankResponse.model_validate(reranked)
+    best = sorted(range(3), key=lambda k: -expected[k])[:2]
+    assert [result["index"] for result in reranked["results"]] == best
+    assert [result["document"]["text"] for result in reranked["results"]] == [questions[1 + k] for k in best]
+    assert [result["relevance_score"] for result in reranked["results"]] == pytest.approx([expected[k] for k in best], abs=1e-4)
 
 
 KILL_ROWS = 400  # short ShareGPT first turns: enough that a kill lands with most of them left

@@ -18,7 +18,7 @@ from batchllm.openai_batch.model_map import split_local
 INPUT_NAME = "requests"
 DAG_NAME = "openai-batch"
 SLUG_CHARACTERS = 40
-POOLING_TASKS = {"embedding": "embed", "score": "score"}  # a line's kind -> its node's task
+POOLING_TASKS = {"embedding": "embed", "score": "score", "rerank": "score"}  # a line's kind -> its node's task
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class BatchGroup:
     node: str
     model: str  # body.model as requested
     local_model: str  # what runs it: an embedded name, a directory or a hub id, and `:ADAPTER_DIR` (model_map)
-    kind: str  # "chat" | "completion" | "embedding" | "score"
+    kind: str  # "chat" | "completion" | "embedding" | "score" | "rerank"
     shape: str  # "prompt", "system" (+ prompt) or "messages" (see request_lines.LineRecord.shape)
     sampling: dict | None  # the node's `sampling:` (core.sampling.sampling_mapping); None: an embedding's or a score's
     requests: int  # valid lines in the group
@@ -56,7 +56,7 @@ def batch_dag(requests_path: str, groups: tuple[BatchGroup, ...]) -> dict:
     for group in groups:
         if group.kind in POOLING_TASKS:  # no sampling, no chat: the line's text (and a score's pair) pooled
             nodes[group.node] = {"model": group.local_model, "task": POOLING_TASKS[group.kind], "prompt": "{{ prompt }}",
-                                 **({"pair": "{{ pair }}"} if group.kind == "score" else {}), "where": f"node = '{group.node}'"}
+                                 **({"pair": "{{ pair }}"} if POOLING_TASKS[group.kind] == "score" else {}), "where": f"node = '{group.node}'"}
             continue
         model, adapter = split_local(group.local_model)
         node: dict[str, object] = {"model": model, "chat": group.kind == "chat", "sampling": group.sampling,
@@ -70,5 +70,5 @@ def batch_dag(requests_path: str, groups: tuple[BatchGroup, ...]) -> dict:
         if group.json_schema is not None:
             node["output"] = {"json_schema": json.loads(group.json_schema)}
         nodes[group.node] = node
-    return {"name": DAG_NAME, "inputs": {INPUT_NAME: {"path": requests_path, "id_column": "custom_id"}},
+    return {"name": DAG_NAME, "inputs": {INPUT_NAME: {"path": requests_path, "id_column": "request_id"}},
             "nodes": nodes, "outputs": {}}

@@ -1,9 +1,11 @@
 """An OpenAI batch request file -> two Parquet files in the run folder, converted once.
 
-- `requests.parquet`, the DAG's input: one row per line that can run (custom_id, model,
-  kind, system, prompt, messages, node, pair), in file order (sampling is per node: see groups);
+- `requests.parquet`, the DAG's input: one row per request of a line that can run
+  (request_id, custom_id, model, kind, system, prompt, messages, node, pair), in file order
+  (sampling is per node: see groups). A chat or completion line is one request, its id the
+  custom_id; a pooling line one per input or pair, `custom_id<US>k` (request_lines.ITEM_SEPARATOR);
 - `lines.parquet`: one row per non-blank line (line, custom_id, model, kind, node,
-  error_code, error_message), what the results file is written from.
+  error_code, error_message, items, top_n), what the results file is written from.
 
 A repeated custom_id keeps its first line; the later ones get `duplicate_custom_id`.
 Invariant: the folder is `<state>/<digest>/`, the digest covering the request file's bytes,
@@ -30,24 +32,26 @@ from batchllm.core.errors import UserError
 from batchllm.core.files import replacing
 from batchllm.io.sql import sql_literal
 from batchllm.openai_batch.batch_dag import BatchGroup, node_names
-from batchllm.openai_batch.request_lines import LineRecord, parse_line
+from batchllm.openai_batch.request_lines import ITEM_SEPARATOR, LineRecord, parse_line
 
-CONVERTER_VERSION = 4
+CONVERTER_VERSION = 5
 READ_BATCH_LINES = 8_192
 MEMORY_LIMIT = "256MB"
 GROUPS_FILE = "groups.json"  # written last: a folder with it is complete
 
 MESSAGES_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+ITEMS_TYPE = pa.list_(pa.struct([("text", pa.string()), ("pair", pa.string())]))
 PARSED_SCHEMA = pa.schema([
     ("line", pa.int64()), ("custom_id", pa.string()), ("model", pa.string()), ("kind", pa.string()),
     ("system", pa.string()), ("prompt", pa.string()), ("messages", MESSAGES_TYPE), ("json_schema", pa.string()),
-    ("group_key", pa.string()), ("error_code", pa.string()), ("error_message", pa.string()), ("pair", pa.string())])
+    ("group_key", pa.string()), ("error_code", pa.string()), ("error_message", pa.string()), ("items", ITEMS_TYPE),
+    ("top_n", pa.int64())])
 REQUEST_SCHEMA = pa.schema([
-    ("custom_id", pa.string()), ("model", pa.string()), ("kind", pa.string()), ("system", pa.string()),
+    ("request_id", pa.string()), ("custom_id", pa.string()), ("model", pa.string()), ("kind", pa.string()), ("system", pa.string()),
     ("prompt", pa.string()), ("messages", MESSAGES_TYPE), ("node", pa.string()), ("pair", pa.string())])
 LINE_SCHEMA = pa.schema([
     ("line", pa.int64()), ("custom_id", pa.string()), ("model", pa.string()), ("kind", pa.string()),
-    ("node", pa.string()), ("error_code", pa.string()), ("error_message", pa.string())])
+    ("node", pa.string()), ("error_code", pa.string()), ("error_message", pa.string()), ("items", pa.int64()), ("top_n", pa.int64())])
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,7 @@ def _parsed_table(batch: list[LineRecord], names: list[str]) -> pa.Table:
     columns = {name: [getattr(r, name) for r in batch] for name in names if name in PARSED_SCHEMA.names}
     columns["messages"] = [None if r.messages is None else [{"role": role, "content": text} for role, text in r.messages]
                            for r in batch]
+    columns["items"] = [None if r.items is None else [{"text": text, "pair": pair} for text, pair in r.items] for r in batch]
     columns["group_key"] = [r.group_key for r in batch]
     return pa.table(columns, schema=PARSED_SCHEMA)
 
@@ -147,15 +152,25 @@ def _build(requests_file: Path, models: Mapping[str, str], folder: Path) -> None
         groups = [BatchGroup(name, d[0], d[1], d[2], d[3], d[4], count, d[5]) for name, d, (_, count, _) in zip(names, decoded, keys)]
         connection.register("group_nodes", pa.table({"group_key": [k for k, _, _ in keys], "node": names},
                                                     schema=pa.schema([("group_key", pa.string()), ("node", pa.string())])))
+        # a pooling line: one request per item, k from 0 (unnest keeps the list's order)
+        items = (f"(SELECT *, unnest(range(len(items))) AS k FROM {source} WHERE items IS NOT NULL AND error_code IS NULL) p")
+        kept = "JOIN group_nodes g ON g.group_key = p.group_key LEFT JOIN dups d ON d.line = p.line WHERE p.error_code IS NULL AND d.line IS NULL"
         _write_query(connection, f"""
-            SELECT p.custom_id, p.model, p.kind, p.system, p.prompt, p.messages, g.node, p.pair
-            FROM {source} p JOIN group_nodes g ON g.group_key = p.group_key LEFT JOIN dups d ON d.line = p.line
-            WHERE p.error_code IS NULL AND d.line IS NULL ORDER BY p.line""", folder / "requests.parquet", REQUEST_SCHEMA)
+            SELECT request_id, custom_id, model, kind, system, prompt, messages, node, pair FROM (
+                SELECT p.line, 0 AS k, p.custom_id AS request_id, p.custom_id, p.model, p.kind, p.system, p.prompt, p.messages, g.node,
+                       NULL AS pair
+                FROM {source} p {kept} AND p.items IS NULL
+                UNION ALL
+                SELECT p.line, p.k, p.custom_id || chr({ord(ITEM_SEPARATOR)}) || p.k, p.custom_id, p.model, p.kind, NULL, struct_extract(p.items[p.k + 1], 'text'),
+                       NULL, g.node, struct_extract(p.items[p.k + 1], 'pair')
+                FROM {items} {kept})
+            ORDER BY line, k""", folder / "requests.parquet", REQUEST_SCHEMA)
         _write_query(connection, f"""
             SELECT p.line, p.custom_id, p.model, p.kind, CASE WHEN d.line IS NULL THEN g.node END AS node,
                    CASE WHEN d.line IS NULL THEN p.error_code ELSE 'duplicate_custom_id' END AS error_code,
                    CASE WHEN d.line IS NULL THEN p.error_message ELSE 'line ' || p.line || ': custom_id '
-                        || to_json(p.custom_id) || ' already appears on line ' || d.first_line END AS error_message
+                        || to_json(p.custom_id) || ' already appears on line ' || d.first_line END AS error_message,
+                   len(p.items) AS items, p.top_n
             FROM {source} p LEFT JOIN dups d ON d.line = p.line LEFT JOIN group_nodes g ON g.group_key = p.group_key
             ORDER BY p.line""", folder / "lines.parquet", LINE_SCHEMA)
     finally:

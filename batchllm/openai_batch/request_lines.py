@@ -8,9 +8,11 @@ OpenAI's defaults (temperature 1, top_p 1; max_tokens 16 for completions, as Ope
 `DEFAULT_CHAT_MAX_TOKENS` for chat); a chat's `logprobs`/`top_logprobs` keep each output
 token's log probability; a chat's `response_format` (`json_schema` or `json_object`)
 becomes the engine's structured output, checked per line with the engine's own grammar
-compiler. A `/v1/embeddings` line (body.input: one string; `encoding_format` float) runs in
-an embed node, a `/score` line (vLLM's: one pair of texts, as text_1/text_2, queries/documents
-or data_1/data_2) in a score node (dag.node_task). Invariant: every line gives exactly one `LineRecord`; a line that cannot run has
+compiler. A `/v1/embeddings` line (body.input: a string or a list of them; `encoding_format`
+float) runs in an embed node, a `/score` line (vLLM's: text_1/text_2, queries/documents,
+queries/items or data_1/data_2, each a string or a list: 1:1, 1:N or N:N pairs) and a `/rerank`
+line (a query and its documents; `top_n`) in a score node (dag.node_task), one request per
+input or pair (`items`). Invariant: every line gives exactly one `LineRecord`; a line that cannot run has
 `error_code` set and says why in `error_message`, naming its line, and never stops the others.
 """
 
@@ -29,8 +31,12 @@ from batchllm.engines.constraints import check_constraint
 from batchllm.models.embedded import EMBEDDED_MODELS
 from batchllm.openai_batch.model_map import split_local
 
-CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, SCORE_URL = "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/score"
-KINDS = {CHAT_URL: "chat", COMPLETIONS_URL: "completion", EMBEDDINGS_URL: "embedding", SCORE_URL: "score", "/v1/score": "score"}
+CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, SCORE_URL, RERANK_URL = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+                                                                    "/score", "/rerank")
+KINDS = {CHAT_URL: "chat", COMPLETIONS_URL: "completion", EMBEDDINGS_URL: "embedding", SCORE_URL: "score", "/v1/score": "score",
+         RERANK_URL: "rerank", "/v1/rerank": "rerank", "/v2/rerank": "rerank"}
+POOLING_KINDS = ("embedding", "score", "rerank")
+ITEM_SEPARATOR = "\x1f"  # a pooling line's requests are `custom_id<US>k`: no custom_id may hold it
 DEFAULT_CHAT_MAX_TOKENS = 256
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -47,15 +53,18 @@ class LineRecord:
     custom_id: str | None
     model: str | None  # body.model as requested
     local_model: str | None  # what it maps to: an embedded name, a directory or a hub id
-    kind: str | None  # "chat" | "completion" | "embedding" | "score"
+    kind: str | None  # "chat" | "completion" | "embedding" | "score" | "rerank"
     system: str | None
-    prompt: str | None  # the one user message, or the completion prompt ("" when `messages` holds the chat)
+    prompt: str | None  # the one user message, or the completion prompt ("" when `messages` holds the chat); None: a pooling line
     messages: tuple[Message, ...] | None = None  # a chat that is more than [system,] user
     sampling: SamplingSpec | None = None
     json_schema: str | None = None  # structured output from body.response_format (JSON text)
     error_code: str | None = None
     error_message: str | None = None
-    pair: str | None = None  # a score line's second text (`prompt` its first)
+    # a pooling line's requests in order, each (text, its pair's second text or None): one per input of an
+    # embedding line, per pair of a score line, per document of a rerank line (the query first in each)
+    items: tuple[tuple[str, str | None], ...] | None = None
+    top_n: int | None = None  # a rerank line's: the best this many results (None: all)
 
     @property
     def shape(self) -> str:
@@ -91,12 +100,14 @@ def parse_line(text: str, line: int, models: Mapping[str, str]) -> LineRecord:
         if not isinstance(custom_id, str) or not custom_id:
             custom_id = None
             raise LineError("invalid_request", "custom_id must be a non-empty string")
+        if ITEM_SEPARATOR in custom_id:
+            raise LineError("invalid_request", "custom_id must not hold the control character U+001F")
         if request.get("method", "POST") != "POST":
             raise LineError("invalid_request", f"method {request.get('method')!r} is not supported; use POST")
         url = request.get("url")
         if url not in KINDS:
-            raise LineError("unsupported_url", f"url {url!r} is not supported; use {CHAT_URL}, {COMPLETIONS_URL}, {EMBEDDINGS_URL} "
-                                               f"or {SCORE_URL}")
+            raise LineError("unsupported_url", f"url {url!r} is not supported; use {CHAT_URL}, {COMPLETIONS_URL}, {EMBEDDINGS_URL}, "
+                                               f"{SCORE_URL} or {RERANK_URL}")
         body = request.get("body")
         if not isinstance(body, dict):
             raise LineError("invalid_request", "body must be a JSON object")
@@ -108,14 +119,16 @@ def parse_line(text: str, line: int, models: Mapping[str, str]) -> LineRecord:
         if local is None:
             raise LineError("model_not_found", f"model {model!r} is not mapped to a local model; map it with --model {model}=<local model>")
         kind = KINDS[url]
-        if kind in ("embedding", "score") and split_local(local)[1] is not None:
+        if kind in POOLING_KINDS and split_local(local)[1] is not None:
             raise LineError("invalid_request", f"model {model!r} is mapped to a LoRA adapter, which applies to chat and completion "
                                                f"lines, not to {url} lines")
         if kind == "embedding":
-            return LineRecord(line, custom_id, model, local, kind, None, _embedding_input(body))
+            return LineRecord(line, custom_id, model, local, kind, None, None, items=tuple((text, None) for text in _embedding_inputs(body)))
         if kind == "score":
-            first, second = _score_pair(body)
-            return LineRecord(line, custom_id, model, local, kind, None, first, pair=second)
+            return LineRecord(line, custom_id, model, local, kind, None, None, items=_score_pairs(body))
+        if kind == "rerank":
+            items, top_n = _rerank(body)
+            return LineRecord(line, custom_id, model, local, kind, None, None, items=items, top_n=top_n)
         _check_keys(body, kind)
         messages = None
         if kind == "chat":
@@ -228,43 +241,61 @@ EMBEDDING_OFF_VALUES: dict[str, tuple[object, ...]] = {"encoding_format": ("floa
                                                        "truncate_prompt_tokens": (None,)}
 
 
-def _embedding_input(body: dict) -> str:
-    """An embedding line's one input text (its other keys checked)."""
+def _embedding_inputs(body: dict) -> list[str]:
+    """An embedding line's input texts (its other keys checked)."""
     for key, value in body.items():
         if key in EMBEDDING_KEYS or (key in EMBEDDING_OFF_VALUES and any(_same(value, off) for off in EMBEDDING_OFF_VALUES[key])):
             continue
         raise LineError("unsupported_parameter", f"body.{key} = {_short(value)} is not supported on {EMBEDDINGS_URL} lines "
                                                  "(batchllm takes model and input, and encoding_format float)")
-    text = body.get("input")
-    if isinstance(text, list) and len(text) == 1 and isinstance(text[0], str):
-        text = text[0]
-    if not isinstance(text, str):
-        raise LineError("unsupported_body", f"body.input must be one string (or a list of one), got {_short(text)}")
-    return text
+    return _texts(body.get("input"), "input")
 
 
-SCORE_PAIRS = (("text_1", "text_2"), ("queries", "documents"), ("data_1", "data_2"))  # vLLM's names of a score's two sides
+SCORE_PAIRS = (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))  # vLLM's names
 SCORE_OFF_VALUES: dict[str, tuple[object, ...]] = {"truncate_prompt_tokens": (None,), "use_activation": (None,)}
 
 
-def _score_pair(body: dict) -> tuple[str, str]:
-    """A score line's one pair of texts (its other keys checked)."""
-    names = next((pair for pair in SCORE_PAIRS if pair[0] in body or pair[1] in body), SCORE_PAIRS[0])
+def _score_pairs(body: dict) -> tuple[tuple[str, str | None], ...]:
+    """A score line's pairs, as vLLM pairs its two sides: one text with each of the other side's
+    (1:1, 1:N), or the two lists item by item (N:N); its other keys checked."""
+    names = next((pair for pair in SCORE_PAIRS if pair[0] in body and pair[1] in body),
+                 next((pair for pair in SCORE_PAIRS if pair[0] in body or pair[1] in body), SCORE_PAIRS[0]))
+    _check_pooling_keys(body, names, SCORE_URL, f"model and its two sides: {names[0]} and {names[1]}")
+    first, second = _texts(body.get(names[0]), names[0]), _texts(body.get(names[1]), names[1])
+    if len(first) == 1:
+        return tuple((first[0], text) for text in second)
+    if len(first) != len(second):
+        raise LineError("invalid_request", f"body.{names[0]} has {len(first)} texts and body.{names[1]} {len(second)}: "
+                                           "score 1:1, 1:N or N:N texts")
+    return tuple(zip(first, second))
+
+
+def _rerank(body: dict) -> tuple[tuple[tuple[str, str | None], ...], int | None]:
+    """A rerank line's (query, document) pairs and how many of the best it returns (None: all)."""
+    _check_pooling_keys(body, ("query", "documents", "top_n"), RERANK_URL, "model, query, documents and top_n")
+    query = body.get("query")
+    if not isinstance(query, str):
+        raise LineError("unsupported_body", f"body.query must be a string, got {_short(query)}")
+    top_n = body.get("top_n", 0)
+    if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0:
+        raise LineError("invalid_request", f"body.top_n must be an integer >= 0 (0: every document), got {_short(top_n)}")
+    return tuple((query, text) for text in _texts(body.get("documents"), "documents")), top_n or None
+
+
+def _check_pooling_keys(body: dict, names: tuple[str, ...], url: str, takes: str) -> None:
     for key, value in body.items():
         if key in ("model", *names, *IGNORED_KEYS) or (key in SCORE_OFF_VALUES and any(_same(value, off) for off in SCORE_OFF_VALUES[key])):
             continue
-        raise LineError("unsupported_parameter", f"body.{key} = {_short(value)} is not supported on {SCORE_URL} lines "
-                                                 f"(batchllm takes model and one pair: {names[0]} and {names[1]})")
-    texts = []
-    for name in names:
-        text = body.get(name)
-        if isinstance(text, list) and len(text) == 1 and isinstance(text[0], str):
-            text = text[0]
-        if not isinstance(text, str):
-            raise LineError("unsupported_body", f"body.{name} must be one string (or a list of one): batchllm scores one pair a "
-                                                f"line, got {_short(text)}")
-        texts.append(text)
-    return texts[0], texts[1]
+        raise LineError("unsupported_parameter", f"body.{key} = {_short(value)} is not supported on {url} lines (batchllm takes {takes})")
+
+
+def _texts(value: object, name: str) -> list[str]:
+    """A pooling body's texts: a string, or a non-empty list of strings (token ids are not taken)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(text, str) for text in value):
+        return value
+    raise LineError("unsupported_body", f"body.{name} must be a string or a non-empty list of strings, got {_short(value)}")
 
 
 def _completion_prompt(body: dict) -> str:

@@ -1,12 +1,14 @@
 """The results file: one OpenAI batch output line per request line, in input order.
 
     {"id": "batch_req_...", "custom_id": ..., "error": null,
-     "response": {"status_code": 200, "request_id": "req_...", "body": <chat.completion | text_completion | list>}}
+     "response": {"status_code": 200, "request_id": "req_...", "body": <chat.completion | text_completion | list | rerank>}}
     {"id": "batch_req_...", "custom_id": ... | null, "response": null, "error": {"code": ..., "message": ...}}
 
 A line gets an error when it could not run (see `request_lines`, `duplicate_custom_id`),
-when the engine refused it (`request_failed`: e.g. a prompt longer than the context) or
-when the run stopped before it (`not_completed`: run the same command again). Invariant:
+when the engine refused it (`request_failed`: e.g. a prompt longer than the context; a
+pooling line when any of its requests was refused) or when the run stopped before it
+(`not_completed`: run the same command again; a pooling line until all its requests have a
+result). Invariant:
 every non-blank request line gives exactly one output line, so every custom_id appears
 once; ids are derived from the request file's digest and line, so rewriting the file after
 a resume gives the same ids. The file is written beside its place and renamed into it;
@@ -31,6 +33,7 @@ from batchllm.core.requests import FinishReason, parse_finish_text
 from batchllm.io.output_files import LOGPROBS_SQL_TYPE
 from batchllm.io.sql import sql_literal
 from batchllm.openai_batch.batch_input import MEMORY_LIMIT, READ_BATCH_LINES, BatchInput
+from batchllm.openai_batch.request_lines import ITEM_SEPARATOR
 
 
 @dataclass(frozen=True)
@@ -63,20 +66,35 @@ def write_results(batch: BatchInput, node_files: Mapping[str, Path], output: Pat
 
 
 def _query(batch: BatchInput, node_files: Mapping[str, Path]) -> str:
+    """Each line with its result: a chat's or a completion's one row; a pooling line's rows (one per
+    request, `custom_id<US>k`) gathered in order of k into lists, with their second texts (a rerank's
+    documents)."""
     files = [str(path) for path in node_files.values() if path.is_file()]
     columns = {name for path in files for name in pq.read_schema(path).names}  # of any node file
-    texts = "r.texts" if "texts" in columns else "NULL::VARCHAR[]"
-    logprobs = "r.logprobs" if "logprobs" in columns else f"NULL::{LOGPROBS_SQL_TYPE}"
-    vector = "r.vector" if "vector" in columns else "NULL::FLOAT[]"
-    score = "r.score" if "score" in columns else "NULL::DOUBLE"
+    texts = "texts" if "texts" in columns else "NULL::VARCHAR[]"
+    logprobs = "logprobs" if "logprobs" in columns else f"NULL::{LOGPROBS_SQL_TYPE}"
+    vector = "vector" if "vector" in columns else "NULL::FLOAT[]"
+    score = "score" if "score" in columns else "NULL::DOUBLE"
     results = (f"read_parquet({_list(files)}, union_by_name = true)" if files else
                "(SELECT NULL::VARCHAR AS row_id, NULL::VARCHAR AS text, NULL::BIGINT AS num_prompt_tokens, "
                "NULL::BIGINT AS num_output_tokens, NULL::VARCHAR AS finish_reason WHERE false)")
-    return (f"SELECT l.line, l.custom_id, l.model, l.kind, l.node, l.error_code, l.error_message, r.row_id, r.text, "
-            f"{texts} AS texts, {logprobs} AS logprobs, {vector} AS vector, {score} AS score, r.num_prompt_tokens, r.num_output_tokens, "
-            "r.finish_reason "
-            f"FROM read_parquet({sql_literal(str(batch.lines_path))}) l LEFT JOIN {results} r "
-            f"ON l.node IS NOT NULL AND r.row_id = l.custom_id ORDER BY l.line")
+    separator = f"chr({ord(ITEM_SEPARATOR)})"
+    return f"""
+        WITH r AS (SELECT split_part(row_id, {separator}, 1) AS custom_id, TRY_CAST(NULLIF(split_part(row_id, {separator}, 2), '') AS BIGINT) AS k,
+                          row_id, text, {texts} AS texts, {logprobs} AS logprobs, {vector} AS vector, {score} AS score, num_prompt_tokens,
+                          num_output_tokens, finish_reason FROM {results}),
+        pooled AS (SELECT r.custom_id, count(*) AS results, list(r.vector ORDER BY r.k) AS vectors, list(r.score ORDER BY r.k) AS scores,
+                          list(q.pair ORDER BY r.k) AS pairs, list(r.finish_reason ORDER BY r.k) AS finishes,
+                          sum(r.num_prompt_tokens)::BIGINT AS prompt_tokens
+                   FROM r LEFT JOIN read_parquet({sql_literal(str(batch.requests_path))}) q ON q.request_id = r.row_id
+                   WHERE r.k IS NOT NULL GROUP BY r.custom_id)
+        SELECT l.line, l.custom_id, l.model, l.kind, l.node, l.error_code, l.error_message, l.items, l.top_n,
+               g.row_id, g.text, g.texts, g.logprobs, g.num_prompt_tokens, g.num_output_tokens, g.finish_reason,
+               p.results, p.vectors, p.scores, p.pairs, p.finishes, p.prompt_tokens
+        FROM read_parquet({sql_literal(str(batch.lines_path))}) l
+        LEFT JOIN (SELECT * FROM r WHERE k IS NULL) g ON l.node IS NOT NULL AND l.items IS NULL AND g.row_id = l.custom_id
+        LEFT JOIN pooled p ON l.node IS NOT NULL AND l.items IS NOT NULL AND p.custom_id = l.custom_id
+        ORDER BY l.line"""
 
 
 def output_line(row: dict, digest: str, created: int, incomplete: str | None) -> dict:
@@ -85,29 +103,39 @@ def output_line(row: dict, digest: str, created: int, incomplete: str | None) ->
     line = {"id": f"batch_req_{ids[:32]}", "custom_id": row["custom_id"], "response": None, "error": None}
     if row["error_code"] is not None:
         line["error"] = {"code": row["error_code"], "message": row["error_message"]}
-    elif row["row_id"] is None:
+    elif (row["row_id"] if row["items"] is None else row["results"] if row["results"] == row["items"] else None) is None:
         why = f": {incomplete}" if incomplete else ""
         line["error"] = {"code": "not_completed", "message": f"line {row['line']}: no result yet{why}; "
                                                               "run the same command again to resume"}
-    elif (failure := parse_finish_text(row["finish_reason"]))[0] is FinishReason.ERROR:
-        line["error"] = {"code": "request_failed",
-                         "message": f"line {row['line']}: {failure[1]}"}
+    elif (failure := _failure(row)) is not None:
+        line["error"] = {"code": "request_failed", "message": f"line {row['line']}: {failure}"}
     else:
         line["response"] = {"status_code": 200, "request_id": f"req_{ids[32:]}", "body": _body(row, ids, created)}
     return line
 
 
+def _failure(row: dict) -> str | None:
+    """Why the engine refused the line's request (a pooling line's first refused one); None: it did not."""
+    for finish in (row["finishes"] or []) if row["items"] is not None else [row["finish_reason"]]:
+        if (failure := parse_finish_text(finish))[0] is FinishReason.ERROR:
+            return failure[1]
+    return None
+
+
 def _body(row: dict, ids: str, created: int) -> dict:
+    prompt = row["prompt_tokens"]
+    usage = {"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0, "prompt_tokens_details": None}
     if row["kind"] == "embedding":  # vLLM's EmbeddingResponse, as its run-batch writes it
-        prompt = row["num_prompt_tokens"]
         return {"id": f"embd-{ids[:24]}", "object": "list", "created": created, "model": row["model"],
-                "data": [{"index": 0, "object": "embedding", "embedding": row["vector"]}],
-                "usage": {"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0, "prompt_tokens_details": None}}
+                "data": [{"index": k, "object": "embedding", "embedding": vector} for k, vector in enumerate(row["vectors"])],
+                "usage": usage}
     if row["kind"] == "score":  # vLLM's ScoreResponse, as its run-batch writes it
-        prompt = row["num_prompt_tokens"]
         return {"id": f"score-{ids[:24]}", "object": "list", "created": created, "model": row["model"],
-                "data": [{"index": 0, "object": "score", "score": row["score"]}],
-                "usage": {"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0, "prompt_tokens_details": None}}
+                "data": [{"index": k, "object": "score", "score": score} for k, score in enumerate(row["scores"])], "usage": usage}
+    if row["kind"] == "rerank":  # vLLM's RerankResponse: the documents by relevance, best first, the best top_n
+        ranked = sorted(range(len(row["scores"])), key=lambda k: -row["scores"][k])[:row["top_n"] or None]
+        return {"id": f"rerank-{ids[:24]}", "model": row["model"], "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
+                "results": [{"index": k, "document": {"text": row["pairs"][k]}, "relevance_score": row["scores"][k]} for k in ranked]}
     texts = row["texts"] or [row["text"]]
     chat = row["kind"] == "chat"
     choices = [{"index": k, **({"message": {"role": "assistant", "content": text}} if chat else {"text": text}),
