@@ -33,7 +33,8 @@ import json, sys
 from vllm import LLM, SamplingParams
 from vllm.lora.request import LoRARequest
 questions, adapter = json.load(sys.stdin)
-llm = LLM(model=sys.argv[1], enable_lora=True, max_loras=1, max_lora_rank=8, enforce_eager=True, dtype=sys.argv[2], seed=0)
+llm = LLM(model=sys.argv[1], enable_lora=True, max_loras=2, max_lora_rank=16, max_num_seqs=1, enforce_eager=True, dtype=sys.argv[2],
+          seed=0)
 outputs = llm.chat([[{"role": "user", "content": q}] for q in questions], SamplingParams(max_tokens=int(sys.argv[3]), temperature=0.0),
                    lora_request=LoRARequest("adapter", 1, adapter))
 print("TEXTS " + json.dumps([output.outputs[0].text for output in outputs]))
@@ -46,6 +47,8 @@ nodes:
   base: {{model: smollm2-135m, prompt: "{{{{ question }}}}", sampling: {{max_tokens: {tokens}}}}}
   tuned: {{model: smollm2-135m, adapter: adapters/a, prompt: "{{{{ question }}}}", sampling: {{max_tokens: {tokens}}}}}
   other: {{model: smollm2-135m, adapter: adapters/b, prompt: "{{{{ question }}}}", sampling: {{max_tokens: {tokens}}}}}
+engine:
+  max_num_seqs: 1   # one request at a time, as the reference runs them: a batch's shape moves float32 sums, and a tie flips a token
 """
 
 
