@@ -222,3 +222,90 @@ def test_a_chain_behind_a_node_on_servers_waits_for_it_and_one_lost_server_does_
     assert not result.nodes_failed
     summaries = pq.read_table(workspace.out / "nodes" / "summary.parquet").column("text").to_pylist()
     assert len(summaries) == 4 and all(s.startswith("<") for s in summaries)
+
+
+ADAPTER_NODES = """
+inputs:
+  questions: {path: questions.parquet, id_column: id}
+nodes:
+  base:
+    model: served-model
+    prompt: "{{ question }}"
+  tuned:
+    model: served-model
+    adapter: %s
+    prompt: "{{ question }}"
+endpoints:
+  served-model:
+    urls: [%s]
+"""
+
+
+class ModelCards:
+    """A server on 127.0.0.1 that lists `cards` at /v1/models (as vLLM lists a base and its LoRA
+    modules) and takes any completion; started and stopped by the test."""
+
+    def __init__(self, cards: list[dict]):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self._answer({"object": "list", "data": cards})
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self._answer({"choices": [{"index": 0, "text": "k", "finish_reason": "length"}]})
+
+            def _answer(self, payload: dict) -> None:
+                body = json.dumps(payload).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def __enter__(self) -> ModelCards:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+def test_a_node_on_an_adapter_of_a_served_model_names_it_and_an_adapter_the_server_lacks_is_exit_2(workspace):
+    """On endpoints `adapter:` is the adapter's name on the servers (their --lora-modules name): the
+    check finds it among the served models on this base, and the node's requests name it."""
+    from batchllm.engines.endpoint.server_check import check_endpoints
+
+    cards = [{"id": "served-model", "object": "model", "owned_by": "vllm", "parent": None},
+             {"id": "sql", "object": "model", "owned_by": "vllm", "parent": "served-model"},
+             {"id": "other-base", "object": "model", "owned_by": "vllm", "parent": None},
+             {"id": "poet", "object": "model", "owned_by": "vllm", "parent": "other-base"}]
+    with ModelCards(cards) as server:
+        dag = load_dag(workspace.dag(ADAPTER_NODES % ("sql", server.url)))
+        [checked] = check_endpoints(dag)["served-model"]
+        assert checked.served_model == "served-model"
+        assert dag.nodes["tuned"].request_adapter(dag.on_endpoints("tuned")) == "sql" and dag.nodes["base"].adapter_name is None
+        for adapter, message, hint in [
+                ("sqll", f"the server {server.url} does not serve the adapter 'sqll'; it serves 'sql', 'poet' as adapters",
+                 "start it with --enable-lora --lora-modules sqll=<adapter directory>, or name an adapter it serves"),
+                ("poet", f"the server {server.url} serves the adapter 'poet' on 'other-base', not on 'served-model'",
+                 "give the node the adapter's base as its model, or an adapter of 'served-model'")]:
+            result = CliRunner().invoke(app, ["run", str(workspace.dag(ADAPTER_NODES % (adapter, server.url))), "--out", str(workspace.out)])
+            assert result.exit_code == 2 and message in result.output and hint in " ".join(result.output.split())
+            assert "nodes.tuned.adapter" in result.output and not workspace.out.exists()
+    body = request_body(EngineRequest(1, "Hi", adapter="sql"), "served-model", "vllm", 100)
+    assert body["model"] == "sql" and request_body(EngineRequest(1, "Hi"), "served-model", "vllm", 100)["model"] == "served-model"

@@ -1,7 +1,8 @@
 """A DAG run through a real vLLM OpenAI server of the embedded model (one core, 127.0.0.1,
-started and stopped here): the local run's units and texts, exactly once across a driver
-`kill -9` and across the server's own death and restart, and bad endpoints refused with
-exit 2 before anything runs. Slow: marked `endpoint` (one server for the module)."""
+started and stopped here, with one LoRA adapter made here): the local run's units and texts,
+exactly once across a driver `kill -9` and across the server's own death and restart, a node
+on the served adapter, and bad endpoints refused with exit 2 before anything runs. Slow:
+marked `endpoint` (one server for the module)."""
 
 from __future__ import annotations
 
@@ -50,11 +51,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class VllmServer:
-    """vLLM's OpenAI server of the embedded model on one core, on 127.0.0.1."""
+ADAPTER = "sql-tuned"  # the server's name of its LoRA adapter (seeded random weights)
 
-    def __init__(self, log: Path):
-        self.port, self.log, self.process = free_port(), log, None
+
+class VllmServer:
+    """vLLM's OpenAI server of the embedded model on one core, on 127.0.0.1, serving `adapter` as ADAPTER."""
+
+    def __init__(self, log: Path, adapter: Path):
+        self.port, self.log, self.adapter, self.process = free_port(), log, adapter, None
 
     @property
     def url(self) -> str:
@@ -67,7 +71,8 @@ class VllmServer:
         command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(SMOLLM2_135M.prepare(MODEL_HOME)),
                    "--served-model-name", "smollm2-135m", "--host", "127.0.0.1", "--port", str(self.port), "--enforce-eager",
                    "--dtype", engine_dtype("cpu") or "bfloat16", "--kv-cache-memory-bytes", str(1 << 30),
-                   "--max-model-len", "1024", "--scheduling-policy", "priority", "--seed", "0"]
+                   "--max-model-len", "1024", "--scheduling-policy", "priority", "--seed", "0",
+                   "--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"{ADAPTER}={self.adapter}"]
         # its own process group: vLLM's engine core is a child process, which a kill of the server alone leaves running
         self.process = subprocess.Popen(command, env=env, stdout=self.log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -108,8 +113,12 @@ class VllmServer:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    from tests.lora_adapters import make_lora_adapter
+
     os.environ["BATCHLLM_HOME"] = str(MODEL_HOME)
-    running = VllmServer(tmp_path_factory.mktemp("server") / "server.log")
+    folder = tmp_path_factory.mktemp("server")
+    base_config = json.loads((SMOLLM2_135M.prepare(MODEL_HOME) / "config.json").read_text())
+    running = VllmServer(folder / "server.log", make_lora_adapter(folder / "adapter", base_config, seed=1))
     try:
         running.start()
         yield running
@@ -219,3 +228,32 @@ def test_a_model_the_server_does_not_serve_is_exit_2_before_anything_runs(server
     assert done.returncode == 2, stderr
     assert f"the server {server.url} does not serve 'no-such-model'; it serves 'smollm2-135m'" in stderr
     assert not (tmp_path / "out").exists()
+
+
+ADAPTER_DAG = """
+inputs:
+  questions: {path: questions.parquet, id_column: id}
+nodes:
+  base: {model: smollm2-135m, prompt: "{{ question }}", sampling: {max_tokens: 12}}
+  tuned: {model: smollm2-135m, adapter: %s, prompt: "{{ question }}", sampling: {max_tokens: 12}}
+endpoints:
+  smollm2-135m: {urls: [%s], slo: {ttft_p99_s: 30, itl_p99_s: 5}}
+"""
+
+
+def test_a_node_on_the_servers_adapter_runs_with_it_and_an_adapter_it_lacks_is_exit_2(server, tmp_path, model_home):
+    """vLLM lists its LoRA module with the base as `parent`: the check takes the adapter's name; the
+    node's texts differ from the base's (the adapter's weights moved them)."""
+    pq.write_table(pq.read_table(REPO / "examples" / "questions.parquet").slice(0, 3), tmp_path / "questions.parquet")
+    dag = tmp_path / "dag.yaml"
+    dag.write_text(ADAPTER_DAG % (ADAPTER, server.url))
+    run_dag_file(dag, tmp_path / "out", DeviceSet("cpu", (0,)), console=Console(quiet=True), pilot=None)
+    base, tuned = results(tmp_path / "out", "base"), results(tmp_path / "out", "tuned")
+    assert sorted(base) == sorted(tuned) and len(base) == 3 and all(tuned.values())
+    assert base != tuned
+    dag.write_text(ADAPTER_DAG % ("no-such-adapter", server.url))
+    done = cli(["run", str(dag), "--out", str(tmp_path / "refused")])
+    stdout, stderr = done.communicate(timeout=120)
+    assert done.returncode == 2, stderr
+    assert f"the server {server.url} does not serve the adapter 'no-such-adapter'; it serves '{ADAPTER}' as adapters" in stderr
+    assert not (tmp_path / "refused").exists()

@@ -34,7 +34,7 @@ class EngineRequest(NamedTuple):
     output: OutputConstraint | None = None  # structured output the engine enforces
     messages: tuple[Message, ...] | None = None  # a whole conversation (then `prompt` and `system` are unused)
     pair: str | None = None  # a score request's second text (`prompt` is its first): the result is their vectors' cosine
-    adapter: str | None = None  # a LoRA adapter directory the request runs with (the engine's model is its base)
+    adapter: str | None = None  # a LoRA adapter the request runs with, on the model as its base: its directory (on a server: its name there)
 
     @property
     def max_tokens(self) -> int:

@@ -305,6 +305,7 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
             nearest_read=nearest_read,
             pair=templates["pair"].source if "pair" in templates else None,
             adapter=_adapter_path(node, path, task),
+            adapter_name=node.mapping.get("adapter") if isinstance(node.mapping.get("adapter"), str) else None,
         )
         parsed[name] = (node, spec, names)
     for name, (node, spec, _) in parsed.items():
@@ -327,8 +328,9 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
 
 
 def _adapter_path(node: _Section, path: Path, task: ModelTask) -> str | None:
-    """`adapter:`, a LoRA adapter directory (relative to the DAG file), on a generation node."""
-    adapter = node.get("adapter", str, None, check=bool, expect="a LoRA adapter directory")
+    """`adapter:`, a LoRA adapter directory (relative to the DAG file), on a generation node (on a
+    model served from endpoints: the adapter's name on the servers)."""
+    adapter = node.get("adapter", str, None, check=bool, expect="a LoRA adapter directory (on endpoints: its name there)")
     if adapter is not None and task is not ModelTask.GENERATE:
         node.fail("adapter", f"{node.where}.adapter: a LoRA adapter applies to a generation node, not to one with `task: {task.value}`",
                   "drop `adapter:`, or give it a node that generates")

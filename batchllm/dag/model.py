@@ -72,6 +72,12 @@ class NodeSpec:
     nearest_read: tuple[str, ...] = ()  # nearest-row lists (see DagSpec.nearest) its templates read; their nodes are in `upstream`
     pair: str | None = None  # a score node's second text, a template (`prompt` is its first)
     adapter: str | None = None  # a LoRA adapter directory (absolute) its requests run with, on its `model` as the base
+    # `adapter:` as written; on a model served from `endpoints:`, the adapter's name on the servers (their --lora-modules name)
+    adapter_name: str | None = None
+
+    def request_adapter(self, on_servers: bool) -> str | None:
+        """What its requests name as their adapter: the directory on engines here, the name on servers."""
+        return self.adapter_name if on_servers else self.adapter
 
 
 @dataclass(frozen=True)

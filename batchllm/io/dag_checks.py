@@ -58,10 +58,6 @@ def check_dag(dag: DagSpec, home, *, resolve_models: bool = True) -> dict[str, I
             raise UserError(f"node {node.name!r} {node.task.verb} with {node.model!r}, which the DAG serves from endpoints: "
                             f"batchllm {node.task.verb} on its own devices only", where=dag.where(node.line, f"nodes.{node.name}.task"),
                             hint=f"drop {node.model!r} from `endpoints:` to run it here")
-        if node.adapter is not None and node.model in dag.endpoints:
-            raise UserError(f"node {node.name!r} runs adapter {node.adapter!r} on {node.model!r}, which the DAG serves from endpoints: "
-                            "batchllm runs adapters on its own devices only so far", where=dag.where(node.line, f"nodes.{node.name}.adapter"),
-                            hint=f"drop {node.model!r} from `endpoints:` to run it here")
         if resolve_models and node.model not in dag.endpoints:  # a server's model needs no files here
             _node_model_kind(dag, node, home)
             if node.adapter is not None:

@@ -21,8 +21,8 @@ from batchllm.models.lora_adapter import AdapterError, LoraAdapter
 __all__ = ["file_digest", "node_fingerprints"]
 
 # Where a node stands in the file, and what the loader derives from its templates: never
-# part of its results.
-NOT_DECISIVE = ("line", "columns_used", "reads", "merges_read", "nearest_read")
+# part of its results. (Its adapter counts by what it is: below.)
+NOT_DECISIVE = ("line", "columns_used", "reads", "merges_read", "nearest_read", "adapter", "adapter_name")
 
 
 def _decisive_fields(node: NodeSpec) -> dict:
@@ -50,7 +50,9 @@ def node_fingerprints(dag: DagSpec, sources: dict[str, InputSource] | None = Non
         if dag.nodes[name].merges_read:  # which nodes a merge joins, in which order, decides the text read
             node["merges"] = {m: list(dag.merges[m]) for m in dag.nodes[name].merges_read}
         adapter = dag.nodes[name].adapter
-        if adapter is not None:  # its weights decide the results, wherever the folder is
+        if adapter is not None and dag.on_endpoints(name):  # what the servers serve under the name
+            node["adapter"] = f"served as {dag.nodes[name].adapter_name}"
+        elif adapter is not None:  # its weights decide the results, wherever the folder is
             node["adapter"] = _adapter_digest(adapter)
         if dag.nodes[name].nearest_read:  # which vectors, and how many rows, decide the rows read
             node["nearest"] = {n: [dag.nearest[n].query, dag.nearest[n].corpus, dag.nearest[n].k] for n in dag.nodes[name].nearest_read}

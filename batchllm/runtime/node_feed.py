@@ -101,9 +101,11 @@ class MergedUpstream:
 
 class NodeFeed:
     def __init__(self, node: NodeSpec, index: int, ledger: NodeLedger, source: InputSource, journal: ResultJournal,
-                 upstream: dict[str, Upstream | MergedUpstream], nearest: dict[str, Nearest] | None = None):
-        """`upstream`: the texts the node reads by name; `nearest`: the nearest lists it reads."""
+                 upstream: dict[str, Upstream | MergedUpstream], nearest: dict[str, Nearest] | None = None, adapter: str | None = None):
+        """`upstream`: the texts the node reads by name; `nearest`: the nearest lists it reads; `adapter`: what its
+        requests name as their LoRA adapter (`NodeSpec.request_adapter`)."""
         self.node, self.index, self.ledger, self.source, self.journal = node, index, ledger, source, journal
+        self.adapter = adapter
         self.upstream, self.nearest = upstream, nearest or {}
         self.cursor = 0
         self.retry: deque[np.ndarray] = deque()
@@ -240,5 +242,5 @@ class NodeFeed:
             where = f"nodes.{node.name} (row {data[i][ROW_ID]!r}, step {step})"
             rendered = self._prompt.render(context, where=where)
             requests.append(EngineRequest(request_id(self.index, unit), rendered.prompt, rendered.system, node.chat, node.sampling,
-                                          None, node.output, rendered.messages, rendered.pair, node.adapter))
+                                          None, node.output, rendered.messages, rendered.pair, self.adapter))
         return requests

@@ -230,7 +230,8 @@ def open_node_runs(dag: DagSpec, sources: dict[str, InputSource], run_dir: RunDi
     runs = []
     for index, name in enumerate(order):
         node = dag.nodes[name]
-        feed = NodeFeed(node, index, ledger[name], sources[node.input_name], journals[name], upstream_of(name), nearest_of(name))
+        feed = NodeFeed(node, index, ledger[name], sources[node.input_name], journals[name], upstream_of(name), nearest_of(name),
+                        adapter=node.request_adapter(dag.on_endpoints(name)))
         runs.append(NodeRun(name, node, index, dag.on_endpoints(name), frozenset(dag.ancestors(name)), journals[name],
                             journals[name].stats(), ledger[name], feed))
     return NodeRuns(runs), ledger, prints

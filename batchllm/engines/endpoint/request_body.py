@@ -19,10 +19,12 @@ FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abo
 
 
 def request_body(request: EngineRequest, served_model: str, server_kind: str, priority: int | None) -> dict:
+    """`served_model`: the base's name on the server; a request with an adapter names the adapter (as a
+    server with LoRA modules serves each under its own name)."""
     s = request.sampling
     # vLLM's continuous usage: every chunk says how many tokens it carries (the guard counts one gap per token)
     usage = {"include_usage": True, **({"continuous_usage_stats": True} if server_kind == "vllm" else {})}
-    body: dict = {"model": served_model, "max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p,
+    body: dict = {"model": request.adapter or served_model, "max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p,
                   "n": s.n, "stream": True, "stream_options": usage}
     if request.chat:
         body["messages"] = request.chat_messages()

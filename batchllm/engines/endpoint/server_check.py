@@ -1,5 +1,6 @@
-"""A DAG's endpoints checked before anything runs: each server answers, serves the model,
-takes the API key; and what it is (vLLM or SGLang, priority scheduling or not).
+"""A DAG's endpoints checked before anything runs: each server answers, serves the model and
+the LoRA adapters its nodes name, takes the API key; and what it is (vLLM or SGLang, priority
+scheduling or not).
 
 Every problem is a UserError (exit 2) naming the `endpoints:` entry, the URL and the fix.
 What is found is an `Endpoint` per server: what its engine (`http_engine`) needs.
@@ -35,6 +36,7 @@ def check_server(dag: DagSpec, model: str, spec: EndpointSpec, url: str) -> Endp
     with httpx.Client(timeout=CHECK_TIMEOUT_S, headers=probe.headers()) as client:
         cards = _model_cards(client, url, where)
         served = _served_name(cards, spec.served_model, model, url, where)
+        _check_adapters(dag, model, cards, served, url)
         card = next(c for c in cards if c.get("id") == served)
         kind = str(card.get("owned_by", "")).lower()
         kind = kind if kind in BATCH_PRIORITY else "openai"
@@ -78,6 +80,24 @@ def _served_name(cards: list[dict], named: str | None, model: str, url: str, whe
         return ids[0]
     raise UserError(f"the server {url} does not serve {wanted!r}; it serves {', '.join(map(repr, ids)) or 'no model'}",
                     where=where, hint="point the model at a server that serves it, or name the served model in `model:`")
+
+
+def _check_adapters(dag: DagSpec, model: str, cards: list[dict], served: str, url: str) -> None:
+    """Each adapter the model's nodes name is served, on this base (a vLLM LoRA module's card names
+    its base as `parent`)."""
+    parents = {str(c.get("id")): c.get("parent") for c in cards}
+    for node in dag.nodes.values():
+        if node.model != model or node.adapter_name is None:
+            continue
+        name, where = node.adapter_name, dag.where(node.line, f"nodes.{node.name}.adapter")
+        if name not in parents:
+            adapters = [card for card, parent in parents.items() if parent is not None]
+            raise UserError(f"the server {url} does not serve the adapter {name!r}; it serves "
+                            f"{', '.join(map(repr, adapters)) + ' as adapters' if adapters else 'no adapter'}", where=where,
+                            hint=f"start it with --enable-lora --lora-modules {name}=<adapter directory>, or name an adapter it serves")
+        if parents[name] is not None and parents[name] != served:
+            raise UserError(f"the server {url} serves the adapter {name!r} on {parents[name]!r}, not on {served!r}", where=where,
+                            hint=f"give the node the adapter's base as its model, or an adapter of {served!r}")
 
 
 def _priority_taken(client: httpx.Client, endpoint: Endpoint) -> int | None:
