@@ -234,10 +234,15 @@ def test_metrics_url():
         metrics_url("host:8000/v1")
 
 
-def test_scrape_reads_a_page_and_is_none_for_http_errors():
+def test_scrape_reads_a_page_stamped_when_its_answer_came_and_is_none_for_http_errors():
+    """The snapshot's time is when the server's answer came back (the clock read after the request),
+    not when it was asked: the batch's first tokens seen while the page was on its way are in it."""
     page = vllm_page(ONE_ENGINE)
+    clock = iter([4.0, 5.0, 6.0])
+    asked: list[float] = []
 
     def server(request: httpx.Request) -> httpx.Response:
+        asked.append(len(asked))
         if request.url.host == "down":
             raise httpx.ConnectError("connection refused", request=request)
         if request.url.path != "/metrics":
@@ -245,7 +250,11 @@ def test_scrape_reads_a_page_and_is_none_for_http_errors():
         return httpx.Response(200, text=page, headers={"content-type": "text/plain; version=0.0.4"})
 
     with httpx.Client(transport=httpx.MockTransport(server)) as client:
-        snapshot = scrape(client, "http://up:8000/metrics", at_s=4.0)
+        def answered_at() -> float:
+            assert asked, "the clock is read before the server was asked"
+            return next(clock)
+
+        snapshot = scrape(client, "http://up:8000/metrics", answered_at)
         assert snapshot is not None and snapshot.at_s == 4.0 and snapshot.running == 3
-        assert scrape(client, "http://up:8000/v1/metrics", at_s=4.0) is None
-        assert scrape(client, "http://down:8000/metrics", at_s=4.0) is None
+        assert scrape(client, "http://up:8000/v1/metrics", answered_at) is None
+        assert scrape(client, "http://down:8000/metrics", answered_at) is None

@@ -308,7 +308,7 @@ class EndpointEngine:
         url = metrics_url(self.endpoint.url)
         loop = asyncio.get_running_loop()
         while True:
-            snapshot = await loop.run_in_executor(None, scrape, self._metrics, url, time.monotonic())
+            snapshot = await loop.run_in_executor(None, scrape, self._metrics, url, time.monotonic)
             now = time.monotonic()
             silent_s = max((now - at for at in self._last_token_at.values()), default=0.0)
             with self._lock:
