@@ -225,19 +225,11 @@ def test_a_chain_behind_a_node_on_servers_waits_for_it_and_one_lost_server_does_
 
 
 ADAPTER_NODES = """
-inputs:
-  questions: {path: questions.parquet, id_column: id}
+inputs: {questions: {path: questions.parquet, id_column: id}}
 nodes:
-  base:
-    model: served-model
-    prompt: "{{ question }}"
-  tuned:
-    model: served-model
-    adapter: %s
-    prompt: "{{ question }}"
-endpoints:
-  served-model:
-    urls: [%s]
+  base: {model: served-model, prompt: "{{ question }}"}
+  tuned: {model: served-model, adapter: %s, prompt: "{{ question }}"}
+endpoints: {served-model: {urls: [%s]}}
 """
 
 
