@@ -221,8 +221,8 @@ TARGETS = GuardTargets.from_slo(LatencySlo(ttft_p99_s=1.0, itl_p99_s=0.1), 0.75,
 
 
 def evidence(ttft_s: float | None = 0.5, itl_s: float | None = 0.05, *, ttft_count: float = 10, itl_count: float = 200,
-             itl_bucket: tuple[float, float] | None = None, **fields) -> WindowEvidence:
-    latency = WindowLatency(ttft_s, itl_s, ttft_count, itl_count, exactly(ttft_s), itl_bucket or exactly(itl_s))
+             ttft_bucket: tuple[float, float] | None = None, itl_bucket: tuple[float, float] | None = None, **fields) -> WindowEvidence:
+    latency = WindowLatency(ttft_s, itl_s, ttft_count, itl_count, ttft_bucket or exactly(ttft_s), itl_bucket or exactly(itl_s))
     base = dict(basis=SERVER_METRICS, span_s=10.0, latency=latency, online_seen=True, preempted=False, kv_usage=0.3, waiting=0.0,
                 queue_held=False, running=4.0, silent_s=0.0, idle_s=0.0)
     return WindowEvidence(**{**base, **fields})
@@ -251,6 +251,10 @@ def evidence(ttft_s: float | None = 0.5, itl_s: float | None = 0.05, *, ttft_cou
     # vLLM's inter-token bucket of 50-150 ms around the 100 ms target: over only if all of it is
     (evidence(itl_s=0.12, itl_bucket=(0.05, 0.15)), Verdict.HOLD),
     (evidence(itl_s=0.16, itl_bucket=(0.15, 0.2)), Verdict.CUT),
+    # a first-token bucket that holds the 1 s target (as vLLM's 1.0-2.5 s held coserve's 2.14 s), the p99 interpolated
+    # near its top (3 first tokens, the slowest in it): a guess, so an ease-off, not a cut (nor a hold back at 1)
+    (evidence(ttft_s=2.455, ttft_count=3, ttft_bucket=(0.75, 2.5)), Verdict.EASE),
+    (evidence(ttft_s=2.6, ttft_count=3, ttft_bucket=(2.5, 5.0)), Verdict.CUT),
 ])
 def test_verdicts_on_exact_evidence(case, verdict):
     assert judge(case, TARGETS, GuardPolicy()) is verdict
