@@ -241,9 +241,8 @@ def scrape(client: httpx.Client, url: str, clock: Callable[[], float]) -> Metric
     The time is the answer's, not the question's: the page counts what the server had seen when it
     wrote it, and the batch's own first tokens the client saw while the answer was on its way (a
     loaded server on one slow core can take a second) are in its histograms. Stamped when asked,
-    those first tokens fall into the next stretch and stay in this one's count as online requests':
-    a coserve run read an online p99 TTFT of 2.45 s beside one batch request, where the online
-    clients' worst in any 30 s window was 1.3 s, and held the batch at 0-1 for the whole run."""
+    those first tokens would fall into the next stretch and stay in this one's count as online
+    requests'."""
     import httpx  # the engine layer's HTTP client; only a scrape needs it
 
     try:
