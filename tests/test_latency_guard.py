@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from batchllm.core.latency_slo import LatencySlo
-from batchllm.engines.endpoint.guard_evidence import WindowEvidence, judge
+from batchllm.engines.endpoint.guard_evidence import WindowEvidence, excess, judge
 from batchllm.engines.endpoint.guard_policy import TRANSITIONS, GuardPhase, GuardPolicy, Levels, Verdict
 from batchllm.engines.endpoint.guard_targets import SERVER_METRICS, GuardReading, GuardTargets
 from batchllm.engines.endpoint.latency_guard import LatencyGuard
@@ -252,12 +252,20 @@ def evidence(ttft_s: float | None = 0.5, itl_s: float | None = 0.05, *, ttft_cou
     (evidence(itl_s=0.12, itl_bucket=(0.05, 0.15)), Verdict.HOLD),
     (evidence(itl_s=0.16, itl_bucket=(0.15, 0.2)), Verdict.CUT),
     # a first-token bucket that holds the 1 s target (as vLLM's 1.0-2.5 s held coserve's 2.14 s), the p99 interpolated
-    # near its top (3 first tokens, the slowest in it): a guess, so an ease-off, not a cut (nor a hold back at 1)
-    (evidence(ttft_s=2.455, ttft_count=3, ttft_bucket=(0.75, 2.5)), Verdict.EASE),
-    (evidence(ttft_s=2.6, ttft_count=3, ttft_bucket=(2.5, 5.0)), Verdict.CUT),
+    # near its top (3 first tokens, the slowest in it): a cut, but no sure excess to hold back on (below)
+    (evidence(ttft_s=2.455, ttft_count=3, ttft_bucket=(0.75, 2.5)), Verdict.CUT),
 ])
 def test_verdicts_on_exact_evidence(case, verdict):
     assert judge(case, TARGETS, GuardPolicy()) is verdict
+
+
+def test_only_a_first_token_p99_over_the_target_for_sure_is_a_sure_excess():
+    """A p99 interpolated inside a bucket that holds the target cuts, but holds nothing back for long;
+    one whose whole bucket is over it does both."""
+    guess, sure = evidence(ttft_s=2.455, ttft_count=3, ttft_bucket=(0.75, 2.5)), evidence(ttft_s=2.6, ttft_count=3, ttft_bucket=(2.5, 5.0))
+    assert excess(guess, TARGETS, GuardPolicy()) == "online p99 TTFT 2.46 s over its target 1.00 s"
+    assert excess(guess, TARGETS, GuardPolicy(), sure=True) is None
+    assert excess(sure, TARGETS, GuardPolicy(), sure=True) == "online p99 TTFT 2.60 s over its target 1.00 s"
 
 
 def test_every_guarding_phase_has_a_rule_for_every_verdict_and_the_rules_change_levels_as_named():

@@ -6,9 +6,10 @@ histograms less the batch's own timings; inter-token from the batch's own gaps b
 requests), whether online requests were there at all, and the server's own signs of overload.
 `judge` turns evidence into a `Verdict`.
 
-Invariant: growth needs positive evidence, and a cut sure evidence of an excess (a p99 over its
-target for sure, its whole histogram bucket over it, or a silence); a p99 interpolated over its
-ease bound inside a bucket that holds the target eases off by one. A window grows the batch only when it holds enough
+Invariant: growth needs positive evidence, and a cut evidence of an excess (a first-token p99 over
+its target interpolated in its bucket: there is nothing surer of it; an inter-token one for sure,
+or a silence). What holds the batch back for long (`sure`) needs the first-token p99's whole
+bucket over the target. A window grows the batch only when it holds enough
 online observations under the growth bounds, or shows the server with no request but the
 batch's in every snapshot. Silence is not room: online requests on the server with too few
 observations of them hold the level, and the batch's own streams going without a token while
@@ -62,18 +63,18 @@ class WindowEvidence:
         return self.preempted or self.queue_held
 
 
-def excess(evidence: WindowEvidence, targets: GuardTargets, policy: GuardPolicy, *, ease: bool = False) -> str | None:
+def excess(evidence: WindowEvidence, targets: GuardTargets, policy: GuardPolicy, *, ease: bool = False,
+           sure: bool = False) -> str | None:
     """What in the evidence is over its target (`ease`: over its ease bound), in words; None: nothing.
-    Over a target means over it for sure: a p99 from a histogram only when the whole bucket it lies
-    in is over (its interpolation inside a bucket that holds the target is a guess); over an ease
-    bound, interpolated is enough. A silence of the batch's streams beside online requests counts as
-    a gap at least that long; the server's preemptions, queue and KV use count too."""
+    A first-token p99 counts as interpolated in its bucket (`sure`: only when its whole bucket is
+    over), an inter-token one only when it is over for sure, a silence of the batch's streams beside
+    online requests as a gap at least that long; the server's preemptions, queue and KV use count too."""
     latency, t = evidence.latency, targets
     ttft_bound, itl_bound = (t.ttft_ease_over_s, t.itl_ease_over_s) if ease else (t.ttft_target_s, t.itl_target_s)
     silent_s = evidence.silent_s if evidence.online_seen else None
     bound = "ease bound" if ease else "target"
-    ttft_over = (_above(latency.ttft_p99_s, ttft_bound) if ease
-                 else _surely_above(latency.ttft_p99_s, latency.ttft_p99_bucket_s, ttft_bound))
+    ttft_over = (_surely_above(latency.ttft_p99_s, latency.ttft_p99_bucket_s, ttft_bound) if sure
+                 else _above(latency.ttft_p99_s, ttft_bound))
     if ttft_over:
         assert latency.ttft_p99_s is not None and ttft_bound is not None
         return f"online p99 TTFT {latency.ttft_p99_s:.2f} s over its {bound} {ttft_bound:.2f} s"
@@ -248,9 +249,9 @@ def _surely_above(p99_s: float | None, bucket_s: tuple[float, float] | None, bou
     (lower, upper] is. vLLM's buckets are wide where targets lie (first tokens 1.0-2.5 s and
     0.1-0.25 s, token gaps 25-50 ms and 100-150 ms), and an interpolated p99 of a few observations
     sits near its bucket's top: with 3 first tokens and the slowest in (1.0, 2.5], 2.455 s whatever
-    that token's time. Cut on it, the guard read "online p99 TTFT 2.45 s over its target 2.14 s"
-    beside one batch request in coserve (a) runs where the online clients' worst 30 s window was
-    1.3 s, and held the batch at 0-1 for the whole run."""
+    that token's time. Held back on it, the guard read "online p99 TTFT 2.45 s over its target
+    2.14 s" beside one batch request in coserve (a) runs where the online clients' worst 30 s window
+    was 1.3 s, and kept the batch at 0-1 for the whole run."""
     if bucket_s is None or bucket_s[0] == bucket_s[1]:
         return _above(p99_s, bound_s)
     return bound_s is not None and bucket_s[0] >= bound_s

@@ -272,14 +272,16 @@ class LatencyGuard:
             self._set_level(allowed, now_s)
 
     def _one_was_too_many(self, level: WindowEvidence | None) -> str | None:
-        """What the level at 1 showed over a target itself, when the batch had exactly 1 on the server
-        at every scrape since it was set that showed online requests (on the server's metrics: not a
-        higher level's harm, nor the online traffic's own with no batch); None otherwise."""
+        """What the level at 1 showed over a target itself for sure (a first-token p99's whole bucket
+        over it: held back on one interpolated near a wide bucket's top, the batch sat at 0-1 for whole
+        runs), when the batch had exactly 1 on the server at every scrape since it was set that showed
+        online requests (on the server's metrics: not a higher level's harm, nor the online traffic's
+        own with no batch); None otherwise."""
         if level is None or level.basis != SERVER_METRICS or not level.online_seen or self._targets is None:
             return None
         if self._history.batch_beside_online(self._level_since_s) != {1}:
             return None
-        return excess(level, self._targets, self.policy)
+        return excess(level, self._targets, self.policy, sure=True)
 
     def _may_grow(self, level: WindowEvidence | None) -> bool:
         """Growth also needs: metrics still there if they ever were, the batch using all it was allowed
