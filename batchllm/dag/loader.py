@@ -304,8 +304,7 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
             task=task,
             nearest_read=nearest_read,
             pair=templates["pair"].source if "pair" in templates else None,
-            adapter=_adapter_path(node, path, task),
-            adapter_name=node.mapping.get("adapter") if isinstance(node.mapping.get("adapter"), str) else None,
+            **_adapter(node, path, task),
         )
         parsed[name] = (node, spec, names)
     for name, (node, spec, _) in parsed.items():
@@ -327,14 +326,14 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
     return {name: spec for name, (_, spec, _) in parsed.items()}
 
 
-def _adapter_path(node: _Section, path: Path, task: ModelTask) -> str | None:
-    """`adapter:`, a LoRA adapter directory (relative to the DAG file), on a generation node (on a
-    model served from endpoints: the adapter's name on the servers)."""
+def _adapter(node: _Section, path: Path, task: ModelTask) -> dict[str, str | None]:
+    """`adapter:` on a generation node, as NodeSpec holds it: the LoRA adapter directory (relative to
+    the DAG file) and the value as written (on a model served from endpoints: its name there)."""
     adapter = node.get("adapter", str, None, check=bool, expect="a LoRA adapter directory (on endpoints: its name there)")
     if adapter is not None and task is not ModelTask.GENERATE:
         node.fail("adapter", f"{node.where}.adapter: a LoRA adapter applies to a generation node, not to one with `task: {task.value}`",
                   "drop `adapter:`, or give it a node that generates")
-    return None if adapter is None else str((path.parent / adapter).resolve())
+    return {"adapter": None if adapter is None else str((path.parent / adapter).resolve()), "adapter_name": adapter}
 
 
 def _check_graph(path: Path, nodes: dict[str, NodeSpec]) -> None:

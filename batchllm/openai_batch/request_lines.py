@@ -29,13 +29,13 @@ from batchllm.core.requests import Message
 from batchllm.core.sampling import SAMPLING_KEYS, SamplingError, SamplingSpec, sampling_from, sampling_mapping
 from batchllm.engines.constraints import check_constraint
 from batchllm.models.embedded import EMBEDDED_MODELS
+from batchllm.openai_batch.batch_dag import POOLING_TASKS
 from batchllm.openai_batch.model_map import split_local
 
 CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, SCORE_URL, RERANK_URL = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings",
                                                                     "/score", "/rerank")
 KINDS = {CHAT_URL: "chat", COMPLETIONS_URL: "completion", EMBEDDINGS_URL: "embedding", SCORE_URL: "score", "/v1/score": "score",
          RERANK_URL: "rerank", "/v1/rerank": "rerank", "/v2/rerank": "rerank"}
-POOLING_KINDS = ("embedding", "score", "rerank")
 ITEM_SEPARATOR = "\x1f"  # a pooling line's requests are `custom_id<US>k`: no custom_id may hold it
 DEFAULT_CHAT_MAX_TOKENS = 256
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -119,7 +119,7 @@ def parse_line(text: str, line: int, models: Mapping[str, str]) -> LineRecord:
         if local is None:
             raise LineError("model_not_found", f"model {model!r} is not mapped to a local model; map it with --model {model}=<local model>")
         kind = KINDS[url]
-        if kind in POOLING_KINDS and split_local(local)[1] is not None:
+        if kind in POOLING_TASKS and split_local(local)[1] is not None:
             raise LineError("invalid_request", f"model {model!r} is mapped to a LoRA adapter, which applies to chat and completion "
                                                f"lines, not to {url} lines")
         if kind == "embedding":

@@ -103,7 +103,7 @@ def output_line(row: dict, digest: str, created: int, incomplete: str | None) ->
     line = {"id": f"batch_req_{ids[:32]}", "custom_id": row["custom_id"], "response": None, "error": None}
     if row["error_code"] is not None:
         line["error"] = {"code": row["error_code"], "message": row["error_message"]}
-    elif (row["row_id"] if row["items"] is None else row["results"] if row["results"] == row["items"] else None) is None:
+    elif not _has_result(row):
         why = f": {incomplete}" if incomplete else ""
         line["error"] = {"code": "not_completed", "message": f"line {row['line']}: no result yet{why}; "
                                                               "run the same command again to resume"}
@@ -112,6 +112,11 @@ def output_line(row: dict, digest: str, created: int, incomplete: str | None) ->
     else:
         line["response"] = {"status_code": 200, "request_id": f"req_{ids[32:]}", "body": _body(row, ids, created)}
     return line
+
+
+def _has_result(row: dict) -> bool:
+    """The line's result is all there: a chat's or a completion's row, a pooling line's every request's."""
+    return row["row_id"] is not None if row["items"] is None else row["results"] == row["items"]
 
 
 def _failure(row: dict) -> str | None:
@@ -123,19 +128,8 @@ def _failure(row: dict) -> str | None:
 
 
 def _body(row: dict, ids: str, created: int) -> dict:
-    prompt = row["prompt_tokens"]
-    usage = {"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0, "prompt_tokens_details": None}
-    if row["kind"] == "embedding":  # vLLM's EmbeddingResponse, as its run-batch writes it
-        return {"id": f"embd-{ids[:24]}", "object": "list", "created": created, "model": row["model"],
-                "data": [{"index": k, "object": "embedding", "embedding": vector} for k, vector in enumerate(row["vectors"])],
-                "usage": usage}
-    if row["kind"] == "score":  # vLLM's ScoreResponse, as its run-batch writes it
-        return {"id": f"score-{ids[:24]}", "object": "list", "created": created, "model": row["model"],
-                "data": [{"index": k, "object": "score", "score": score} for k, score in enumerate(row["scores"])], "usage": usage}
-    if row["kind"] == "rerank":  # vLLM's RerankResponse: the documents by relevance, best first, the best top_n
-        ranked = sorted(range(len(row["scores"])), key=lambda k: -row["scores"][k])[:row["top_n"] or None]
-        return {"id": f"rerank-{ids[:24]}", "model": row["model"], "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
-                "results": [{"index": k, "document": {"text": row["pairs"][k]}, "relevance_score": row["scores"][k]} for k in ranked]}
+    if row["items"] is not None:
+        return _pooling_body(row, ids, created)
     texts = row["texts"] or [row["text"]]
     chat = row["kind"] == "chat"
     choices = [{"index": k, **({"message": {"role": "assistant", "content": text}} if chat else {"text": text}),
@@ -145,6 +139,23 @@ def _body(row: dict, ids: str, created: int) -> dict:
     return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{ids[:24]}", "object": "chat.completion" if chat else "text_completion",
             "created": created, "model": row["model"], "choices": choices,
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
+
+
+def _pooling_body(row: dict, ids: str, created: int) -> dict:
+    """An embedding, score or rerank line's body, as vLLM's run-batch writes it."""
+    prompt = row["prompt_tokens"]
+    usage = {"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0, "prompt_tokens_details": None}
+    if row["kind"] == "embedding":  # vLLM's EmbeddingResponse
+        return {"id": f"embd-{ids[:24]}", "object": "list", "created": created, "model": row["model"],
+                "data": [{"index": k, "object": "embedding", "embedding": vector} for k, vector in enumerate(row["vectors"])],
+                "usage": usage}
+    if row["kind"] == "score":  # vLLM's ScoreResponse
+        return {"id": f"score-{ids[:24]}", "object": "list", "created": created, "model": row["model"],
+                "data": [{"index": k, "object": "score", "score": score} for k, score in enumerate(row["scores"])], "usage": usage}
+    # vLLM's RerankResponse: the documents by relevance, best first, the best top_n
+    ranked = sorted(range(len(row["scores"])), key=lambda k: -row["scores"][k])[:row["top_n"] or None]
+    return {"id": f"rerank-{ids[:24]}", "model": row["model"], "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
+            "results": [{"index": k, "document": {"text": row["pairs"][k]}, "relevance_score": row["scores"][k]} for k in ranked]}
 
 
 def _logprobs(tokens: list[dict] | None) -> dict | None:
