@@ -126,21 +126,30 @@ def test_online_requests_longer_than_the_window_never_see_more_than_one_batch_re
     assert max(beside.batch_while_online) <= 1
 
 
-def test_where_one_batch_request_beside_online_ones_is_too_many_the_batch_keeps_off_them_until_a_lull():
+def test_where_one_batch_request_beside_online_ones_is_too_many_the_batch_keeps_off_them_and_tries_again_ever_later():
     """A cut from 1 to 0 on the level's own evidence, the batch at exactly 1 beside online requests:
-    held back. No try a window later (each broke a window: the old guard ran beside online
-    requests in a quarter of their steps here); the batch runs only while no online request is on
-    the server, and progress says why."""
+    held back. No try a window later (each broke a window: the old guard ran beside online requests
+    in a quarter of their steps here), nor never again (one sure excess early held whole runs back):
+    one try at 1 after 60 s, 120 s, 240 s, 480 s of holding, each back to held within a window and
+    its judging; the batch otherwise runs only while no online request is on the server, and
+    progress says why."""
+    scenario = Scenario(ONE_SLOW_CORE, tuple(0.5 + 15.0 * k for k in range(70)), online_tokens=100)
     guard = LatencyGuard(None, 64)
-    beside = run(CROWDED_SLOW_CORE, guard, 300.0)
-    held_at = min(at for at, phase in beside.phases if phase is GuardPhase.HELD)
-    assert held_at < 120.0 and guard.phase is GuardPhase.HELD
-    assert any(allowed == 1 for at, allowed in beside.allowed if at > held_at)  # the trickle, in a lull
-    after = [batch for at, batch in zip(beside.online_steps_at, beside.batch_while_online) if at > held_at]
-    assert len(after) > 500 and sum(1 for batch in after if batch) <= len(after) // 100 and max(after) <= 1
-    described = guard.reading(300.0).describe()
-    assert described.startswith("held back (online p99 ") and \
-        " beside one batch request; 1 in flight only while no online request runs, until a lull); in flight <= " in described
+    beside = run(scenario, guard, 1050.0)
+    changes = [(at, phase) for (at, phase), (_, before) in zip(beside.phases[1:], beside.phases) if phase is not before]
+    holds = [at for at, phase in changes if phase is GuardPhase.HELD]
+    tries = [at for at, phase in changes if phase is GuardPhase.SLOW_START and at > holds[0]]
+    assert holds[0] < 120.0 and guard.phase is GuardPhase.HELD and len(holds) == len(tries) + 1 == 5
+    policy = GuardPolicy()
+    for k, (held_at, tried_at, held_again_at) in enumerate(zip(holds, tries, holds[1:])):
+        assert tried_at - held_at == pytest.approx(policy.held_retry_s * 2 ** k, abs=0.5)
+        assert held_again_at - tried_at <= policy.window_s + 2 * policy.judge_after_s + 2.0
+    assert any(allowed == 1 for at, allowed in beside.allowed if at > holds[0])  # the trickle, in a lull
+    after = [batch for at, batch in zip(beside.online_steps_at, beside.batch_while_online) if at > holds[0]]
+    assert len(after) > 5000 and sum(1 for batch in after if batch) <= len(after) * 4 // 100 and max(after) <= 1
+    described = guard.reading(1050.0).describe()
+    assert described.startswith("held back (online p99 ") and (" beside one batch request; 1 in flight only while no online "
+                                                                 "request runs, until a lull or a try beside them); in flight <= ") in described
 
 
 def test_with_an_slo_the_crowded_slow_core_sees_at_most_one_batch_request_and_seldom_that():
@@ -153,11 +162,12 @@ def test_with_an_slo_the_crowded_slow_core_sees_at_most_one_batch_request_and_se
 
 
 def test_a_guard_held_back_grows_again_after_a_lull_and_drops_to_0_when_online_requests_return():
-    """Held back beside the crowded slow core's online answers; none from 120.5 to 300 s: once the
-    last answer is `lull_s` behind, the batch starts again and grows on the idle server; one comes
+    """Held back beside the crowded slow core's online answers (its try after 60 s held back again);
+    none from 150.5 to 300 s: once the last answer is `lull_s` behind, before the next try, the
+    batch starts again and grows on the idle server; one comes
     at 300.5 s, and the first scrape that shows it takes the batch back to 0 (the level last judged
     beside them), not to half the lull's level."""
-    scenario = Scenario(ONE_SLOW_CORE, tuple(0.5 + 15.0 * k for k in range(9)) + (300.5, 315.5, 330.5), online_tokens=100)
+    scenario = Scenario(ONE_SLOW_CORE, tuple(0.5 + 15.0 * k for k in range(11)) + (300.5, 315.5, 330.5), online_tokens=100)
     guard = LatencyGuard(None, 64)
     trace = run(scenario, guard, 350.0)
     held = [at for at, phase in trace.phases if phase is GuardPhase.HELD]

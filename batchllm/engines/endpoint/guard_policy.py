@@ -27,6 +27,12 @@ class GuardPolicy:
     # gaps between light online arrivals, the batch met the next ones at 8-13 in flight: their first-token
     # p99 1.91x, inter-token 1.33-1.49x of alone (coserve matrix, second run, (c) and (e), 2026-11-28).
     lull_s: float = 45.0
+    # Held back beside online requests, one try at 1 beside them again after this, doubled at each hold in
+    # a row up to `max_held_retry_s`: held on one sure excess early in a light phase, the batch sat at 0-1
+    # for a whole 270 s run whose later light phase had room for 5-7 (coserve (a), 90 s phases,
+    # 2026-11-28); a try costs at most one window of the online traffic beside one batch request.
+    held_retry_s: float = 60.0
+    max_held_retry_s: float = 960.0
     # The online traffic alone, before any batch request: 8 s held a light load's ~10 first tokens.
     baseline_s: float = 8.0
     # Observations a p99 needs before the guard grows on it (5 online first tokens: a p99 of fewer
@@ -59,6 +65,9 @@ class GuardPolicy:
         if not self.window_s <= self.lull_s <= self.max_window_s:
             raise ValueError(f"lull_s must be in [window_s {self.window_s!r}, max_window_s {self.max_window_s!r}] (the history "
                              f"keeps max_window_s), got {self.lull_s!r}")
+        if not self.window_s <= self.held_retry_s <= self.max_held_retry_s:
+            raise ValueError(f"need window_s {self.window_s!r} <= held_retry_s <= max_held_retry_s, got held_retry_s "
+                             f"{self.held_retry_s!r}, max_held_retry_s {self.max_held_retry_s!r}")
         if not self.judge_after_s <= self.window_s:
             raise ValueError(f"judge_after_s must be in (0, window_s {self.window_s!r}] (a level is judged inside the window), "
                              f"got {self.judge_after_s!r}")
@@ -76,7 +85,8 @@ class GuardPolicy:
 class GuardPhase(enum.Enum):
     BASELINE = "measuring baseline"  # 0 in flight: what the online traffic shows alone
     WAITING = "waiting"  # over target (or saturated) alone: 0 in flight, 1 while no online request is there
-    HELD = "held back"  # one batch request beside online ones broke a target: 0 beside them, 1 while none is there
+    HELD = "held back"  # one batch request beside online ones broke a target: 0 beside them, 1 while none is there,
+    # one try beside them after a backoff
     SLOW_START = "slow start"  # guarding; growth doubles
     STEADY = "guarding"  # guarding; growth adds one, an excess eases off by one
     DRAINING = "draining a cut"  # a cut: until the batch is down to its allowance

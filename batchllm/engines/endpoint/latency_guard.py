@@ -15,11 +15,13 @@ Phases (`GuardPhase`; the rules and their numbers in `guard_policy.py`):
   at 1 with an SLO; without one, a new BASELINE (an overloaded server's latency is no baseline).
 - HELD, when even one batch request beside online requests broke a target (a cut to 0 with online
   requests there): as WAITING, 0 in flight while online requests are on the server and 1 while
-  none is, until a lull (`lull_s` without online requests: nobody to harm); then SLOW_START
-  at 1, and when online requests come back the level last judged beside them, 0, and one more
-  try a window later. At most one try beside online requests per lull: a probe a window, as at 0
-  otherwise, harmed every window where one batch request is too many (one slow core, online
-  answers longer than the window).
+  none is, until a lull (`lull_s` without online requests: nobody to harm) or a backoff
+  (`held_retry_s`, doubled at each hold in a row up to `max_held_retry_s`); then SLOW_START at 1.
+  After a lull, when online requests come back, the level last judged beside them, 0, and one more
+  try a window later. A probe a window, as at 0 otherwise, harmed every window where one batch
+  request is too many (one slow core, online answers longer than the window); never trying again
+  held a whole run back on one sure excess early in it. The backoff's count in a row ends when the
+  batch is judged at 2 beside online requests.
 - SLOW_START and STEADY, guarding: at each new snapshot (without metrics: each new timing), the
   window since the last cut took effect and the stretch since the level was set give a `Verdict`
   (`guard_evidence.judge`), and `TRANSITIONS` the next phase and allowance. Growth needs positive
@@ -78,6 +80,8 @@ class LatencyGuard:
         self._capacity_running: float | None = None  # running requests when the server was last seen full
         self._beside_online = 1  # the last allowance judged beside online requests (growth in a lull is not)
         self._first_call_s = math.inf  # when the caller first asked or told anything
+        self._holds_in_a_row = 0  # HELD's backoff: `held_retry_s` x 2 ** (this - 1)
+        self._held_since_s = -math.inf
 
     # -- what the caller tells and asks
 
@@ -225,11 +229,19 @@ class LatencyGuard:
             self._why_waiting = why
 
     def _hold(self, now_s: float) -> None:
-        """HELD: 1 only while no online request is on the server; out after a lull."""
+        """HELD: 1 only while no online request is on the server; out after a lull (the backoff's count
+        starts again) or, to try 1 beside them once more, after the backoff."""
         level = self._trickle(now_s)
-        if level is not None and level.idle(self.policy):
+        lull = level is not None and level.idle(self.policy)
+        if lull or now_s - self._held_since_s >= self._held_retry_s():
             self.phase, self._why_waiting = GuardPhase.SLOW_START, None
+            self._holds_in_a_row = 0 if lull else self._holds_in_a_row
+            self._beside_online = 0 if lull else 1  # back to 0 when they come after a lull; a try is beside them
+            self._cut_settled_s = now_s  # judged on itself, not on the hold's windows
             self._set_level(1, now_s)
+
+    def _held_retry_s(self) -> float:
+        return min(self.policy.max_held_retry_s, self.policy.held_retry_s * 2 ** max(0, self._holds_in_a_row - 1))
 
     def _decide(self, now_s: float) -> None:
         assert self.phase in GUARDING_PHASES and self._targets is not None
@@ -254,7 +266,7 @@ class LatencyGuard:
             if since_cut.queue_held:
                 self._capacity_running = since_cut.running
             self.phase, self._why_waiting, self._beside_online = GuardPhase.HELD, f"{why} beside one batch request", 0
-            self._cut_settled_s = now_s
+            self._cut_settled_s, self._held_since_s, self._holds_in_a_row = now_s, now_s, self._holds_in_a_row + 1
             self._set_level(0, now_s)
             return
         self.phase = phase
@@ -264,6 +276,8 @@ class LatencyGuard:
         beside = level is not None and level.online_seen and level.latency.ttft_count > 0 and not grown_in_a_lull
         if beside or verdict is Verdict.RETURN or (verdict is Verdict.CUT and (self._history.others_now(now_s) or 0) > 0):
             self._beside_online = allowed
+            if beside and self._allowed >= 2:  # 2 judged harmless beside them: no backoff left to double
+                self._holds_in_a_row = 0
         if phase is GuardPhase.DRAINING:
             if since_cut.queue_held:
                 self._capacity_running = since_cut.running
@@ -276,12 +290,13 @@ class LatencyGuard:
         over it: held back on one interpolated near a wide bucket's top, the batch sat at 0-1 for whole
         runs), when the batch had exactly 1 on the server at every scrape since it was set that showed
         online requests (on the server's metrics: not a higher level's harm, nor the online traffic's
-        own with no batch); None otherwise."""
+        own with no batch); None otherwise. A try after a hold needs no sure excess: its backoff
+        doubles, where a cut to 0 would probe again a window later."""
         if level is None or level.basis != SERVER_METRICS or not level.online_seen or self._targets is None:
             return None
         if self._history.batch_beside_online(self._level_since_s) != {1}:
             return None
-        return excess(level, self._targets, self.policy, sure=True)
+        return excess(level, self._targets, self.policy, sure=self._holds_in_a_row == 0)
 
     def _may_grow(self, level: WindowEvidence | None) -> bool:
         """Growth also needs: metrics still there if they ever were, the batch using all it was allowed
