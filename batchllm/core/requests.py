@@ -8,10 +8,11 @@ than as frozen dataclasses (measured on this project's records).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, NamedTuple
 
+from batchllm.core.images import ImageSource
 from batchllm.core.output_constraint import OutputConstraint
 from batchllm.core.sampling import DEFAULT_SAMPLING, SamplingSpec
 
@@ -35,6 +36,7 @@ class EngineRequest(NamedTuple):
     messages: tuple[Message, ...] | None = None  # a whole conversation (then `prompt` and `system` are unused)
     pair: str | None = None  # a score request's second text (`prompt` is its first): the result is their vectors' cosine
     adapter: str | None = None  # a LoRA adapter the request runs with, on the model as its base: its directory (on a server: its name there)
+    images: tuple[ImageSource, ...] = ()  # images before the user message's text (see core.images); a vision-language model's
 
     @property
     def max_tokens(self) -> int:
@@ -47,13 +49,21 @@ class EngineRequest(NamedTuple):
     def with_token_ids(self, token_ids: Sequence[int]) -> "EngineRequest":
         """This request with its prompt's token ids (positional: `_replace` costs twice as much)."""
         return EngineRequest(self.request_id, self.prompt, self.system, self.chat, self.sampling, tuple(token_ids), self.output,
-                             self.messages, self.pair, self.adapter)
+                             self.messages, self.pair, self.adapter, self.images)
 
     def chat_messages(self) -> list[dict[str, str]]:
-        """The chat as the model's chat template takes it."""
+        """The chat as the model's chat template takes it (its images aside: see `content_parts`)."""
         if self.messages is not None:
             return [{"role": role, "content": content} for role, content in self.messages]
         return ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": self.prompt}]
+
+    def content_parts(self, image_part: Callable[[int], dict]) -> list[dict]:
+        """The chat with the user message as OpenAI content parts: its images (`image_part(k)` for
+        the k-th, from 1), then its text."""
+        messages: list[dict] = list(self.chat_messages())
+        parts = [image_part(k) for k in range(1, len(self.images) + 1)] + [{"type": "text", "text": self.prompt}]
+        messages[-1] = {"role": "user", "content": parts}
+        return messages
 
 
 class ModelTask(str, Enum):

@@ -224,7 +224,7 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
         top.fail("nodes", "the DAG declares no nodes", "add at least one LLM stage under `nodes:`")
     section = _Section(path, raw, "nodes", top.line("nodes"), set(raw))
     allowed = {"model", "adapter", "task", "input", "prompt", "pair", "system", "messages", "chat", "sampling", "where", "iterate",
-               "output"}
+               "output", "images"}
     parsed: dict[str, tuple[_Section, NodeSpec, set[str]]] = {}
     for name, body in raw.items():
         _check_name(section, name, "node")
@@ -268,6 +268,9 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
                 where = f"{path}, nodes.{name}.{key}" if first_line else f"nodes.{name}.{key}"
                 templates[key] = compile_template(source, where=where, first_line=first_line)
                 names |= templates[key].names
+        images = _images(node, path, task, messages is not None)
+        for source in images:
+            names |= compile_expression(source, where=f"{node.where}.images").names
         locals_ = ITERATION_NAMES | {iterate.item_name} if iterate else frozenset()
         names -= locals_ | ROW_NAMES
         if where_text is not None:
@@ -305,6 +308,8 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
             nearest_read=nearest_read,
             pair=templates["pair"].source if "pair" in templates else None,
             **_adapter(node, path, task),
+            images=images,
+            image_dir=str(_input_folder(inputs[input_name])),
         )
         parsed[name] = (node, spec, names)
     for name, (node, spec, _) in parsed.items():
@@ -334,6 +339,39 @@ def _adapter(node: _Section, path: Path, task: ModelTask) -> dict[str, str | Non
         node.fail("adapter", f"{node.where}.adapter: a LoRA adapter applies to a generation node, not to one with `task: {task.value}`",
                   "drop `adapter:`, or give it a node that generates")
     return {"adapter": None if adapter is None else str((path.parent / adapter).resolve()), "adapter_name": adapter}
+
+
+def _images(node: _Section, path: Path, task: ModelTask, has_messages: bool) -> tuple[str, ...]:
+    """`images:` as expressions: one (`"{{ photo }}"`: a row's image, or its list of images) or a list
+    of them (one image each), shown before the prompt's text in the user message."""
+    if "images" not in node.mapping:
+        return ()
+    value = _plain(node.mapping["images"])
+    items = value if isinstance(value, list) else [value]
+    how = "write `images: \"{{ photo }}\"` (a column of paths, data: URIs or image bytes) or a list of such expressions"
+    sources = []
+    for item in items:
+        text = item.strip() if isinstance(item, str) else ""
+        if not (text.startswith("{{") and text.endswith("}}")) or text.count("{{") != 1:
+            node.fail("images", f"{node.where}.images must be an expression such as \"{{{{ photo }}}}\" or a list of them, got {value!r}", how)
+        sources.append(text[2:-2].strip())
+    if not sources:
+        node.fail("images", f"{node.where}.images is an empty list", how)
+    if task is not ModelTask.GENERATE:
+        node.fail("images", f"{node.where}.images: images go to a generation node, not to one with `task: {task.value}`",
+                  "drop `images:`, or give them to a node that generates with a vision-language model")
+    if has_messages or node.mapping.get("chat") is False:
+        what = "`messages:`" if has_messages else "`chat: false`"
+        node.fail("images", f"{node.where}.images goes with a `prompt:` in the chat (the images come before its text), not with {what}",
+                  "write the user message as `prompt:` (and `system:`), chat on")
+    return tuple(sources)
+
+
+def _input_folder(spec: InputSpec) -> Path:
+    """Where a row's relative image paths start: the input file's folder (a folder input: itself)."""
+    if spec.uri is not None:
+        return Path(".")
+    return spec.path if spec.path.is_dir() else spec.path.parent
 
 
 def _check_graph(path: Path, nodes: dict[str, NodeSpec]) -> None:

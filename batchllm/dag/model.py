@@ -74,6 +74,10 @@ class NodeSpec:
     adapter: str | None = None  # a LoRA adapter directory (absolute) its requests run with, on its `model` as the base
     # `adapter:` as written; on a model served from `endpoints:`, the adapter's name on the servers (their --lora-modules name)
     adapter_name: str | None = None
+    # `images:` as expressions, each a row's image or list of images (see core.images), shown before the
+    # prompt's text; relative paths are taken from `image_dir`, the input file's folder
+    images: tuple[str, ...] = ()
+    image_dir: str = "."
 
     def request_adapter(self, on_servers: bool) -> str | None:
         """What its requests name as their adapter: the directory on engines here, the name on servers."""

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import cast
 
 from batchllm.core.errors import UserError
+from batchllm.core.images import ImageSource, row_images
 from batchllm.core.requests import Message
 from batchllm.dag.model import MessageTemplate, NodeSpec
 from batchllm.dag.templates import PromptTemplate, compile_expression, compile_template, render_checked
@@ -31,6 +33,7 @@ class RenderedPrompt:
     system: str | None
     messages: tuple[Message, ...] | None
     pair: str | None = None  # a score node's second text
+    images: tuple[ImageSource, ...] = ()  # before the user message's text
 
     @property
     def text(self) -> str:
@@ -56,8 +59,18 @@ class NodePrompt:
             self._prompt = compile_template(node.prompt, where=f"{where}.prompt", first_line=None)
             self._system = compile_template(node.system, where=f"{where}.system", first_line=None) if node.system else None
             self._pair = compile_template(node.pair, where=f"{where}.pair", first_line=None) if node.pair is not None else None
+        self._images = tuple(compile_expression(source, where=f"{where}.images") for source in node.images)
+        self._image_dir = Path(node.image_dir)
 
     def render(self, context: dict[str, object], *, where: str) -> RenderedPrompt:
+        rendered = self._render_text(context, where=where)
+        if not self._images:
+            return rendered
+        images = tuple(source for image in self._images
+                       for source in row_images(image.evaluate(context, where=f"{where}.images"), self._image_dir))
+        return RenderedPrompt(rendered.prompt, rendered.system, rendered.messages, rendered.pair, images)
+
+    def _render_text(self, context: dict[str, object], *, where: str) -> RenderedPrompt:
         if self._conversation is not None:
             return RenderedPrompt("", None, conversation_of(self._conversation.evaluate(context, where=where), where=where))
         if self._turns is not None:

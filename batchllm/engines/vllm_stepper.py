@@ -16,12 +16,14 @@ many sequences decoded, and the prefix cache's lookups and hits.
 
 from __future__ import annotations
 
+import io
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from batchllm.core.images import ImageSource, ImageUnreadable, image_bytes
 from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, ModelTask, RequestId, TokenLogprob
 from batchllm.core.sampling import SamplingSpec, request_seed
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
@@ -31,6 +33,25 @@ from batchllm.models.tokens import PromptTokenizer
 
 if TYPE_CHECKING:
     from vllm.outputs import CompletionOutput, PoolingOutput
+
+
+def read_images(sources: tuple[ImageSource, ...]) -> list[Any]:
+    """A request's images as PIL images in RGB (vLLM's multimodal input); ImageUnreadable for the
+    first one that cannot be read or is no image."""
+    if not sources:
+        return []
+    from PIL import Image, UnidentifiedImageError
+
+    images = []
+    for number, source in enumerate(sources, 1):
+        try:
+            with Image.open(io.BytesIO(image_bytes(source, number))) as image:
+                images.append(image.convert("RGB"))
+        except (UnidentifiedImageError, OSError, ValueError) as error:
+            if isinstance(error, ImageUnreadable):
+                raise
+            raise ImageUnreadable(f"image {number} is not an image PIL can read: {error}") from None
+    return images
 
 
 def configure_environment(config: EngineConfig) -> None:
@@ -147,7 +168,9 @@ class VllmStepper:
         self._engine = LLMEngine.from_engine_args(EngineArgs(**options), stat_loggers=[_recorder_factory(self._tally)])
         self._tokenizer = PromptTokenizer(config.model)
         vllm_config = self._engine.vllm_config
-        self._labels = ModelKind.of(Path(config.model)).labels if self._classify else ()
+        kind = ModelKind.of(Path(config.model))
+        self._labels = kind.labels if self._classify else ()
+        self._image_tokens = kind.image_tokens or 1  # the plan's count; vLLM's own replaces it once the request runs
         self._model_dir, self._cross_tokenizer = config.model, None
         cache, scheduler = vllm_config.cache_config, vllm_config.scheduler_config
         self.ready = WorkerReady(
@@ -166,25 +189,35 @@ class VllmStepper:
     def add(self, request: EngineRequest) -> EngineResult | None:
         """Queue a request; a request the engine refuses comes back at once as an error result."""
         from vllm.exceptions import VLLMError
+        from vllm.inputs import TokensPrompt
 
         texts, params = self._engine_texts(request)
-        tokens = sum(len(t) for _, t in texts)
-        longest = max(len(t) for _, t in texts)
+        image_tokens = len(request.images) * (self._image_tokens - 1)  # each image's placeholder expands to its tokens
+        tokens = sum(len(t) for _, t in texts) + image_tokens
+        longest = max(len(t) for _, t in texts) + image_tokens
         if longest > self.ready.max_model_len or (longest == self.ready.max_model_len and not self._pooling):
             return EngineResult.failed(request.request_id, tokens, f"prompt has {longest} tokens, the engine's max_model_len is "
                                                                    f"{self.ready.max_model_len}")
+        try:
+            images = read_images(request.images)
+        except ImageUnreadable as unreadable:
+            return EngineResult.failed(request.request_id, tokens, str(unreadable))
         added: list[str] = []
         try:
             adapter = self._adapter(request.adapter)
             for text_id, text_ids in texts:
-                self._engine.add_request(text_id, {"prompt_token_ids": text_ids}, params, lora_request=adapter)
+                prompt = TokensPrompt(prompt_token_ids=text_ids)
+                if images:
+                    prompt["multi_modal_data"] = {"image": images if len(images) > 1 else images[0]}
+                self._engine.add_request(text_id, prompt, params, lora_request=adapter)
                 added.append(text_id)
         except (VLLMError, ValueError) as exc:  # any other request vLLM refuses
             if added:
                 self._engine.abort_request(added)
             return EngineResult.failed(request.request_id, tokens, str(exc))
         for text_id, text_ids in texts:
-            self._live[text_id] = _LiveRequest.new(request.request_id, len(text_ids), request.sampling, scores=request.pair is not None)
+            self._live[text_id] = _LiveRequest.new(request.request_id, len(text_ids) + image_tokens, request.sampling,
+                                                   scores=request.pair is not None)
         if request.pair is not None and not self._classify:
             self._pairs.submitted(request.request_id)
         return None
@@ -272,6 +305,8 @@ class VllmStepper:
                 elif (scored := self._pairs.half_done(output.request_id, live.request_id, vector, live.prompt_tokens)) is not None:
                     finished.append(scored)
                 continue
+            if not live.decoding and output.prompt_token_ids is not None:  # with images expanded: vLLM's own count
+                live.prompt_tokens = len(output.prompt_token_ids)
             before = live.context() if live.decoding else 0
             for completion in cast("list[CompletionOutput]", output.outputs):  # a generating engine: no PoolingOutput
                 if live.logprobs is not None and completion.index == 0 and completion.logprobs:

@@ -4,7 +4,8 @@ Columns a template reads must exist in the node's input and hold strings; an
 `iterate.over` column must hold lists of strings; a `where:` predicate must bind in
 DuckDB over the input columns and upstream outputs; every model must resolve, and do
 what its nodes ask of it (a generation node needs a model with a language-model head; an
-embed node runs on devices here, with a model whose vector size its files name).
+embed node runs on devices here, with a model whose vector size its files name; a node's
+`images:` read columns of paths, URIs or bytes, for a vision-language model).
 Inputs are opened, not loaded: the checks read their schemas and first row only.
 """
 
@@ -22,6 +23,7 @@ from batchllm.core.requests import ModelTask
 from batchllm.dag.context import nearest_samples, template_context, upstream_stand_ins
 from batchllm.dag.model import DagSpec, NodeSpec
 from batchllm.dag.node_prompt import NodePrompt
+from batchllm.dag.templates import compile_expression
 from batchllm.io.input_source import InputSource, open_inputs
 from batchllm.io.sql import where_row_ids
 from batchllm.models.lora_adapter import AdapterError, LoraAdapter
@@ -35,6 +37,18 @@ def _is_text(kind: pa.DataType) -> bool:
 
 def _is_text_list(kind: pa.DataType) -> bool:
     return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and _is_text(kind.value_type)
+
+
+def _is_image(kind: pa.DataType) -> bool:
+    """What a row's images may be (see core.images): paths or URIs, bytes, a list of either, or a
+    Hugging Face datasets image struct {bytes, path}."""
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _is_image(kind.value_type)
+    if pa.types.is_struct(kind):
+        names = {kind.field(k).name for k in range(kind.num_fields)}
+        return bool(names & {"bytes", "path"}) and all(_is_image(kind.field(k).type) for k in range(kind.num_fields)
+                                                       if kind.field(k).name in ("bytes", "path"))
+    return _is_text(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
 
 
 def _is_message_list(kind: pa.DataType) -> bool:
@@ -59,7 +73,12 @@ def check_dag(dag: DagSpec, home, *, resolve_models: bool = True) -> dict[str, I
                             f"batchllm {node.task.verb} on its own devices only", where=dag.where(node.line, f"nodes.{node.name}.task"),
                             hint=f"drop {node.model!r} from `endpoints:` to run it here")
         if resolve_models and node.model not in dag.endpoints:  # a server's model needs no files here
-            _node_model_kind(dag, node, home)
+            kind = _node_model_kind(dag, node, home)
+            if node.images and not kind.sees_images:
+                raise UserError(f"node {node.name!r} gives its model images, but model {node.model!r} "
+                                f"({', '.join(kind.architectures) or 'no architecture in its config.json'}) sees none: its config has "
+                                "no vision_config", where=dag.where(node.line, f"nodes.{node.name}.images"),
+                                hint="give the node a vision-language model (LLaVA, Idefics3, SmolVLM, ...), or drop `images:`")
             if node.adapter is not None:
                 _check_adapter(dag, node, home)
     for output in dag.outputs.values():
@@ -90,6 +109,7 @@ def _check_node(dag: DagSpec, node: NodeSpec, first_row: pa.Table, nearest: dict
     stand-ins for the nearest lists it reads."""
     where = dag.where(node.line, f"nodes.{node.name}")
     schema = first_row.schema
+    image_columns = {name for source in node.images for name in compile_expression(source, where=f"{where}.images").names}
     for column in node.columns_used:
         if column not in schema.names:
             close = difflib.get_close_matches(column, [*schema.names, *dag.nodes], n=1)
@@ -103,6 +123,13 @@ def _check_node(dag: DagSpec, node: NodeSpec, first_row: pa.Table, nearest: dict
             raise UserError(f"{column!r} is both a node and a column of input {node.input_name!r}", where=where, hint="rename the node")
         kind = schema.field(column).type
         if isinstance(node.messages, str) and _is_message_list(kind):
+            continue
+        if column in image_columns:
+            if not _is_image(kind):
+                raise UserError(f"column {column!r} of input {node.input_name!r} has type {kind}, but `images:` reads paths, "
+                                "URIs or image bytes", where=dag.where(node.line, f"nodes.{node.name}.images"),
+                                hint="give it a column of strings (paths, data: URIs), of binary (the image files' bytes), a list "
+                                     "of those, or a struct {bytes, path} as Hugging Face datasets store images")
             continue
         if not _is_text(kind) and not (node.iterate and column == node.iterate.over):
             raise UserError(

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from batchllm.core.errors import UserError
+from batchllm.core.images import ImageSource, order_key_ids
 from batchllm.core.length_prompt import LengthPrompt
 from batchllm.core.requests import EngineRequest
 from batchllm.core.text_tokens import CHARS_PER_TOKEN, estimated_tokens
@@ -103,6 +104,7 @@ class NodeSummary:
 
 
 UNKNOWN_ANSWER_TOKENS = 128  # an upstream node the caller gave no facts of: the default max_tokens
+UNKNOWN_IMAGE_TOKENS = 576  # an image of a model whose files are not here: LLaVA-1.5's (336 px in patches of 14)
 
 
 def summarize_dag(dag: DagSpec, sources: Sources, facts: Mapping[str, NodeFacts], *,
@@ -206,6 +208,20 @@ def local_tokenizer(model: str, dag_dir: Path, home: Path) -> PromptTokenizer | 
         return None
 
 
+def _image_tokens_beside_text(tokenizer: PromptTokenizer | None) -> int:
+    """An image's prompt tokens besides what its text counts: the tokenizer counts its placeholder,
+    which the engine expands to the image's tokens; without the model's files, LLaVA-1.5's."""
+    if tokenizer is not None and tokenizer.image_tokens is not None:
+        return tokenizer.image_tokens - 1
+    return UNKNOWN_IMAGE_TOKENS
+
+
+def _image_key(images: tuple[ImageSource, ...]) -> str:
+    """A row's images as the text that leads its prefix key: the same for the same image, a
+    private-use character a stand-in token (see core.images.order_key_ids)."""
+    return "".join(chr(0xE000 + (-i) % 0x1900) * CHARS_PER_TOKEN for i in order_key_ids(images))
+
+
 def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own_output_tokens: float,
                    block_tokens: int, tokenizer: PromptTokenizer | None, upstream: Mapping[str, object]
                    ) -> tuple[np.ndarray, np.ndarray, list[EngineRequest]]:
@@ -219,6 +235,7 @@ def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own
     node_prompt = NodePrompt(node)
     estimated: list[float] = []
     texts: list[str] = []
+    keys: list[str] = []  # the prefix order's: the text after its images' digests
     requests: list[EngineRequest] = []
     pairs: list[EngineRequest] = []  # a score node's second texts: prompt tokens of its request too
     for row in rows:
@@ -231,8 +248,10 @@ def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own
         rendered = node_prompt.render(context, where=f"nodes.{node.name}")
         text = rendered.text
         texts.append(text)
+        keys.append(_image_key(rendered.images) + text)
         requests.append(EngineRequest(str(len(requests)), rendered.prompt, rendered.system or None, node.chat, node.sampling,
-                                      messages=rendered.messages))
+                                      messages=rendered.messages, images=rendered.images))
+        extra += len(rendered.images) * _image_tokens_beside_text(tokenizer)
         if rendered.pair is not None:
             pairs.append(EngineRequest(str(len(pairs)), rendered.pair, chat=False))
         estimated.append(estimated_tokens(len(text)) + extra + (CHAT_OVERHEAD_TOKENS if node.chat else 0))
@@ -243,7 +262,7 @@ def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own
             counted += [len(ids) for ids in tokenizer.token_ids_many(pairs)]
         counts = counted + (counts - [estimated_tokens(len(t)) + (CHAT_OVERHEAD_TOKENS if node.chat else 0) for t in texts])
     tokens = np.maximum(np.round(counts), 1).astype(np.int64)
-    tree = PrefixTree([[ord(c) for c in t] for t in texts], block_tokens * CHARS_PER_TOKEN)
+    tree = PrefixTree([[ord(c) for c in k] for k in keys], block_tokens * CHARS_PER_TOKEN)
     cached = np.zeros(len(texts), dtype=np.int64)
     cached[tree.order] = tree.cached_tokens() // CHARS_PER_TOKEN
     return tokens, np.minimum(cached, tokens - 1), requests

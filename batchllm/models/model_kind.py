@@ -22,6 +22,12 @@ class ModelKind:
     architectures: tuple[str, ...]
     vector_dimensions: int | None  # None: its config names no size
     labels: tuple[str, ...] = ()  # a classification head's, in id order
+    image_tokens: int | None = None  # prompt tokens an image takes (see `_image_tokens`); None: the model sees no images
+
+    @property
+    def sees_images(self) -> bool:
+        """A vision-language model: its config has a vision tower's (`vision_config`)."""
+        return self.image_tokens is not None
 
     @property
     def generates(self) -> bool:
@@ -49,7 +55,24 @@ class ModelKind:
                     size = module_config["word_embedding_dimension"]
                 elif kind.endswith(".Dense") and module_config.get("out_features"):
                     size = module_config["out_features"]
-        return cls(architectures, int(size) if size else None, _labels(config))
+        return cls(architectures, int(size) if size else None, _labels(config), _image_tokens(config, config_dir))
+
+
+def _image_tokens(config: dict, config_dir: Path) -> int | None:
+    """Prompt tokens per image, from the files (vLLM's processor gives the exact count at run time):
+    Idefics3 and SmolVLM without image splitting, the processor's `image_seq_len` and the 3 tokens
+    around it; otherwise one token per patch of the vision tower's input (LLaVA's default).
+    A model that splits images into tiles takes more: this is a floor."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, dict):
+        return None
+    processor = _json(config_dir / "processor_config.json") or {}
+    if isinstance(processor.get("image_seq_len"), int):
+        return processor["image_seq_len"] + 3
+    size, patch = vision.get("image_size"), vision.get("patch_size")
+    if isinstance(size, int) and isinstance(patch, int) and patch > 0:
+        return (size // patch) ** 2 // int(config.get("scale_factor") or 1) ** 2
+    return 1
 
 
 def _labels(config: dict) -> tuple[str, ...]:

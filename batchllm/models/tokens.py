@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import NamedTuple, cast
 
 from batchllm.core.requests import EngineRequest
+from batchllm.models.model_kind import ModelKind
 
 _SENTINEL = "\ue000batchllm-message\ue001"
 _PROBE = "  A probe: two  spaces,\na new line, {braces} and <tags>.  \n"  # a template that trims or escapes fails it
@@ -123,6 +124,9 @@ class PromptTokenizer:
     def __init__(self, model_dir: str | Path):
         model_dir = Path(model_dir)
         self._tokenizer = _RustTokenizer.load(model_dir) or _TransformersTokenizer(model_dir)
+        processor = _json_or_empty(model_dir / "processor_config.json")
+        self.image_token = str(processor.get("image_token") or "<image>")  # a vision-language model's placeholder, one per image
+        self.image_tokens = ModelKind.of(model_dir).image_tokens  # what a placeholder expands to (None: no vision model)
         self._frames: dict[str | None, tuple[str, str] | None] = {}
         self._stitches: dict[str | None, _Stitch | None] = {}
 
@@ -158,16 +162,33 @@ class PromptTokenizer:
         return stitch
 
     def prompt_text(self, request: EngineRequest) -> str:
-        """The text the model reads: the chat template applied, or the raw prompt."""
+        """The text the model reads: the chat template applied, or the raw prompt. A request's
+        images are placeholders in it, one `image_token` each (the engine's processor expands them)."""
         if not request.chat:
             return request.prompt
+        if request.images:
+            return self._image_prompt_text(request)
         if request.messages is not None:  # a conversation: rendered whole
             return self._tokenizer.render(request.chat_messages())
         frame = self.frame(request.system)
         return frame[0] + request.prompt + frame[1] if frame else self._render(request.system, request.prompt)
 
+    def _image_prompt_text(self, request: EngineRequest) -> str:
+        """The chat template given the user message as content parts (images, then text); a template
+        that takes text only (no placeholder per image in what it renders): the placeholders before
+        the text, a line each, as vLLM places them for such templates."""
+        before = self._tokenizer.render(request.chat_messages()).count(self.image_token)
+        try:
+            rendered = self._tokenizer.render(request.content_parts(lambda k: {"type": "image"}))
+        except Exception:  # noqa: BLE001  a template that takes text only fails on a list of parts
+            rendered = ""
+        if rendered.count(self.image_token) - before == len(request.images) and request.prompt in rendered:
+            return rendered
+        placeholders = "\n".join([self.image_token] * len(request.images))
+        return self._tokenizer.render(request._replace(prompt=f"{placeholders}\n{request.prompt}", images=()).chat_messages())
+
     def token_ids_many(self, requests: Sequence[EngineRequest]) -> list[list[int]]:
-        chat = [(r, None if r.messages is not None else self.stitch(r.system)) for r in requests if r.chat]
+        chat = [(r, None if r.messages is not None or r.images else self.stitch(r.system)) for r in requests if r.chat]
         ids: dict[int, list[int]] = {}
         if chat:
             texts = [stitch.tail + r.prompt if stitch else self.prompt_text(r) for r, stitch in chat]
@@ -184,3 +205,11 @@ class PromptTokenizer:
 
     def count(self, request: EngineRequest) -> int:
         return len(self.token_ids(request))
+
+
+def _json_or_empty(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -242,5 +242,5 @@ class NodeFeed:
             where = f"nodes.{node.name} (row {data[i][ROW_ID]!r}, step {step})"
             rendered = self._prompt.render(context, where=where)
             requests.append(EngineRequest(request_id(self.index, unit), rendered.prompt, rendered.system, node.chat, node.sampling,
-                                          None, node.output, rendered.messages, rendered.pair, self.adapter))
+                                          None, node.output, rendered.messages, rendered.pair, self.adapter, rendered.images))
         return requests

@@ -1,7 +1,8 @@
 """Rendered requests -> requests an engine can take at once: tokenized (so the engine
 does not tokenize again), and split over a node's data-parallel replicas in prefix order
 (see `batchllm.ordering.request_order`), so prompts sharing a prefix run while it is in
-the prefix cache.
+the prefix cache. A request's images lead its key as stand-in tokens of their digest (the
+images come before the text, and vLLM's prefix cache tells images apart by their hash).
 
 With the prefix order off, requests are split by work in the order given and the engine
 tokenizes them. Tokenizing and ordering run in one background thread, off the driver's main loop (the
@@ -23,6 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from batchllm.core.images import order_key_ids
 from batchllm.core.requests import EngineRequest
 from batchllm.core.text_tokens import estimated_tokens
 from batchllm.costmodel.work import request_work
@@ -74,7 +76,8 @@ def split(items: Sequence[Planned], replicas: int, block_size: int, prefix_order
     tokens = sum(map(len, prompts))
     mean_work = sum(p.work for p in items) / len(items)
     if prefix_order:
-        order = order_requests(prompts, block_size=block_size, replicas=replicas, extra_work=[p.output_tokens for p in items])
+        keys = [order_key_ids(p.request.images) + list(ids) if p.request.images else ids for p, ids in zip(items, prompts)]
+        order = order_requests(keys, block_size=block_size, replicas=replicas, extra_work=[p.output_tokens for p in items])
         return PreparedWindow([[items[i] for i in indices] for indices in order.replicas], tokens,
                               order.ideal_cached_tokens, mean_work)
     return PreparedWindow([[items[i] for i in indices.tolist()] for indices in balance([p.work for p in items], replicas)],

@@ -2,7 +2,9 @@
 into an `EngineResult`.
 
 Chat requests go to `/chat/completions` (the server applies its own chat template: the same
-model files give the same tokens as a local engine), raw prompts to `/completions`. Keys
+model files give the same tokens as a local engine), raw prompts to `/completions`. A request's
+images go as content parts before its text (an unreadable one: ImageUnreadable, a ValueError,
+that row's error). Keys
 OpenAI has are sent under their names, the others (vLLM's and SGLang's) in the body too;
 a key at its default is left out, so a plain OpenAI-compatible server sees a plain request.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from batchllm.core.images import data_uri
 from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, TokenLogprob
 from batchllm.core.sampling import request_seed
 
@@ -26,7 +29,9 @@ def request_body(request: EngineRequest, served_model: str, server_kind: str, pr
     usage = {"include_usage": True, **({"continuous_usage_stats": True} if server_kind == "vllm" else {})}
     body: dict = {"model": request.adapter or served_model, "max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p,
                   "n": s.n, "stream": True, "stream_options": usage}
-    if request.chat:
+    if request.chat and request.images:  # OpenAI's content parts: each image as its URL or a data: URI of its bytes
+        body["messages"] = request.content_parts(lambda k: {"type": "image_url", "image_url": {"url": data_uri(request.images[k - 1], k)}})
+    elif request.chat:
         body["messages"] = request.chat_messages()
     else:
         body["prompt"] = request.prompt
