@@ -59,6 +59,16 @@ def test_features_are_stateless_and_read_the_cues():
     assert dict(zip(DENSE, dense_row(LengthPrompt("Answer in one word"))))["one_word"] == 1.0
 
 
+def test_a_request_on_an_adapter_reads_as_its_own_template_apart_from_its_bases():
+    from batchllm.core.requests import EngineRequest
+
+    request = EngineRequest("r1", "Write a haiku.")
+    base, tuned = LengthPrompt.of(request, "route"), LengthPrompt.of(request._replace(adapter="/dags/adapters/sql"), "route")
+    assert (base.template, tuned.template) == ("route", "route+sql")
+    assert LengthPrompt.of(request._replace(adapter="sql"), "route").template == "route+sql"  # its name on a server
+    assert (features([base]) != features([tuned])).nnz > 0
+
+
 def test_censored_fit_recovers_the_coefficients_and_beats_exact_and_dropped():
     rng = np.random.default_rng(3)
     count = 3000

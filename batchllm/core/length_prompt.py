@@ -6,6 +6,7 @@ requests alike."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePath
 
 from batchllm.core.requests import EngineRequest
 from batchllm.core.text_tokens import estimated_tokens
@@ -28,12 +29,15 @@ class LengthPrompt:
     def of(cls, request: EngineRequest, template: str, prompt_tokens: int | None = None) -> "LengthPrompt":
         """The one way a request becomes what the length model reads (the planner's sample
         rows and the runtime's requests alike); `prompt_tokens` when counted elsewhere, else
-        its token ids', else estimated from its characters."""
+        its token ids', else estimated from its characters. A request on a LoRA adapter has the
+        adapter's name in its template: `node+adapter`."""
         turns = request.chat_messages() if request.chat or request.messages else [{"role": "user", "content": request.prompt}]
         users = [t["content"] for t in turns if t["role"] == "user"]
         system = "\n".join(t["content"] for t in turns if t["role"] in ("system", "developer"))
         last = max((i for i, t in enumerate(turns) if t["role"] == "user"), default=len(turns))
         history = sum(len(t["content"]) for t in turns[:last] if t["role"] not in ("system", "developer"))
+        if request.adapter is not None:  # an adapter's answers are its own: the template is apart from its base's
+            template = f"{template}+{PurePath(request.adapter).name}"
         if prompt_tokens is None:
             prompt_tokens = (len(request.prompt_token_ids) if request.prompt_token_ids is not None
                              else round(estimated_tokens(sum(len(t["content"]) for t in turns))))

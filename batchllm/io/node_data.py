@@ -250,7 +250,7 @@ def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own
         texts.append(text)
         keys.append(_image_key(rendered.images) + text)
         requests.append(EngineRequest(str(len(requests)), rendered.prompt, rendered.system or None, node.chat, node.sampling,
-                                      messages=rendered.messages, images=rendered.images))
+                                      messages=rendered.messages, images=rendered.images, adapter=node.adapter))
         extra += len(rendered.images) * _image_tokens_beside_text(tokenizer)
         if rendered.pair is not None:
             pairs.append(EngineRequest(str(len(pairs)), rendered.pair, chat=False))
