@@ -349,3 +349,34 @@ def test_a_model_mapped_to_base_and_adapter_runs_its_lines_with_the_adapter_in_t
     with pytest.raises(UserError) as refused:
         model_map(["sql-expert=./model-a:adapters/none"], None, batch["root"])
     assert str(refused.value) == f"adapter directory '{batch['root'] / 'adapters' / 'none'}' does not exist"
+
+
+def test_image_parts_of_a_chats_user_message_reach_the_engine_before_its_text_and_a_text_only_model_is_that_lines_error(batch):
+    vlm = make_model_dir(batch["root"] / "vlm")
+    (vlm / "config.json").write_text(json.dumps({"architectures": ["LlavaForConditionalGeneration"],
+                                                 "vision_config": {"image_size": 336, "patch_size": 14}}))
+    picture = "data:image/png;base64,iVBORw0KGgo="
+
+    def seeing(custom_id, model, *parts, messages=None):
+        content = [{"type": "text", "text": "What is it? "}, *({"type": "image_url", "image_url": {"url": p}} for p in parts)]
+        return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+                           "body": {"model": model, "max_tokens": 4, "messages": messages or [{"role": "user", "content": content}]}})
+
+    batch["requests"].write_text("\n".join([
+        seeing("one", "vision", picture), seeing("two", "vision", picture, "https://example.com/b.jpg"),
+        json.dumps(chat("plain", "vision", "Hi", max_tokens=4)), seeing("blind", "gpt-a", picture),
+        seeing("turns", "vision", messages=[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                                            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": picture}}]}]),
+    ]) + "\n")
+    factory = FakeEngineFactory()
+    done = run({**batch, "models": {**batch["models"], "vision": str(vlm)}}, factory)
+    sent = {r.prompt: r.images for r in factory.requests}
+    assert sent == {"What is it? ": (picture, "https://example.com/b.jpg"), "Hi": ()}  # one request a line; "one" and "two" share a prompt
+    assert sorted(len(r.images) for r in factory.requests) == [0, 1, 2]
+    lines = {line["custom_id"]: line for line in output_lines(done.output)}
+    assert all(lines[k]["error"] is None for k in ("one", "two", "plain"))
+    assert lines["blind"]["error"] == {"code": "invalid_request", "message": (
+        f"line 4: body.messages holds images, but model 'gpt-a' ({batch['models']['gpt-a']}) sees none: its config has no "
+        "vision_config; map the model to a vision-language model")}
+    assert lines["turns"]["error"] == {"code": "unsupported_body", "message": (
+        "line 5: body.messages[2].content[0] is an image: batchllm takes images in the one user message of a chat of [system,] user")}

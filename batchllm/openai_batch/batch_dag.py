@@ -33,6 +33,7 @@ class BatchGroup:
     sampling: dict | None  # the node's `sampling:` (core.sampling.sampling_mapping); None: an embedding's or a score's
     requests: int  # valid lines in the group
     json_schema: str | None = None  # structured output (body.response_format), JSON text
+    images: bool = False  # its lines hold images (a chat's image_url parts)
 
 
 def node_names(keys: list[tuple[str, str]]) -> list[str]:
@@ -67,6 +68,8 @@ def batch_dag(requests_path: str, groups: tuple[BatchGroup, ...]) -> dict:
             node["prompt"] = "{{ prompt }}"
         if group.shape == "system":
             node["system"] = "{{ system }}"
+        if group.images:
+            node["images"] = "{{ images }}"
         if group.json_schema is not None:
             node["output"] = {"json_schema": json.loads(group.json_schema)}
         nodes[group.node] = node

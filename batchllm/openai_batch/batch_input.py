@@ -1,7 +1,7 @@
 """An OpenAI batch request file -> two Parquet files in the run folder, converted once.
 
 - `requests.parquet`, the DAG's input: one row per request of a line that can run
-  (request_id, custom_id, model, kind, system, prompt, messages, node, pair), in file order
+  (request_id, custom_id, model, kind, system, prompt, messages, node, pair, images), in file order
   (sampling is per node: see groups). A chat or completion line is one request, its id the
   custom_id; a pooling line one per input or pair, `custom_id<US>k` (request_lines.ITEM_SEPARATOR);
 - `lines.parquet`: one row per non-blank line (line, custom_id, model, kind, node,
@@ -34,7 +34,7 @@ from batchllm.io.sql import sql_literal
 from batchllm.openai_batch.batch_dag import BatchGroup, node_names
 from batchllm.openai_batch.request_lines import ITEM_SEPARATOR, LineRecord, parse_line
 
-CONVERTER_VERSION = 5
+CONVERTER_VERSION = 6
 READ_BATCH_LINES = 8_192
 MEMORY_LIMIT = "256MB"
 GROUPS_FILE = "groups.json"  # written last: a folder with it is complete
@@ -45,10 +45,11 @@ PARSED_SCHEMA = pa.schema([
     ("line", pa.int64()), ("custom_id", pa.string()), ("model", pa.string()), ("kind", pa.string()),
     ("system", pa.string()), ("prompt", pa.string()), ("messages", MESSAGES_TYPE), ("json_schema", pa.string()),
     ("group_key", pa.string()), ("error_code", pa.string()), ("error_message", pa.string()), ("items", ITEMS_TYPE),
-    ("top_n", pa.int64())])
+    ("top_n", pa.int64()), ("images", pa.list_(pa.string()))])
 REQUEST_SCHEMA = pa.schema([
     ("request_id", pa.string()), ("custom_id", pa.string()), ("model", pa.string()), ("kind", pa.string()), ("system", pa.string()),
-    ("prompt", pa.string()), ("messages", MESSAGES_TYPE), ("node", pa.string()), ("pair", pa.string())])
+    ("prompt", pa.string()), ("messages", MESSAGES_TYPE), ("node", pa.string()), ("pair", pa.string()),
+    ("images", pa.list_(pa.string()))])
 LINE_SCHEMA = pa.schema([
     ("line", pa.int64()), ("custom_id", pa.string()), ("model", pa.string()), ("kind", pa.string()),
     ("node", pa.string()), ("error_code", pa.string()), ("error_message", pa.string()), ("items", pa.int64()), ("top_n", pa.int64())])
@@ -149,20 +150,20 @@ def _build(requests_file: Path, models: Mapping[str, str], folder: Path) -> None
                               f"GROUP BY p.group_key ORDER BY first").fetchall()
         decoded = [json.loads(key) for key, _, _ in keys]
         names = node_names([(d[0], d[2]) for d in decoded])
-        groups = [BatchGroup(name, d[0], d[1], d[2], d[3], d[4], count, d[5]) for name, d, (_, count, _) in zip(names, decoded, keys)]
+        groups = [BatchGroup(name, d[0], d[1], d[2], d[3], d[4], count, d[5], d[6]) for name, d, (_, count, _) in zip(names, decoded, keys)]
         connection.register("group_nodes", pa.table({"group_key": [k for k, _, _ in keys], "node": names},
                                                     schema=pa.schema([("group_key", pa.string()), ("node", pa.string())])))
         # a pooling line: one request per item, k from 0 (unnest keeps the list's order)
         items = (f"(SELECT *, unnest(range(len(items))) AS k FROM {source} WHERE items IS NOT NULL AND error_code IS NULL) p")
         kept = "JOIN group_nodes g ON g.group_key = p.group_key LEFT JOIN dups d ON d.line = p.line WHERE p.error_code IS NULL AND d.line IS NULL"
         _write_query(connection, f"""
-            SELECT request_id, custom_id, model, kind, system, prompt, messages, node, pair FROM (
+            SELECT request_id, custom_id, model, kind, system, prompt, messages, node, pair, images FROM (
                 SELECT p.line, 0 AS k, p.custom_id AS request_id, p.custom_id, p.model, p.kind, p.system, p.prompt, p.messages, g.node,
-                       NULL AS pair
+                       NULL AS pair, p.images
                 FROM {source} p {kept} AND p.items IS NULL
                 UNION ALL
                 SELECT p.line, p.k, p.custom_id || chr({ord(ITEM_SEPARATOR)}) || p.k, p.custom_id, p.model, p.kind, NULL, struct_extract(p.items[p.k + 1], 'text'),
-                       NULL, g.node, struct_extract(p.items[p.k + 1], 'pair')
+                       NULL, g.node, struct_extract(p.items[p.k + 1], 'pair'), NULL
                 FROM {items} {kept})
             ORDER BY line, k""", folder / "requests.parquet", REQUEST_SCHEMA)
         _write_query(connection, f"""

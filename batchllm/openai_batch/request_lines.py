@@ -2,7 +2,8 @@
 
 A line is `{"custom_id", "method": "POST", "url", "body"}` with url `/v1/chat/completions`
 (body.messages: any sequence of system, developer, user and assistant messages, content a
-string or text parts) or `/v1/completions` (body.prompt: one string). Sampling comes from
+string or text parts; image_url parts in the one user message of a [system,] user chat, shown
+before its text, for a vision-language model) or `/v1/completions` (body.prompt: one string). Sampling comes from
 the body (core.sampling: OpenAI's names, and vLLM's where only vLLM has the parameter) with
 OpenAI's defaults (temperature 1, top_p 1; max_tokens 16 for completions, as OpenAI, and
 `DEFAULT_CHAT_MAX_TOKENS` for chat); a chat's `logprobs`/`top_logprobs` keep each output
@@ -22,6 +23,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 from batchllm.core.errors import UserError
 from batchllm.core.output_constraint import OutputConstraint
@@ -29,6 +31,7 @@ from batchllm.core.requests import Message
 from batchllm.core.sampling import SAMPLING_KEYS, SamplingError, SamplingSpec, sampling_from, sampling_mapping
 from batchllm.engines.constraints import check_constraint
 from batchllm.models.embedded import EMBEDDED_MODELS
+from batchllm.models.model_kind import ModelKind
 from batchllm.openai_batch.batch_dag import POOLING_TASKS
 from batchllm.openai_batch.model_map import split_local
 
@@ -65,6 +68,7 @@ class LineRecord:
     # embedding line, per pair of a score line, per document of a rerank line (the query first in each)
     items: tuple[tuple[str, str | None], ...] | None = None
     top_n: int | None = None  # a rerank line's: the best this many results (None: all)
+    images: tuple[str, ...] | None = None  # a chat's image_url parts (data: URIs, URLs), shown before its user message's text
 
     @property
     def shape(self) -> str:
@@ -77,7 +81,7 @@ class LineRecord:
         if self.error_code is not None:
             return None
         sampling = sampling_mapping(self.sampling) if self.sampling is not None else None  # an embedding samples nothing
-        return json.dumps([self.model, self.local_model, self.kind, self.shape, sampling, self.json_schema])
+        return json.dumps([self.model, self.local_model, self.kind, self.shape, sampling, self.json_schema, bool(self.images)])
 
 
 class LineError(Exception):
@@ -130,13 +134,16 @@ def parse_line(text: str, line: int, models: Mapping[str, str]) -> LineRecord:
             items, top_n = _rerank(body)
             return LineRecord(line, custom_id, model, local, kind, None, None, items=items, top_n=top_n)
         _check_keys(body, kind)
-        messages = None
+        messages = images = None
         if kind == "chat":
-            system, prompt, messages = _chat_messages(body)
+            system, prompt, messages, images = _chat_messages(body)
         else:
             system, prompt = None, _completion_prompt(body)
+        if images and not _sees_images(split_local(local)[0]):
+            raise LineError("invalid_request", f"body.messages holds images, but model {model!r} ({local}) sees none: its config has "
+                                               "no vision_config; map the model to a vision-language model")
         return LineRecord(line, custom_id, model, local, kind, system, prompt, messages, _sampling(body, kind),
-                          json_schema=_response_format(body) if kind == "chat" else None)
+                          json_schema=_response_format(body) if kind == "chat" else None, images=images)
     except LineError as error:
         return LineRecord(line, custom_id, model, None, None, None, None, error_code=error.code,
                           error_message=f"line {line}: {error.message}")
@@ -178,9 +185,10 @@ def _same(value: object, off: object) -> bool:
     return value == off and isinstance(value, bool) == isinstance(off, bool) and (value is None) == (off is None)
 
 
-def _chat_messages(body: dict) -> tuple[str | None, str, tuple[Message, ...] | None]:
-    """(system, user message, None) for a chat of an optional system message and one user
-    message (the common shape, which shares its chat frame); else ("", None, the messages)."""
+def _chat_messages(body: dict) -> tuple[str | None, str, tuple[Message, ...] | None, tuple[str, ...] | None]:
+    """(system, user message, None, its images) for a chat of an optional system message and one
+    user message (the common shape, which shares its chat frame); else ("", None, the messages,
+    None): images only in that one user message."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise LineError("invalid_request", "body.messages must be a non-empty list of message objects")
@@ -189,20 +197,47 @@ def _chat_messages(body: dict) -> tuple[str | None, str, tuple[Message, ...] | N
         if role not in CHAT_ROLES:
             raise LineError("unsupported_body", f"body.messages[{k}].role is {_short(role)}; batchllm runs "
                                                 f"{', '.join(CHAT_ROLES)} messages")
-    texts = [_content(m.get("content"), k) for k, m in enumerate(messages)]
-    if roles in (["user"], ["system", "user"], ["developer", "user"]):
-        return (texts[0] if len(texts) == 2 else None), texts[-1], None
-    return None, "", tuple((CHAT_ROLES[role], text) for role, text in zip(roles, texts))
+    single = roles in (["user"], ["system", "user"], ["developer", "user"])
+    parts = [_content(m.get("content"), k, images_here=single and k == len(messages) - 1) for k, m in enumerate(messages)]
+    texts = [text for text, _ in parts]
+    if single:
+        return (texts[0] if len(texts) == 2 else None), texts[-1], None, parts[-1][1] or None
+    return None, "", tuple((CHAT_ROLES[role], text) for role, text in zip(roles, texts)), None
 
 
-def _content(content: object, index: int) -> str:
-    """A message's text: a string, or a list of text parts (joined)."""
+def _content(content: object, index: int, images_here: bool) -> tuple[str, tuple[str, ...]]:
+    """A message's text (a string, or its text parts joined) and its image_url parts' URLs (in the
+    one user message of a [system,] user chat only: they go before its text)."""
     if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                                         for p in content):
-        return "".join(p["text"] for p in content)
-    raise LineError("unsupported_body", f"body.messages[{index}].content must be a string or text parts, got {_short(content)}")
+        return content, ()
+    if not isinstance(content, list) or not all(isinstance(p, dict) for p in content):
+        raise LineError("unsupported_body", f"body.messages[{index}].content must be a string or content parts, got {_short(content)}")
+    texts, images = [], []
+    for k, part in enumerate(content):
+        if part.get("type") == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif part.get("type") == "image_url" and images_here:
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else url
+            if not isinstance(url, str) or not url:
+                raise LineError("invalid_request", f"body.messages[{index}].content[{k}].image_url.url must be a non-empty string")
+            images.append(url)
+        elif part.get("type") == "image_url":
+            raise LineError("unsupported_body", f"body.messages[{index}].content[{k}] is an image: batchllm takes images in the one user "
+                                                "message of a chat of [system,] user")
+        else:
+            raise LineError("unsupported_body", f"body.messages[{index}].content[{k}] must be a text or image_url part, got {_short(part)}")
+    return "".join(texts), tuple(images)
+
+
+@lru_cache(maxsize=64)
+def _sees_images(local_model: str) -> bool:
+    """Whether a local model takes images: an embedded one does not; a directory, if its config has
+    a vision_config; a hub id is taken as it is (the engine says)."""
+    if local_model in EMBEDDED_MODELS:
+        return False
+    folder = Path(local_model)
+    return ModelKind.of(folder).sees_images if (folder / "config.json").is_file() else True
 
 
 def _response_format(body: dict) -> str | None:
