@@ -41,3 +41,13 @@ def test_sampling_keys_added_later_leave_earlier_runs_resumable_and_count_once_s
         text = ENSEMBLE_DAG.replace('prompt: "A {{ question }}"', f'prompt: "A {{{{ question }}}}"\n        sampling: {{{key}: {value}}}')
         changed = node_fingerprints(load_dag(workspace.dag(text, f"{key}.yaml")))
         assert changed["a"] != before["a"] and changed["b"] == before["b"], key
+
+
+def test_a_nodes_images_decide_its_fingerprint_and_the_nodes_without_any_keep_theirs(workspace):
+    from batchllm.runtime.fingerprint import _decisive_fields
+
+    before = node_fingerprints(load_dag(workspace.dag(ENSEMBLE_DAG)))
+    assert "image_dir" not in _decisive_fields(load_dag(workspace.dag(ENSEMBLE_DAG)).nodes["a"])  # earlier runs stay resumable
+    shown = node_fingerprints(load_dag(workspace.dag(ENSEMBLE_DAG.replace('prompt: "A {{ question }}"',
+                                                                          'prompt: "A {{ question }}"\n        images: "{{ id }}"'), "i.yaml")))
+    assert shown["a"] != before["a"] and shown["b"] == before["b"]

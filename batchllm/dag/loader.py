@@ -309,7 +309,7 @@ def _parse_nodes(top: _Section, path: Path, inputs: dict[str, InputSpec], merges
             pair=templates["pair"].source if "pair" in templates else None,
             **_adapter(node, path, task),
             images=images,
-            image_dir=str(_input_folder(inputs[input_name])),
+            image_dir=str(_input_folder(inputs[input_name])) if images else ".",
         )
         parsed[name] = (node, spec, names)
     for name, (node, spec, _) in parsed.items():

@@ -21,8 +21,9 @@ from batchllm.models.lora_adapter import AdapterError, LoraAdapter
 __all__ = ["file_digest", "node_fingerprints"]
 
 # Where a node stands in the file, and what the loader derives from its templates: never
-# part of its results. (Its adapter counts by what it is: below.)
-NOT_DECISIVE = ("line", "columns_used", "reads", "merges_read", "nearest_read", "adapter", "adapter_name")
+# part of its results. (Its adapter counts by what it is: below; its images' folder, the input
+# file's, is where the input is, as the input counts by its content.)
+NOT_DECISIVE = ("line", "columns_used", "reads", "merges_read", "nearest_read", "adapter", "adapter_name", "image_dir")
 
 
 def _decisive_fields(node: NodeSpec) -> dict:
