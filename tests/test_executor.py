@@ -409,6 +409,41 @@ def test_pilots_only_runs_the_pilots_estimates_the_rest_and_a_run_goes_on_from_t
         assert node_keys(workspace.out, node) == [(i, 0) for i in ids]
 
 
+ROUTER_DAG = """
+    inputs:
+      questions: {path: questions.parquet, id_column: id}
+    nodes:
+      tuned_a: {model: ./m_a, where: "route = 0", prompt: "A {{ question }}"}
+      tuned_b: {model: ./m_b, where: "route = 1", prompt: "B {{ question }}"}
+      tuned_c: {model: ./m_c, where: "route = 2", prompt: "C {{ question }}"}
+"""
+
+
+def test_pilots_only_over_more_models_than_devices_runs_every_pilot_and_ends(workspace, profiles):
+    """Three models routed by row on two cores: a stage holds two of them, and once their pilots
+    end the next stage must hold the third one's, not the pilots' models again with nothing left
+    to run (`plan --pilot` waited for ever there)."""
+    import shutil
+
+    from batchllm.engines.devices import hardware_name
+
+    rows = 600
+    pq.write_table(pa.table({"id": [f"r{i:03d}" for i in range(rows)], "question": [f"Question {i}?" for i in range(rows)],
+                             "route": [i % 3 for i in range(rows)]}), workspace.root / "questions.parquet")
+    for name in ("m_a", "m_b", "m_c"):
+        make_model_dir(workspace.root / name)
+        shutil.copytree(profiles / hardware_name("cpu") / "tiny-model", profiles / hardware_name("cpu") / name)
+    factory = FakeEngineFactory()
+    result, _ = run_dag_file(workspace.dag(ROUTER_DAG), workspace.out, CPU2, console=Console(quiet=True), engine_factory=factory,
+                             prefix_order=False, schedule="plan", profiles_root=profiles, pilots_only=True)
+    assert result.rest_estimate_s is not None and result.rest_estimate_s > 0
+    routed = {"tuned_a": 0, "tuned_b": 1, "tuned_c": 2}
+    sent = {name: sorted({r.request_id & UNIT_MASK for e in factory.started for r in e.seen if r.request_id >> UNIT_BITS == k})
+            for k, name in enumerate(sorted(routed))}
+    assert all(sent[name] and all(row % 3 == route for row in sent[name]) for name, route in routed.items())
+    assert {e.config.model.rsplit("/", 1)[-1] for e in factory.started} == {"m_a", "m_b", "m_c"}
+
+
 def test_a_run_files_answer_lengths_and_a_prompt_set_the_store_has_seen_gets_no_pilot(workspace, profiles, isolated_home,
                                                                                        tmp_path, monkeypatch):
     import batchllm.runtime.launch as launch

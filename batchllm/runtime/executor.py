@@ -207,6 +207,8 @@ class Executor:
         bring the engines to it."""
         now_s = self._clock_s()
         on_devices = self.nodes.planned_progress(now_s)
+        if self.pilots_only:  # only pilots run: a stage of nodes whose pilot ended would wait for ever
+            on_devices = {name: progress for name, progress in on_devices.items() if self.pilots.of(name) is not None}
         choice = self.planning.chooser.choose(on_devices, self.nodes.running_plans()) if on_devices else None
         if choice is not None and choice.schedule is not None:
             self.report.plan_made(choice.schedule, self.devices.ids)
