@@ -47,7 +47,7 @@ def read_images(sources: tuple[ImageSource, ...]) -> list[Any]:
         try:
             with Image.open(io.BytesIO(image_bytes(source, number))) as image:
                 images.append(image.convert("RGB"))
-        except (UnidentifiedImageError, OSError, ValueError) as error:
+        except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as error:
             if isinstance(error, ImageUnreadable):
                 raise
             raise ImageUnreadable(f"image {number} is not an image PIL can read: {error}") from None
