@@ -317,6 +317,31 @@ def test_the_baseline_waits_with_nothing_in_flight_and_widens_while_online_first
     assert guard.reading(29.0).phase == "measuring baseline"
 
 
+def test_an_online_request_the_batchs_own_count_hides_is_seen_by_its_first_token():
+    """8 batch requests counted in flight, 8 requests on the server: one of the batch's on the wire and
+    an online one running read as no online request from the gauges; the first token the server
+    counted beyond the batch's own says one is there."""
+    from batchllm.engines.endpoint.guard_evidence import ServerHistory
+    from batchllm.engines.endpoint.latency_window import OwnTimings
+
+    history, own = ServerHistory(GuardPolicy()), OwnTimings()
+    ttft = [0.0] * len(TTFT_BOUNDS)
+
+    def snapshot(at_s: float) -> MetricsSnapshot:
+        return MetricsSnapshot(at_s=at_s, server_kind="vllm", running=8.0, waiting=0.0, kv_usage=0.3, preemptions=0.0,
+                               generation_tokens=None, ttft=Histogram.from_bucket_counts(TTFT_BOUNDS, ttft),
+                               itl=Histogram.from_bucket_counts(ITL_BOUNDS, [0.0] * len(ITL_BOUNDS)))
+
+    history.add(snapshot(1.0), 8)
+    ttft[9] += 1  # a batch request's first token, which its client reports
+    own.add(1.5, 0.3, [])
+    history.add(snapshot(2.0), 8)
+    assert history.others_now(2.0, own) == 0.0
+    ttft[9] += 1  # a first token the batch did not get: an online request's
+    history.add(snapshot(3.0), 8)
+    assert history.others_now(3.0, own) == 1.0
+
+
 def test_describe():
     reading = GuardReading(allowed=12, online_ttft_p99_s=0.2104, online_itl_p99_s=0.0312, ttft_target_s=0.25, itl_target_s=0.04,
                            basis="server metrics", phase="guarding")

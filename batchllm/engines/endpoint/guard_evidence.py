@@ -149,10 +149,17 @@ class ServerHistory:
         """The batch's counts in flight at the snapshots from `since_s` on that showed online requests."""
         return {batch for snapshot, batch in self._kept if snapshot.at_s >= since_s and _others(snapshot, batch) > 0}
 
-    def others_now(self, now_s: float) -> float | None:
-        """Requests on the server, in the fresh snapshot, that are not the batch's."""
+    def others_now(self, now_s: float, own: OwnTimings) -> float | None:
+        """Requests on the server, in the fresh snapshot, that are not the batch's; at least 1 when
+        online first tokens came since the snapshot before it (the gauges less the batch's own count
+        hide an online request while one of the batch's is on the wire or just done)."""
         fresh = self.fresh(now_s)
-        return None if fresh is None else _others(fresh, self._kept[-1][1])
+        if fresh is None:
+            return None
+        others = _others(fresh, self._kept[-1][1])
+        if others == 0 and len(self._kept) > 1 and self._online_first_tokens(self._kept[-2][0], fresh, own) >= 1:
+            return 1.0
+        return others
 
     def evidence(self, now_s: float, since_s: float, own: OwnTimings, silent_s: float) -> WindowEvidence | None:
         """What the last `window_s` showed, from `since_s` at the earliest; widened back (up to

@@ -206,7 +206,7 @@ class LatencyGuard:
     def _trickle(self, now_s: float) -> WindowEvidence | None:
         """WAITING's and HELD's allowance, 1 only while no online request is on the server (none
         known: 0); then, at a new observation once the level ran a whole window, what it showed."""
-        self._allowed = 1 if self._history.others_now(now_s) == 0 else 0
+        self._allowed = 1 if self._history.others_now(now_s, self._own) == 0 else 0
         if not self._new_observation(now_s) or now_s - self._level_since_s < self.policy.window_s:
             return None
         return self._history.evidence(now_s, self._level_since_s, self._own, self._silent_s)
@@ -250,7 +250,7 @@ class LatencyGuard:
             return
         level = self._evidence(now_s, self._level_since_s)
         verdict = judge(since_cut, self._targets, self.policy)
-        if verdict is not Verdict.CUT and (self._history.others_now(now_s) or 0) > 0 and self._allowed > self._beside_online:
+        if verdict is not Verdict.CUT and (self._history.others_now(now_s, self._own) or 0) > 0 and self._allowed > self._beside_online:
             verdict = Verdict.RETURN
         elif verdict is not Verdict.CUT:
             verdict = Verdict.HOLD if level is None else judge(level, self._targets, self.policy)
@@ -260,7 +260,7 @@ class LatencyGuard:
                 verdict = Verdict.GROW
         phase, change = TRANSITIONS[(self.phase, verdict)]
         allowed = min(self.max_in_flight, change(Levels(self._allowed, self._beside_online), self.policy))
-        if verdict is Verdict.CUT and (self._history.others_now(now_s) or 0) > 0:
+        if verdict is Verdict.CUT and (self._history.others_now(now_s, self._own) or 0) > 0:
             allowed = min(allowed, self._beside_online)  # a level grown in a lull is no level to halve beside them
         if verdict is Verdict.CUT and self._allowed == 1 and allowed == 0 and (why := self._one_was_too_many(level)):
             if since_cut.queue_held:
@@ -273,8 +273,10 @@ class LatencyGuard:
         grown_in_a_lull = verdict is Verdict.GROW and level is not None and level.idle(self.policy)
         # judged beside online requests: their first tokens came at this level, or a cut with them on the server (no
         # higher level was); not a cut in a lull, on the batch's own excess, nor growth in one
-        beside = level is not None and level.online_seen and level.latency.ttft_count > 0 and not grown_in_a_lull
-        if beside or verdict is Verdict.RETURN or (verdict is Verdict.CUT and (self._history.others_now(now_s) or 0) > 0):
+        # a level above the last judged beside them (grown in a lull) is judged beside them on enough of their first tokens
+        enough = self.policy.min_observations if allowed > self._beside_online else 1
+        beside = level is not None and level.online_seen and level.latency.ttft_count >= enough and not grown_in_a_lull
+        if beside or verdict is Verdict.RETURN or (verdict is Verdict.CUT and (self._history.others_now(now_s, self._own) or 0) > 0):
             self._beside_online = allowed
             if beside and self._allowed >= 2:  # 2 judged harmless beside them: no backoff left to double
                 self._holds_in_a_row = 0
