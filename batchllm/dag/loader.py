@@ -40,7 +40,7 @@ from batchllm.dag.nearest_section import check_nearest, parse_nearest
 from batchllm.dag.node_prompt import message_templates
 from batchllm.dag.node_task import EMBED_SAMPLING, default_field, parse_task, result_fields
 from batchllm.dag.sql_names import sql_identifiers
-from batchllm.dag.templates import compile_expression, compile_template
+from batchllm.dag.templates import bare_expression, compile_expression, compile_template
 from batchllm.dag.yaml_lines import LineDict, read_yaml
 from batchllm.dag.yaml_section import Section as _Section
 from batchllm.dag.yaml_section import names_section
@@ -351,10 +351,10 @@ def _images(node: _Section, path: Path, task: ModelTask, has_messages: bool) -> 
     how = "write `images: \"{{ photo }}\"` (a column of paths, data: URIs or image bytes) or a list of such expressions"
     sources = []
     for item in items:
-        text = item.strip() if isinstance(item, str) else ""
-        if not (text.startswith("{{") and text.endswith("}}")) or text.count("{{") != 1:
+        expression = bare_expression(item) if isinstance(item, str) else None
+        if expression is None:
             node.fail("images", f"{node.where}.images must be an expression such as \"{{{{ photo }}}}\" or a list of them, got {value!r}", how)
-        sources.append(text[2:-2].strip())
+        sources.append(expression)
     if not sources:
         node.fail("images", f"{node.where}.images is an empty list", how)
     if task is not ModelTask.GENERATE:

@@ -21,7 +21,7 @@ from batchllm.core.errors import UserError
 from batchllm.core.images import ImageSource, row_images
 from batchllm.core.requests import Message
 from batchllm.dag.model import MessageTemplate, NodeSpec
-from batchllm.dag.templates import PromptTemplate, compile_expression, compile_template, render_checked
+from batchllm.dag.templates import PromptTemplate, bare_expression, compile_expression, compile_template, render_checked
 
 ROLES = ("system", "user", "assistant")
 ROLE_ALIASES = {"developer": "system"}
@@ -85,11 +85,11 @@ class NodePrompt:
 def message_templates(value: object, where: str) -> tuple[MessageTemplate, ...] | str:
     """A DAG's `messages:` value -> its templates, or its expression; ValueError saying what is wrong."""
     if isinstance(value, str):
-        text = value.strip()
-        if not (text.startswith("{{") and text.endswith("}}")) or text.count("{{") != 1:
+        expression = bare_expression(value)
+        if expression is None:
             raise ValueError(f"{where} must be a list of {{role, content}} or one expression such as \"{{{{ conversation }}}}\", "
                              f"got {value!r}")
-        return text[2:-2].strip()
+        return expression
     if not isinstance(value, list) or not value:
         raise ValueError(f"{where} must be a non-empty list of {{role, content}} or one expression, got {value!r}")
     turns = []

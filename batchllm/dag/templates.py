@@ -126,3 +126,11 @@ def compile_expression(source: str, *, where: str) -> ExpressionTemplate:
     except jinja2.TemplateSyntaxError as exc:
         raise UserError(f"expression syntax error: {exc.message}", where=where) from None
     return ExpressionTemplate(source, template.names, compiled)
+
+
+def bare_expression(text: str) -> str | None:
+    """The expression of a value written as exactly one `{{ ... }}` and nothing else, else None."""
+    text = text.strip()
+    if not (text.startswith("{{") and text.endswith("}}")) or text.count("{{") != 1:
+        return None
+    return text[2:-2].strip()

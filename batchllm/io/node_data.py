@@ -216,10 +216,10 @@ def _image_tokens_beside_text(tokenizer: PromptTokenizer | None) -> int:
     return UNKNOWN_IMAGE_TOKENS
 
 
-def _image_key(images: tuple[ImageSource, ...]) -> str:
-    """A row's images as the text that leads its prefix key: the same for the same image, a
-    private-use character a stand-in token (see core.images.order_key_ids)."""
-    return "".join(chr(0xE000 + (-i) % 0x1900) * CHARS_PER_TOKEN for i in order_key_ids(images))
+def _prefix_key(images: tuple[ImageSource, ...], text: str) -> list[int]:
+    """A row's key in the prefix tree, a character a token: its images' stand-in tokens (as the
+    runtime's prefix order keys them, see core.images.order_key_ids), then its text."""
+    return [i for i in order_key_ids(images) for _ in range(CHARS_PER_TOKEN)] + [ord(c) for c in text]
 
 
 def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own_output_tokens: float,
@@ -235,7 +235,7 @@ def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own
     node_prompt = NodePrompt(node)
     estimated: list[float] = []
     texts: list[str] = []
-    keys: list[str] = []  # the prefix order's: the text after its images' digests
+    keys: list[list[int]] = []  # the prefix order's: the text after its images' digests
     requests: list[EngineRequest] = []
     pairs: list[EngineRequest] = []  # a score node's second texts: prompt tokens of its request too
     for row in rows:
@@ -248,7 +248,7 @@ def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own
         rendered = node_prompt.render(context, where=f"nodes.{node.name}")
         text = rendered.text
         texts.append(text)
-        keys.append(_image_key(rendered.images) + text)
+        keys.append(_prefix_key(rendered.images, text))
         requests.append(EngineRequest(str(len(requests)), rendered.prompt, rendered.system or None, node.chat, node.sampling,
                                       messages=rendered.messages, images=rendered.images, adapter=node.adapter))
         extra += len(rendered.images) * _image_tokens_beside_text(tokenizer)
@@ -262,7 +262,7 @@ def _prompt_tokens(node: NodeSpec, rows: list[dict], upstream_tokens: float, own
             counted += [len(ids) for ids in tokenizer.token_ids_many(pairs)]
         counts = counted + (counts - [estimated_tokens(len(t)) + (CHAT_OVERHEAD_TOKENS if node.chat else 0) for t in texts])
     tokens = np.maximum(np.round(counts), 1).astype(np.int64)
-    tree = PrefixTree([[ord(c) for c in k] for k in keys], block_tokens * CHARS_PER_TOKEN)
+    tree = PrefixTree(keys, block_tokens * CHARS_PER_TOKEN)
     cached = np.zeros(len(texts), dtype=np.int64)
     cached[tree.order] = tree.cached_tokens() // CHARS_PER_TOKEN
     return tokens, np.minimum(cached, tokens - 1), requests

@@ -23,6 +23,7 @@ class ModelKind:
     vector_dimensions: int | None  # None: its config names no size
     labels: tuple[str, ...] = ()  # a classification head's, in id order
     image_tokens: int | None = None  # prompt tokens an image takes (see `_image_tokens`); None: the model sees no images
+    image_token: str = "<image>"  # its processor's placeholder for an image in the prompt, one per image
 
     @property
     def sees_images(self) -> bool:
@@ -55,10 +56,13 @@ class ModelKind:
                     size = module_config["word_embedding_dimension"]
                 elif kind.endswith(".Dense") and module_config.get("out_features"):
                     size = module_config["out_features"]
-        return cls(architectures, int(size) if size else None, _labels(config), _image_tokens(config, config_dir))
+        processor = _json(config_dir / "processor_config.json")
+        processor = processor if isinstance(processor, dict) else {}
+        return cls(architectures, int(size) if size else None, _labels(config), _image_tokens(config, processor),
+                   str(processor.get("image_token") or "<image>"))
 
 
-def _image_tokens(config: dict, config_dir: Path) -> int | None:
+def _image_tokens(config: dict, processor: dict) -> int | None:
     """Prompt tokens per image, from the files (vLLM's processor gives the exact count at run time):
     Idefics3 and SmolVLM without image splitting, the processor's `image_seq_len` and the 3 tokens
     around it; otherwise one token per patch of the vision tower's input (LLaVA's default).
@@ -66,7 +70,6 @@ def _image_tokens(config: dict, config_dir: Path) -> int | None:
     vision = config.get("vision_config")
     if not isinstance(vision, dict):
         return None
-    processor = _json(config_dir / "processor_config.json") or {}
     if isinstance(processor.get("image_seq_len"), int):
         return processor["image_seq_len"] + 3
     size, patch = vision.get("image_size"), vision.get("patch_size")

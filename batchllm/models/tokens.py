@@ -124,9 +124,9 @@ class PromptTokenizer:
     def __init__(self, model_dir: str | Path):
         model_dir = Path(model_dir)
         self._tokenizer = _RustTokenizer.load(model_dir) or _TransformersTokenizer(model_dir)
-        processor = _json_or_empty(model_dir / "processor_config.json")
-        self.image_token = str(processor.get("image_token") or "<image>")  # a vision-language model's placeholder, one per image
-        self.image_tokens = ModelKind.of(model_dir).image_tokens  # what a placeholder expands to (None: no vision model)
+        kind = ModelKind.of(model_dir)
+        self.image_token = kind.image_token  # a vision-language model's placeholder, one per image
+        self.image_tokens = kind.image_tokens  # what a placeholder expands to (None: no vision model)
         self._frames: dict[str | None, tuple[str, str] | None] = {}
         self._stitches: dict[str | None, _Stitch | None] = {}
 
@@ -206,10 +206,3 @@ class PromptTokenizer:
     def count(self, request: EngineRequest) -> int:
         return len(self.token_ids(request))
 
-
-def _json_or_empty(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
