@@ -234,7 +234,7 @@ def evidence(ttft_s: float | None = 0.5, itl_s: float | None = 0.05, *, ttft_cou
              ttft_bucket: tuple[float, float] | None = None, itl_bucket: tuple[float, float] | None = None, **fields) -> WindowEvidence:
     latency = WindowLatency(ttft_s, itl_s, ttft_count, itl_count, ttft_bucket or exactly(ttft_s), itl_bucket or exactly(itl_s))
     base = dict(basis=SERVER_METRICS, span_s=10.0, latency=latency, online_seen=True, preempted=False, kv_usage=0.3, waiting=0.0,
-                queue_held=False, running=4.0, silent_s=0.0, idle_s=0.0)
+                queue_held=False, online_queued=False, running=4.0, silent_s=0.0, idle_s=0.0)
     return WindowEvidence(**{**base, **fields})
 
 
@@ -256,6 +256,7 @@ def evidence(ttft_s: float | None = 0.5, itl_s: float | None = 0.05, *, ttft_cou
     (evidence(kv_usage=0.96), Verdict.CUT),
     (evidence(kv_usage=0.92), Verdict.HOLD),
     (evidence(waiting=1.0), Verdict.HOLD),
+    (evidence(online_queued=True), Verdict.HOLD),  # online requests waited in two of the window's scrapes: at capacity
     (evidence(span_s=1.5), Verdict.HOLD),  # a level judged once it ran 2 s
     (evidence(span_s=1.5, ttft_s=1.2), Verdict.CUT),  # a cut does not wait
     # vLLM's inter-token bucket of 50-150 ms around the 100 ms target: over only if all of it is
@@ -340,6 +341,35 @@ def test_an_online_request_the_batchs_own_count_hides_is_seen_by_its_first_token
     ttft[9] += 1  # a first token the batch did not get: an online request's
     history.add(snapshot(3.0), 8)
     assert history.others_now(3.0, own) == 1.0
+
+
+def test_requests_waiting_beside_online_ones_in_two_scrapes_of_the_window_are_no_room_to_grow():
+    """A load that saturates the server after the batch started: its first tokens still come under a
+    lax target, but online requests queue. Waiting in one scrape (a batch request just sent) or
+    with only the batch's requests there (a lull) holds nothing back; in two scrapes beside online
+    requests the window is no room: HOLD, not GROW."""
+    from batchllm.engines.endpoint.guard_evidence import ServerHistory
+    from batchllm.engines.endpoint.latency_window import OwnTimings
+
+    def window(gauges: list[tuple[float, float]], batch: int) -> WindowEvidence:
+        history, ttft = ServerHistory(GuardPolicy()), [0.0] * len(TTFT_BOUNDS)
+        for k, (running, waiting) in enumerate(gauges):
+            ttft[8] += 2  # two online first tokens a second, each in 0.1-0.25 s
+            history.add(MetricsSnapshot(at_s=float(k), server_kind="vllm", running=running, waiting=waiting, kv_usage=0.3,
+                                        preemptions=0.0, generation_tokens=None, ttft=Histogram.from_bucket_counts(TTFT_BOUNDS, ttft),
+                                        itl=Histogram.from_bucket_counts(ITL_BOUNDS, [0.0] * len(ITL_BOUNDS))), batch)
+        found = history.evidence(float(len(gauges) - 1), 0.0, OwnTimings(), 0.0)
+        assert found is not None
+        return found
+
+    lax = GuardTargets.from_slo(LatencySlo(ttft_p99_s=10.0, itl_p99_s=None), 0.75, 0.9)
+    queueing = window([(6.0, 0.0)] * 4 + [(6.0, 2.0), (7.0, 0.0), (7.0, 3.0)] + [(7.0, 0.0)] * 5, batch=2)
+    assert queueing.online_queued and not queueing.queue_held and queueing.waiting == 0.0
+    assert judge(queueing, lax, GuardPolicy()) is Verdict.HOLD
+    once = window([(6.0, 0.0)] * 6 + [(6.0, 1.0)] + [(6.0, 0.0)] * 5, batch=2)
+    own_only = window([(2.0, 0.0), (2.0, 1.0), (2.0, 0.0), (2.0, 1.0)] + [(2.0, 0.0)] * 8, batch=3)
+    assert not once.online_queued and not own_only.online_queued
+    assert judge(once, lax, GuardPolicy()) is Verdict.GROW
 
 
 def test_describe():

@@ -11,7 +11,8 @@ its target interpolated in its bucket: there is nothing surer of it; an inter-to
 or a silence). What holds the batch back for long (`sure`) needs the first-token p99's whole
 bucket over the target. A window grows the batch only when it holds enough
 online observations under the growth bounds, or shows the server with no request but the
-batch's in every snapshot. Silence is not room: online requests on the server with too few
+batch's in every snapshot; and never while online requests queue on the server (a latency
+under a lax target is no room on a server at its capacity). Silence is not room: online requests on the server with too few
 observations of them hold the level, and the batch's own streams going without a token while
 online requests are there count as a gap at least that long (right-censored), which cuts.
 """
@@ -45,6 +46,7 @@ class WindowEvidence:
     kv_usage: float | None
     waiting: float | None
     queue_held: bool  # requests waited in the newest snapshot and the one before
+    online_queued: bool  # requests waited, online ones on the server, in QUEUED_SCRAPES of the window's snapshots
     running: float | None
     silent_s: float  # the longest any of the batch's decoding streams has now gone without a token
     idle_s: float = 0.0  # how long, up to now, the server held nothing but the batch's requests (whatever `since_s`)
@@ -102,7 +104,7 @@ def judge(evidence: WindowEvidence, targets: GuardTargets, policy: GuardPolicy) 
     if excess(evidence, targets, policy, ease=True) is not None:
         return Verdict.EASE
     kv, latency, t = evidence.kv_usage, evidence.latency, targets
-    if (evidence.waiting or 0) > 0 or (kv is not None and kv > policy.kv_usage_grow):
+    if (evidence.waiting or 0) > 0 or evidence.online_queued or (kv is not None and kv > policy.kv_usage_grow):
         return Verdict.HOLD
     if evidence.idle(policy):
         return Verdict.GROW
@@ -112,6 +114,16 @@ def judge(evidence: WindowEvidence, targets: GuardTargets, policy: GuardPolicy) 
     if enough and t.lets_grow(latency) and not _above(silent_s, t.itl_grow_under_s):
         return Verdict.GROW
     return Verdict.HOLD
+
+
+# Snapshots of a window that showed requests waiting beside online ones before the window is no room
+# to grow: a server whose online requests queue is at its capacity, and on a saturating online load
+# every batch step adds to a backlog that does not drain. Grown to 8-9 in such a load's first 20 s (the
+# first-token p99 2.4 s, far under coserve's lax target of 12 s, nothing waiting at the scrapes it
+# judged on), the batch left (b)'s steady window at 1.41x alone's first-token p99 in one run of two
+# (coserve matrix on an AVX-512 host, 2026-11-28). Two, not one: a batch request just sent waits a
+# step too, and one scrape may catch it.
+QUEUED_SCRAPES = 2
 
 
 class ServerHistory:
@@ -183,8 +195,10 @@ class ServerHistory:
         before_newest = self._kept[-2][0] if len(self._kept) > 1 else None
         previous = before_newest if before_newest is not None and before_newest.at_s >= start.at_s else None  # in the window
         preempted = newest.preemptions is not None and start.preemptions is not None and newest.preemptions > start.preemptions
+        queued = sum(1 for s, batch in self._kept if start.at_s <= s.at_s <= newest.at_s and s.waiting > 0 and _others(s, batch) > 0)
         return WindowEvidence(SERVER_METRICS, newest.at_s - start.at_s, latency, online_seen, preempted, newest.kv_usage, newest.waiting,
-                              queue_held=newest.waiting > 0 and previous is not None and previous.waiting > 0, running=newest.running,
+                              queue_held=newest.waiting > 0 and previous is not None and previous.waiting > 0,
+                              online_queued=queued >= QUEUED_SCRAPES, running=newest.running,
                               silent_s=silent_s, idle_s=self._idle_s(own), online_ever=self.online_ever or online_seen)
 
     def _idle_s(self, own: OwnTimings) -> float:
@@ -238,7 +252,7 @@ def own_evidence(own: OwnTimings, now_s: float, since_s: float, window_s: float,
     """The batch's own latency over the last window (no server metrics): online traffic is assumed there."""
     from_s = max(now_s - window_s, since_s)
     return WindowEvidence(OWN_REQUESTS, now_s - from_s, own_latency(own, from_s, now_s), online_seen=True, preempted=False,
-                          kv_usage=None, waiting=None, queue_held=False, running=None, silent_s=silent_s)
+                          kv_usage=None, waiting=None, queue_held=False, online_queued=False, running=None, silent_s=silent_s)
 
 
 def _others(snapshot: MetricsSnapshot, batch_in_flight: int) -> float:
