@@ -240,9 +240,8 @@ def _planned(dag: Path, devices: str, chart: Path | None, profiles: Path | None,
     from batchllm.engines.settings_check import check_engine_settings
     from batchllm.io.dag_checks import check_dag
     from batchllm.planner.gantt import chart_paths, write_html, write_png
-    from batchllm.planner.length_sources import LengthModels, node_sets
+    from batchllm.planner.length_sources import LengthModels
     from batchllm.planner.plan_file import PROFILES_ROOT, plan_dag
-    from batchllm.runtime.fingerprint import node_fingerprints
 
     this_machine = _this_machine_devices()
     spec = with_endpoint_options(load_dag(dag), endpoint)
@@ -253,8 +252,6 @@ def _planned(dag: Path, devices: str, chart: Path | None, profiles: Path | None,
     chart, html_path = chart_paths(chart or Path("plans") / f"{dag.stem}-{devices.replace(':', '').replace('/', '_')}.png")
     models = [node.model for node in spec.nodes.values()]
     lengths = LengthModels.at_home(batchllm_home(), models)
-    if lengths.models and lengths.known_prompt_sets:  # a set the store has outputs of: planned at its own level
-        lengths = lengths.at_set_levels(batchllm_home(), node_sets(spec, node_fingerprints(spec)))
     report = plan_dag(spec, devices, profiles_root=profiles or PROFILES_ROOT, compare=compare,
                       lengths_for=lengths.lengths_for if lengths.models else None)
     if devices == this_machine:  # what `run` itself takes here, before and after its stages

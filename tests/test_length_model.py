@@ -340,36 +340,3 @@ def test_prompt_sets_are_held_out_one_by_one_up_to_the_fold_count_then_in_stable
     grown = set_folds([*many, "one more"])
     assert all(any(set(fold) <= set(other) for other in grown) for fold in folds)  # the new set moved no other
     assert set_folds(many, seed=1) != folds  # another seed, other groups
-
-
-def test_a_prompt_set_the_store_has_outputs_of_is_planned_at_its_own_level(tmp_path):
-    """Sets of the same kinds at levels x0.3 to x3: a node whose set the store has outputs of (its
-    pilot's) is planned at that set's level, not at the pooled level a new set gets; a node whose
-    set is new keeps the new set's lengths."""
-    from batchllm.planner.length_sources import LengthModels
-
-    store = ObservationStore.at_home(tmp_path, "m")
-    for k, scale in enumerate((0.3, 3.0, 1.0, 0.5, 2.0)):
-        store.add(*workload(120, seed=30 + k, scale=scale), prompt_set=f"set-{k}")
-    model, _ = store.fitted_model(min_outputs=200)
-    assert model is not None
-    pooled = LengthModels({"m": model}, {}, {}, frozenset(store.prompt_sets()))
-    levels = pooled.at_set_levels(tmp_path, {"long": ("m", "set-1"), "short": ("m", "set-0"), "new": ("m", "set-9"),
-                                             "other": ("another-model", "set-1")})
-    assert set(levels.set_levels) == {"long", "short"}
-    prompts, _, _ = workload(200, seed=50)
-    caps = [CAP] * len(prompts)
-    long_mean = mean_of_capped(levels.set_levels["long"].request_lengths(prompts), caps)
-    short_mean = mean_of_capped(levels.set_levels["short"].request_lengths(prompts), caps)
-    new_mean = mean_of_capped(model.for_new_set().request_lengths(prompts), caps)
-    assert short_mean < new_mean < long_mean and long_mean / short_mean > 3  # the sets' own levels: x3 against x0.3, cut at 256
-    seen = store.load()
-    for node, key in (("long", "set-1"), ("short", "set-0")):  # each at its set's capped mean over its own outputs
-        rows = [i for i, filed in enumerate(seen.prompt_sets) if filed == key]
-        own = levels.set_levels[node].request_lengths([seen.prompts[i] for i in rows])
-        assert abs(mean_of_capped(own, [seen.prompts[i].max_tokens for i in rows]) / seen.lengths[rows].mean() - 1) < 0.02
-
-
-def mean_of_capped(lengths: RequestLengths, caps) -> float:
-    """The requests' mean expected length, each cut at its cap."""
-    return float(lengths.expected(np.asarray(caps, float)).mean())

@@ -7,22 +7,20 @@ for every request alike: source "store" when the profile was learnt on this mach
 local profile store), else "prior". A per-request length model or a pilot plugs in here
 (`plan_dag(..., lengths_for=...)`, `dag_workloads(..., lengths_for=...)`); `LengthModels`
 gives the one fit on the local store's outputs (`ObservationStore.fitted_model`: used only
-where it beats the per-model CDF on held-out outputs, the verdict said either way). A node
-whose prompt set the store has outputs of (its pilot's, an earlier run's) is planned at that
-set's own level (`LengthModels.at_set_levels`), a new one at the level a new set gets.
+where it beats the per-model CDF on held-out outputs, the verdict said either way).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from batchllm.core.length_prompt import LengthPrompt
 from batchllm.costmodel.length_model.model import LengthModel
-from batchllm.costmodel.length_model.observations import Observations, ObservationStore
+from batchllm.costmodel.length_model.observations import ObservationStore
 from batchllm.costmodel.profile import Profile
 from batchllm.costmodel.request_lengths import RequestLengths
 from batchllm.dag.model import DagSpec
@@ -42,7 +40,6 @@ class LengthModels:
     rankers: dict[str, LengthModel]
     verdicts: dict[str, str]
     known_prompt_sets: frozenset[str]
-    set_levels: Mapping[str, LengthModel] = field(default_factory=dict)  # per node: its model at its prompt set's own level
 
     @classmethod
     def at_home(cls, home: Path, model_names: Sequence[str]) -> "LengthModels":
@@ -67,43 +64,13 @@ class LengthModels:
         takes them relative to each window's mean)."""
         return {name: model.log_shift for name, node in dag.nodes.items() if (model := self.rankers.get(node.model)) is not None}
 
-    def at_set_levels(self, home: Path, node_sets: Mapping[str, tuple[str, str]]) -> "LengthModels":
-        """These models, each node (`node_sets`: per node, its model and the prompt set its outputs are
-        filed under) whose prompt set the store has outputs of planned at that set's own level: its model moved so its
-        expected capped length over those outputs is their mean (`LengthModel.scaled_to`, as a pilot's
-        outputs set a new set's level). At the pooled level of every set it learnt from, the run after
-        a pilot of 276 long answers put them at 72.6 s where they took 84.2 s (calibration.py
-        --commands on an AVX-512 host, 2026-11-28: its other sets were one-word answers)."""
-        levels: dict[str, LengthModel] = {}
-        loaded: dict[str, Observations] = {}
-        for name, (model_name, key) in node_sets.items():
-            model = self.models.get(model_name)
-            if model is None or key not in self.known_prompt_sets:
-                continue
-            if model_name not in loaded:
-                loaded[model_name] = ObservationStore.at_home(home, model_name).load()
-            seen = loaded[model_name]
-            rows = [i for i, filed in enumerate(seen.prompt_sets) if filed == key]
-            if rows:
-                levels[name] = model.scaled_to([seen.prompts[i] for i in rows], seen.lengths[rows])
-        return replace(self, set_levels=levels)
-
     def lengths_for(self, summary: NodeSummary, profile: Profile) -> RequestLengths:
-        """A `LengthsFor`: the node's model's length model where one is used (at its prompt set's
-        own level where the store has outputs of it, else at the level a new set gets), else the
-        profile's CDF."""
-        own = self.set_levels.get(summary.name)
-        if own is not None:
-            return own.request_lengths(length_prompts(summary))
+        """A `LengthsFor`: the node's model's length model where one is used (its own level:
+        the lengths of every prompt set it learnt from), else the profile's CDF."""
         model = self.models.get(summary.model)
         if model is None:
             return profile_lengths(summary, profile)
-        return model.for_new_set().request_lengths(length_prompts(summary))
-
-
-def node_sets(dag: DagSpec, prompt_sets: Mapping[str, str]) -> dict[str, tuple[str, str]]:
-    """Per node: its model and the prompt set its outputs are filed under (`prompt_sets`: its fingerprint)."""
-    return {name: (node.model, prompt_sets[name]) for name, node in dag.nodes.items()}
+        return model.for_new_set().request_lengths(length_prompts(summary))  # the planner does not know if the set is new
 
 
 def profile_lengths(summary: NodeSummary, profile: Profile) -> RequestLengths:

@@ -34,7 +34,7 @@ from batchllm.io.remote_files import check_copy_target
 from batchllm.models.registry import batchllm_home
 from batchllm.planner.cluster import local_cluster, run_settings
 from batchllm.planner.from_dag import dag_workloads, measured_paces, server_node_facts
-from batchllm.planner.length_sources import LengthModels, node_sets
+from batchllm.planner.length_sources import LengthModels
 from batchllm.planner.problem import build_problem
 from batchllm.runtime.calibrated_stages import CalibratedStages, RunEstimates
 from batchllm.runtime.executor import Executor
@@ -149,8 +149,6 @@ def _checked_inputs(dag: DagSpec, spec: RunSpec, *, vllm_engines: bool, console:
         if output.copy_to is not None:
             check_copy_target(output.copy_to, where=dag.where(output.line, f"outputs.{name}.copy_to"))
     lengths = LengthModels.at_home(spec.home, [node.model for node in dag.nodes.values()])
-    if lengths.models and lengths.known_prompt_sets:  # a set the store has outputs of: planned at its own level
-        lengths = lengths.at_set_levels(spec.home, node_sets(dag, node_fingerprints(dag, sources)))
     for model, why in lengths.verdicts.items():
         console.print(f"length model for {model}: {why}", markup=False, highlight=False, soft_wrap=True)
     return RunInputs(dag, sources, endpoints, lengths.known_prompt_sets, node_vector_dimensions(dag, spec.home)), checks_s, lengths
