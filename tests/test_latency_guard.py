@@ -390,6 +390,7 @@ def test_describe():
     ({"judge_after_s": 12.0}, "12.0"),  # over the window: no level would ever be judged
     ({"max_window_s": 5.0}, "5.0"),
     ({"min_observations": 0}, "0"),
+    ({"queued_scrapes": 0}, "queued_scrapes must be >= 1"),
 ])
 def test_bad_policies_are_refused_with_their_value(options, quoted):
     with pytest.raises(ValueError, match=quoted):

@@ -46,7 +46,7 @@ class WindowEvidence:
     kv_usage: float | None
     waiting: float | None
     queue_held: bool  # requests waited in the newest snapshot and the one before
-    online_queued: bool  # requests waited, online ones on the server, in QUEUED_SCRAPES of the window's snapshots
+    online_queued: bool  # requests waited, online ones on the server, in `queued_scrapes` of the window's snapshots
     running: float | None
     silent_s: float  # the longest any of the batch's decoding streams has now gone without a token
     idle_s: float = 0.0  # how long, up to now, the server held nothing but the batch's requests (whatever `since_s`)
@@ -114,16 +114,6 @@ def judge(evidence: WindowEvidence, targets: GuardTargets, policy: GuardPolicy) 
     if enough and t.lets_grow(latency) and not _above(silent_s, t.itl_grow_under_s):
         return Verdict.GROW
     return Verdict.HOLD
-
-
-# Snapshots of a window that showed requests waiting beside online ones before the window is no room
-# to grow: a server whose online requests queue is at its capacity, and on a saturating online load
-# every batch step adds to a backlog that does not drain. Grown to 8-9 in such a load's first 20 s (the
-# first-token p99 2.4 s, far under coserve's lax target of 12 s, nothing waiting at the scrapes it
-# judged on), the batch left (b)'s steady window at 1.41x alone's first-token p99 in one run of two
-# (coserve matrix on an AVX-512 host, 2026-11-28). Two, not one: a batch request just sent waits a
-# step too, and one scrape may catch it.
-QUEUED_SCRAPES = 2
 
 
 class ServerHistory:
@@ -198,7 +188,7 @@ class ServerHistory:
         queued = sum(1 for s, batch in self._kept if start.at_s <= s.at_s <= newest.at_s and s.waiting > 0 and _others(s, batch) > 0)
         return WindowEvidence(SERVER_METRICS, newest.at_s - start.at_s, latency, online_seen, preempted, newest.kv_usage, newest.waiting,
                               queue_held=newest.waiting > 0 and previous is not None and previous.waiting > 0,
-                              online_queued=queued >= QUEUED_SCRAPES, running=newest.running,
+                              online_queued=queued >= self.policy.queued_scrapes, running=newest.running,
                               silent_s=silent_s, idle_s=self._idle_s(own), online_ever=self.online_ever or online_seen)
 
     def _idle_s(self, own: OwnTimings) -> float:

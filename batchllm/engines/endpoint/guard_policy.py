@@ -52,6 +52,13 @@ class GuardPolicy:
     # half the batch on the table; 0.9 alone broke 2 of 5 windows in stop 36's runs).
     grow_below: float = 0.75
     ease_above: float = 0.9
+    # Snapshots of a window that showed requests waiting beside online ones before the window is no room to
+    # grow: a server whose online requests queue is at its capacity, and on a saturating online load every
+    # batch step adds to a backlog that does not drain. Grown to 8-9 in such a load's first 20 s (first-token
+    # p99 2.4 s, far under coserve's lax 12 s target, nothing waiting at the scrapes it judged on), the batch
+    # left (b)'s steady window at 1.41x alone's first-token p99 in one run of two; held at 1, 0.97x (coserve
+    # matrix, AVX-512 host, 2026-11-28). Two, not one: a batch request just sent waits a step too.
+    queued_scrapes: int = 2
     # KV use: a server at 95 % preempts soon; growth stops at 90 %.
     kv_usage_cut: float = 0.95
     kv_usage_grow: float = 0.9
@@ -71,8 +78,9 @@ class GuardPolicy:
         if not self.judge_after_s <= self.window_s:
             raise ValueError(f"judge_after_s must be in (0, window_s {self.window_s!r}] (a level is judged inside the window), "
                              f"got {self.judge_after_s!r}")
-        if not (self.min_observations >= 1 and self.own_gaps_min >= 1):
-            raise ValueError(f"min_observations and own_gaps_min must be >= 1, got {self.min_observations!r}, {self.own_gaps_min!r}")
+        if not (self.min_observations >= 1 and self.own_gaps_min >= 1 and self.queued_scrapes >= 1):
+            raise ValueError(f"min_observations, own_gaps_min and queued_scrapes must be >= 1, got {self.min_observations!r}, "
+                             f"{self.own_gaps_min!r}, {self.queued_scrapes!r}")
         if not 0 < self.cut_factor < 1:
             raise ValueError(f"cut_factor must be in (0, 1), got {self.cut_factor!r}")
         if not 0 < self.grow_below <= self.ease_above <= 1:
