@@ -12,9 +12,10 @@ or a silence). What holds the batch back for long (`sure`) needs the first-token
 bucket over the target. A window grows the batch only when it holds enough
 online observations under the growth bounds, or shows the server with no request but the
 batch's in every snapshot; and never while online requests queue on the server (a latency
-under a lax target is no room on a server at its capacity). Silence is not room: online requests on the server with too few
-observations of them hold the level, and the batch's own streams going without a token while
-online requests are there count as a gap at least that long (right-censored), which cuts.
+under a lax target is no room on a server at its capacity). Silence is not room: online
+requests on the server with too few observations of them hold the level, and the batch's own
+streams going without a token while online requests are there count as a gap at least that
+long (right-censored), which cuts.
 """
 
 from __future__ import annotations
