@@ -186,11 +186,15 @@ class ServerHistory:
         before_newest = self._kept[-2][0] if len(self._kept) > 1 else None
         previous = before_newest if before_newest is not None and before_newest.at_s >= start.at_s else None  # in the window
         preempted = newest.preemptions is not None and start.preemptions is not None and newest.preemptions > start.preemptions
-        queued = sum(1 for s, batch in self._kept if start.at_s <= s.at_s <= newest.at_s and s.waiting > 0 and _others(s, batch) > 0)
+        queued = sum(1 for s, batch in self._within(start, newest) if s.waiting > 0 and _others(s, batch) > 0)
         return WindowEvidence(SERVER_METRICS, newest.at_s - start.at_s, latency, online_seen, preempted, newest.kv_usage, newest.waiting,
                               queue_held=newest.waiting > 0 and previous is not None and previous.waiting > 0,
                               online_queued=queued >= self.policy.queued_scrapes, running=newest.running,
                               silent_s=silent_s, idle_s=self._idle_s(own), online_ever=self.online_ever or online_seen)
+
+    def _within(self, start: MetricsSnapshot, end: MetricsSnapshot) -> list[tuple[MetricsSnapshot, int]]:
+        """The kept snapshots from `start` to `end`, both included, each with the batch's count in flight then."""
+        return [(s, batch) for s, batch in self._kept if start.at_s <= s.at_s <= end.at_s]
 
     def _idle_s(self, own: OwnTimings) -> float:
         """How long back from the newest snapshot every snapshot showed no request but the batch's,
@@ -224,7 +228,7 @@ class ServerHistory:
         it, and a burst of online work gives the online traffic many gaps where the batch's few
         requests see each step once. Else the server's over all requests."""
         online = online_latency(start, end, own)
-        shown = [(s.at_s, _others(s, batch), batch) for s, batch in self._kept if start.at_s <= s.at_s <= end.at_s]
+        shown = [(s.at_s, _others(s, batch), batch) for s, batch in self._within(start, end)]
         online_seen = online.ttft_count > 0 or any(others > 0 for _, others, _ in shown)
         if not online_seen:
             return replace(online, itl_p99_s=None, itl_count=0, itl_p99_bucket_s=None), False
