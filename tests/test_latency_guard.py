@@ -99,7 +99,32 @@ def test_a_server_saturated_before_the_batch_gets_none_while_online_requests_run
     assert max(beside.batch_while_online) <= 1
     reading = guard.reading(180.0)
     assert reading.phase == "waiting"
-    assert reading.describe().startswith("waiting (") and "with no batch; 1 in flight only while no online request runs)" in reading.describe()
+    assert reading.describe().startswith("waiting (") and "with no batch; 1 in flight only in a quiet stretch without online requests)" in reading.describe()
+
+
+def test_waiting_the_batch_trickles_in_quiet_stretches_not_in_the_momentary_gaps_of_busy_traffic():
+    """An SLO at half of what the online traffic shows alone: the guard waits. Busy online traffic
+    (a request a second, 30 tokens) leaves the server empty at single scrapes; a trickle started
+    there meets the next arrivals (a quarter of the online steps beside a batch request, with
+    `trickle_quiet_gaps` 0). It starts only after 3 mean arrival gaps without online requests:
+    seldom while they come, and at once in the 50 s without any."""
+    scenario = Scenario(FAST, poisson(1.0, 200, seed=11) + tuple(250.0 + 30.0 * k for k in range(5)), online_tokens=30)
+    alone = run(scenario, None, 400.0)
+    ttft_s, itl_s = alone.online_p99s(0.0, 200.0)
+    assert ttft_s is not None and itl_s is not None
+    slo = LatencySlo(ttft_p99_s=0.5 * ttft_s, itl_p99_s=0.5 * itl_s)
+
+    def beside_online(policy: GuardPolicy) -> tuple[float, list[int]]:
+        guard = LatencyGuard(slo, 64, policy)
+        trace = run(scenario, guard, 400.0)
+        assert guard.phase is GuardPhase.WAITING
+        busy = [batch for at, batch in zip(trace.online_steps_at, trace.batch_while_online) if 20.0 <= at < 200.0]
+        return sum(1 for batch in busy if batch) / len(busy), [allowed for at, allowed in trace.allowed if 200.0 <= at < 250.0]
+
+    quiet_share, quiet_allowed = beside_online(GuardPolicy())
+    any_gap_share, _ = beside_online(GuardPolicy(trickle_quiet_gaps=0.0))
+    assert quiet_share <= 0.03 and any_gap_share >= 0.2
+    assert max(quiet_allowed) == 1 and quiet_allowed.count(1) > len(quiet_allowed) // 2
 
 
 def test_once_the_overload_is_over_a_guard_without_an_slo_measures_a_new_baseline_and_runs():
@@ -131,7 +156,7 @@ def test_where_one_batch_request_beside_online_ones_is_too_many_the_batch_keeps_
     held back. No try a window later (each broke a window: the old guard ran beside online requests
     in a quarter of their steps here), nor never again (one sure excess early held whole runs back):
     one try at 1 after 60 s, 120 s, 240 s, 480 s of holding, each back to held within a window and
-    its judging; the batch otherwise runs only while no online request is on the server, and
+    its judging; the batch otherwise runs only in quiet stretches without online requests, and
     progress says why."""
     scenario = Scenario(ONE_SLOW_CORE, tuple(0.5 + 15.0 * k for k in range(70)), online_tokens=100)
     guard = LatencyGuard(None, 64)
@@ -148,8 +173,8 @@ def test_where_one_batch_request_beside_online_ones_is_too_many_the_batch_keeps_
     after = [batch for at, batch in zip(beside.online_steps_at, beside.batch_while_online) if at > holds[0]]
     assert len(after) > 5000 and sum(1 for batch in after if batch) <= len(after) * 4 // 100 and max(after) <= 1
     described = guard.reading(1050.0).describe()
-    assert described.startswith("held back (online p99 ") and (" beside one batch request; 1 in flight only while no online "
-                                                                 "request runs, until a lull or a try beside them); in flight <= ") in described
+    assert described.startswith("held back (online p99 ") and (" beside one batch request; 1 in flight only in a quiet stretch "
+                                                                 "without online requests, until a lull or a try beside them); in flight <= ") in described
 
 
 def test_with_an_slo_the_crowded_slow_core_sees_at_most_one_batch_request_and_seldom_that():
@@ -379,8 +404,8 @@ def test_describe():
     assert GuardReading(0, 0.5, None, None, None, "server metrics", "measuring baseline").describe() == (
         "measuring baseline; in flight <= 0; online p99 TTFT 0.50 s, inter-token unknown")
     waiting = GuardReading(0, 7.47, 0.5, 3.1, 0.6, "server metrics", "waiting", why="online p99 TTFT 7.47 s over its ease bound 2.79 s with no batch")
-    assert waiting.describe() == ("waiting (online p99 TTFT 7.47 s over its ease bound 2.79 s with no batch; 1 in flight only while no "
-                                  "online request runs); in flight <= 0; online p99 TTFT 7.47 s (target 3.10), inter-token 500 ms (target 600)")
+    assert waiting.describe() == ("waiting (online p99 TTFT 7.47 s over its ease bound 2.79 s with no batch; 1 in flight only in a quiet "
+                                  "stretch without online requests); in flight <= 0; online p99 TTFT 7.47 s (target 3.10), inter-token 500 ms (target 600)")
 
 
 @pytest.mark.parametrize("options, quoted", [
@@ -391,6 +416,7 @@ def test_describe():
     ({"max_window_s": 5.0}, "5.0"),
     ({"min_observations": 0}, "0"),
     ({"queued_scrapes": 0}, "queued_scrapes must be >= 1"),
+    ({"trickle_quiet_gaps": -1.0}, "trickle_quiet_gaps must be >= 0, got -1.0"),
 ])
 def test_bad_policies_are_refused_with_their_value(options, quoted):
     with pytest.raises(ValueError, match=quoted):

@@ -164,6 +164,18 @@ class ServerHistory:
             return 1.0
         return others
 
+    def quiet_for_trickle(self, now_s: float, own: OwnTimings) -> bool:
+        """No online request on the server now, nor for `trickle_quiet_gaps` of the online traffic's
+        mean arrival gap over the history (its first tokens less the batch's); with none in the
+        history, no online request now is enough. False without a fresh snapshot."""
+        if self.others_now(now_s, own) != 0:
+            return False
+        oldest, newest = self._kept[0][0], self._kept[-1][0]
+        arrivals = self._online_first_tokens(oldest, newest, own)
+        if arrivals < 1:
+            return True
+        return self._idle_s(own) >= self.policy.trickle_quiet_gaps * (newest.at_s - oldest.at_s) / arrivals
+
     def evidence(self, now_s: float, since_s: float, own: OwnTimings, silent_s: float) -> WindowEvidence | None:
         """What the last `window_s` showed, from `since_s` at the earliest; widened back (up to
         `max_window_s`, not before `since_s`) while online requests were there and fewer than

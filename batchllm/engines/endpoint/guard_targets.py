@@ -46,9 +46,9 @@ class GuardReading:
         text = (f"in flight <= {self.allowed}; {who} p99 TTFT {ttft}{target(self.ttft_target_s, 1, 2)}, "
                 f"inter-token {itl}{target(self.itl_target_s, 1000, 0)}")
         if self.phase == "waiting":
-            return f"waiting ({self.why}; 1 in flight only while no online request runs); {text}"
+            return f"waiting ({self.why}; 1 in flight only in a quiet stretch without online requests); {text}"
         if self.phase == "held back":
-            return f"held back ({self.why}; 1 in flight only while no online request runs, until a lull or a try beside them); {text}"
+            return f"held back ({self.why}; 1 in flight only in a quiet stretch without online requests, until a lull or a try beside them); {text}"
         return text if self.phase in ("guarding", "slow start") else f"{self.phase}; {text}"
 
 

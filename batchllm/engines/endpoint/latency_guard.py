@@ -10,12 +10,14 @@ Phases (`GuardPhase`; the rules and their numbers in `guard_policy.py`):
   online request measures the batch's own request alone, until `min_observations` first tokens.
   Without server metrics: the batch's own requests at concurrency 1.
 - WAITING, when the online traffic alone is over its ease bounds or the server preempted or
-  queued with no batch at all: 0 in flight, 1 while no online request is on the server. It ends
-  when a window shows the online traffic under its ease bounds and no sign of overload: SLOW_START
-  at 1 with an SLO; without one, a new BASELINE (an overloaded server's latency is no baseline).
+  queued with no batch at all: 0 in flight, 1 once no online request was on the server for a
+  quiet stretch (`trickle_quiet_gaps` of their mean arrival gap: a momentary gap in heavy traffic
+  is no room). It ends when a window shows the online traffic under its ease bounds and no sign
+  of overload: SLOW_START at 1 with an SLO; without one, a new BASELINE (an overloaded server's
+  latency is no baseline).
 - HELD, when even one batch request beside online requests broke a target (a cut to 0 with online
-  requests there): as WAITING, 0 in flight while online requests are on the server and 1 while
-  none is, until a lull (`lull_s` without online requests: nobody to harm) or a backoff
+  requests there): as WAITING, 0 in flight but in a quiet stretch without online requests, until
+  a lull (`lull_s` without online requests: nobody to harm) or a backoff
   (`held_retry_s`, doubled at each hold in a row up to `max_held_retry_s`); then SLOW_START at 1.
   After a lull, when online requests come back, the level last judged beside them, 0, and one more
   try a window later. A probe a window, as at 0 otherwise, harmed every window where one batch
@@ -204,15 +206,16 @@ class LatencyGuard:
         return None if why is None else f"{why} with no batch"
 
     def _trickle(self, now_s: float) -> WindowEvidence | None:
-        """WAITING's and HELD's allowance, 1 only while no online request is on the server (none
-        known: 0); then, at a new observation once the level ran a whole window, what it showed."""
-        self._allowed = 1 if self._history.others_now(now_s, self._own) == 0 else 0
+        """WAITING's and HELD's allowance, 1 only once no online request was on the server for a
+        quiet stretch (`ServerHistory.quiet_for_trickle`; none known: 0); then, at a new
+        observation once the level ran a whole window, what it showed."""
+        self._allowed = 1 if self._history.quiet_for_trickle(now_s, self._own) else 0
         if not self._new_observation(now_s) or now_s - self._level_since_s < self.policy.window_s:
             return None
         return self._history.evidence(now_s, self._level_since_s, self._own, self._silent_s)
 
     def _wait(self, now_s: float) -> None:
-        """WAITING: 1 only while no online request is on the server; out once a window of the online
+        """WAITING: 1 only in a quiet stretch without online requests; out once a window of the online
         traffic alone (or beside that trickle) shows it under its ease bounds."""
         alone = self._trickle(now_s)
         if alone is None or alone.span_s < self.policy.window_s:
@@ -229,7 +232,7 @@ class LatencyGuard:
             self._why_waiting = why
 
     def _hold(self, now_s: float) -> None:
-        """HELD: 1 only while no online request is on the server; out after a lull (the backoff's count
+        """HELD: 1 only in a quiet stretch without online requests; out after a lull (the backoff's count
         starts again) or, to try 1 beside them once more, after the backoff."""
         level = self._trickle(now_s)
         lull = level is not None and level.idle(self.policy)
