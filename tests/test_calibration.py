@@ -12,7 +12,7 @@ import pytest
 from batchllm.costmodel.calibration.latency import LatencyCalibration, prior_design, scaled
 from batchllm.costmodel.calibration.lengths import LengthCalibration
 from batchllm.costmodel.calibration.loads import PRIOR_LOADS, LoadCalibration
-from batchllm.costmodel.calibration.model import ModelCalibration
+from batchllm.costmodel.calibration.model import SHAPES_MEASURED_HERE, ModelCalibration
 from batchllm.costmodel.latency import StepFeatures, StepLatencyModel
 from batchllm.costmodel.lengths import LengthDistribution
 from batchllm.costmodel.nnls import nnls_normal
@@ -350,13 +350,16 @@ def test_a_shape_no_engine_ran_is_rescaled_by_what_the_measured_shape_showed():
     assert calibration.evidence().shapes_measured == ("w1-tp1",)
 
 
-def test_what_the_store_keeps_of_a_shape_no_engine_ran_is_a_learnt_priors_own_numbers():
-    """Rescaled while the run plans, but filed as the learnt prior had it: else a shape
-    measured once drifts by every later run's factor of the other shapes. A shipped prior's
-    shapes are filed rescaled (better than another machine's numbers)."""
+def test_what_the_store_keeps_of_a_shape_no_engine_ran_is_a_learnt_priors_own_numbers_once_a_run_here_measured_it():
+    """Rescaled while the run plans, but filed as the learnt prior had it when an earlier run here
+    measured it: else a shape measured once drifts by every later run's factor of the other shapes.
+    A shape no run here measured (a shipped prior's, or a learnt one's never run) is filed rescaled,
+    as the run planned it: the next command then plans what this one did."""
     shipped = committed_profile()
-    learnt = dataclasses.replace(shipped, kind="learnt")
-    for prior, kept in ((learnt, True), (shipped, False)):
+    learnt_w2 = dataclasses.replace(shipped, kind="learnt", notes={SHAPES_MEASURED_HERE: ["w1-tp1", "w2-tp1"]})
+    learnt_w1 = dataclasses.replace(shipped, kind="learnt", notes={SHAPES_MEASURED_HERE: ["w1-tp1"]})
+    older = dataclasses.replace(shipped, kind="learnt", notes={"shapes_measured": ["w2-tp1"]})  # filed before the whole list
+    for prior, kept in ((learnt_w2, True), (older, True), (learnt_w1, False), (shipped, False)):
         calibration = ModelCalibration(prior)
         truth = scaled(prior.shapes["w1-tp1"].latency, 0.5)
         features, seconds = synthetic_steps(600, seed=8, model=truth)
@@ -369,8 +372,10 @@ def test_what_the_store_keeps_of_a_shape_no_engine_ran_is_a_learnt_priors_own_nu
         if kept:
             assert filed.shapes["w2-tp1"].latency == prior.shapes["w2-tp1"].latency
             assert filed.shapes["w2-tp1"].load_time_s == prior.shapes["w2-tp1"].load_time_s
+            assert calibration.shapes_measured_here() == ("w1-tp1", "w2-tp1")
         else:
             assert filed.shapes["w2-tp1"] == planned.shapes["w2-tp1"]
+            assert calibration.shapes_measured_here() == ("w1-tp1",)
 
 
 def test_a_model_with_no_evidence_takes_the_machines_factors_and_its_engine_facts():

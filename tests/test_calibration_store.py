@@ -159,6 +159,9 @@ def test_a_run_calibrates_files_what_it_measured_and_the_next_plan_starts_from_i
     assert np.allclose(ratios, 2.0, rtol=0.1)  # the decode steps it saw, now twice the prior
     assert entry.profile.engine["engine_version"] == "fake"  # what the engines reported
     assert entry.profile.shapes["w2-tp1"].latency != prior.shapes["w2-tp1"].latency  # rescaled too
+    measured = entry.record["evidence"]["shapes_measured"]
+    assert entry.profile.notes["shapes_measured_here"] == measured and "w1-tp1" in measured
+    assert entry.profile.notes["shapes_rescaled"] == [k for k in prior.shapes if k not in measured]
     # the next plan on this machine starts from it and says so
     again = plan_dag_file(dag, "cpu:2", profiles_root=root)
     assert [n for n in again.problem.notes if n.startswith("prior for")] == [f"prior for ./tiny-model: {entry.describe()}"]

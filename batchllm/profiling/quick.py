@@ -18,7 +18,7 @@ from pathlib import Path
 
 from batchllm.core.requests import EngineRequest
 from batchllm.core.sampling import SamplingSpec
-from batchllm.costmodel.calibration.model import ModelCalibration
+from batchllm.costmodel.calibration.model import SHAPES_MEASURED_HERE, ModelCalibration
 from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.latency import step_features
 from batchllm.costmodel.profile import Profile
@@ -85,7 +85,8 @@ def quick_profile(model_name: str, model_dir: Path, devices: DeviceSet, factory:
     learnt = replace(learnt, kind="learnt", hardware=cluster.identity.folder_name, identity=cluster.identity,
                      engine={**learnt.engine, **{k: v for k, v in run.items() if k in ("dtype", "enforce_eager")}},
                      notes={"prior": f"{prior.kind} {prior.hardware}/{prior.model}", "method": "batchllm profile --quick",
-                            "shapes_measured": list(calibration.evidence().shapes_measured)})
+                            "shapes_measured": list(calibration.evidence().shapes_measured),
+                            SHAPES_MEASURED_HERE: list(calibration.shapes_measured_here())})
     evidence = calibration.evidence()
     folder = store.save(learnt, cluster.identity, run, source="batchllm profile --quick",
                         evidence={"steps": evidence.steps, "outputs": 0, "loads": evidence.loads,

@@ -31,7 +31,7 @@ import numpy as np
 
 from batchllm.core.requests import EngineResult
 from batchllm.costmodel.calibration.batch_tail import batch_left_s
-from batchllm.costmodel.calibration.model import ModelCalibration, SpeedFactors
+from batchllm.costmodel.calibration.model import SHAPES_MEASURED_HERE, ModelCalibration, SpeedFactors
 from batchllm.costmodel.calibration.node_lengths import NodeLengths, output_length
 from batchllm.costmodel.calibration.output_forecast import LogShift
 from batchllm.costmodel.calibration.store import LORA_SETTING, ProfileStore
@@ -227,12 +227,13 @@ class RunCalibration(RunObserver):
                 continue
             settings = {**self.settings, LORA_SETTING: True} if model.engine.get(LORA_SETTING) else self.settings  # kept apart
             calibrated = model.profile_to_keep(fallback=self.machine_factors())
-            unmeasured = [k for k in calibrated.shapes if k not in evidence.shapes_measured]
+            here = model.shapes_measured_here()
             learnt = replace(calibrated, kind="learnt", hardware=cluster.identity.folder_name, identity=cluster.identity,
                              engine={**calibrated.engine, **{k: v for k, v in self.settings.items() if k in ("dtype", "enforce_eager")}},
                              notes={"prior": f"{model.prior.kind} {model.prior.hardware}/{model.prior.model}",
-                                    "shapes_measured": list(evidence.shapes_measured),
-                                    ("shapes_kept" if model.prior.kind == "learnt" else "shapes_rescaled"): unmeasured})
+                                    "shapes_measured": list(evidence.shapes_measured), SHAPES_MEASURED_HERE: list(here),
+                                    "shapes_kept": [k for k in here if k not in evidence.shapes_measured],
+                                    "shapes_rescaled": [k for k in calibrated.shapes if k not in here]})
             folder = self.store.save(learnt, cluster.identity, settings, source=self.source,
                                      evidence={"steps": evidence.steps, "outputs": evidence.outputs, "loads": evidence.loads,
                                                "shapes_measured": list(evidence.shapes_measured)})

@@ -6,8 +6,8 @@ shapes that did run (and the start cost by theirs): the machine that makes one s
 slower than its profile makes the others so too, and re-planning must not prefer a shape
 only because it was never measured. A model not run yet takes `fallback` factors (those of
 the other models on the same machine), when given. What a run files in the store
-(`profile_to_keep`) differs in one way: a shape it did not run keeps a learnt prior's own
-numbers (see there).
+(`profile_to_keep`) differs in one way: a shape it did not run but an earlier run here did
+keeps a learnt prior's own numbers (see there).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from batchllm.costmodel.latency import StepFeatures
 from batchllm.costmodel.lengths import LengthDistribution
 from batchllm.costmodel.profile import Profile
 from batchllm.engines.protocol import EngineConfig, WorkerReady
+
+SHAPES_MEASURED_HERE = "shapes_measured_here"  # a learnt profile's note: every shape a run on this machine measured
 
 
 @dataclass(frozen=True)
@@ -110,27 +112,47 @@ class ModelCalibration:
         return self._profile(lengths, step_factor, load_factor)
 
     def profile_to_keep(self, fallback: SpeedFactors | None = None) -> Profile:
-        """The calibrated profile as the local store keeps it. When the prior was learnt on
-        this machine, a shape this run did not run (or start) keeps the prior's numbers:
-        they were measured here by an earlier run, and the speed factor of the shapes that
-        did run is mostly noise for them (rescaled at every save, an unmeasured shape
-        drifted run after run by the product of other shapes' factors)."""
-        if self.prior.kind == "learnt":
-            return self._profile(None, step_factor=1.0, load_factor=1.0)
-        return self.profile(fallback=fallback)
+        """The calibrated profile as the local store keeps it. When the prior was learnt on this
+        machine, a shape this run did not run but an earlier run here measured keeps the prior's
+        numbers: the speed factor of the shapes that did run is mostly noise for it (rescaled at
+        every save, such a shape drifted run after run by the product of other shapes' factors).
+        A shape no run here measured is filed rescaled, as `profile` plans it: kept as first
+        filed, the next command planned it on another workload's level (`run` after a pilot on
+        another shape: -14 % where `plan --pilot` was within 3 %)."""
+        if self.prior.kind != "learnt":
+            return self.profile(fallback=fallback)
+        own = self.factors()
+        step_factor = own.step if own.steps or fallback is None else fallback.step
+        load_factor = own.load if own.loads or fallback is None else fallback.load
+        return self._profile(None, step_factor, load_factor, keep=frozenset(measured_here(self.prior)))
 
-    def _profile(self, lengths: LengthDistribution | None, step_factor: float, load_factor: float) -> Profile:
-        """Measured shapes refit; the others' step times and start costs times the factors."""
+    def shapes_measured_here(self) -> tuple[str, ...]:
+        """The shapes some run on this machine measured: the learnt prior's and this run's."""
+        here = set(self.evidence().shapes_measured) | (set(measured_here(self.prior)) if self.prior.kind == "learnt" else set())
+        return tuple(sorted(here))
+
+    def _profile(self, lengths: LengthDistribution | None, step_factor: float, load_factor: float,
+                 keep: frozenset[str] = frozenset()) -> Profile:
+        """Measured shapes refit; the others' step times and start costs times the factors, but
+        those in `keep`: the prior's own."""
         shapes = {}
         for key, shape in self.prior.shapes.items():
+            step, start = (1.0, 1.0) if key in keep else (step_factor, load_factor)
             calibration = self.latency.get(key)
-            latency = calibration.model() if calibration is not None and calibration.steps else scaled(shape.latency, step_factor)
+            latency = calibration.model() if calibration is not None and calibration.steps else scaled(shape.latency, step)
             load = self.loads.get(key)
-            load_s = load.posterior_s() if load is not None and load.loads else shape.load_time_s * load_factor
+            load_s = load.posterior_s() if load is not None and load.loads else shape.load_time_s * start
             shapes[key] = replace(shape, latency=latency, load_time_s=load_s,  # warm-up: the prior's
                                   kv_capacity_tokens=self.kv_capacity_tokens.get(key, shape.kv_capacity_tokens))
         return replace(self.prior, engine={**self.prior.engine, **self.engine}, shapes=shapes,
                        lengths=lengths or self.lengths.posterior())
+
+
+def measured_here(learnt: Profile) -> list[str]:
+    """The shapes runs on this machine measured, as a learnt profile's notes say (a profile filed
+    before they kept the whole list names its last run's)."""
+    shapes = learnt.notes.get(SHAPES_MEASURED_HERE, learnt.notes.get("shapes_measured", []))
+    return [str(key) for key in shapes] if isinstance(shapes, list) else []
 
 
 def kv_capacity_tokens(config: EngineConfig, ready: WorkerReady) -> int:
