@@ -127,6 +127,22 @@ def test_waiting_the_batch_trickles_in_quiet_stretches_not_in_the_momentary_gaps
     assert max(quiet_allowed) == 1 and quiet_allowed.count(1) > len(quiet_allowed) // 2
 
 
+def test_at_0_the_batch_tries_again_only_on_evidence_of_room_not_on_a_load_just_under_the_ease_bound():
+    """Online traffic alone at 0.8 of its targets (over the growth bound, under the ease bound),
+    where one batch request beside it is too many: cut to 0, the batch stays there while that load
+    lasts (a try a window apart at no reason to cut: 4 tries, each cut within seconds), and
+    comes back once a lighter load shows room."""
+    step_s = lambda n: 0.03 + 0.01 * n  # noqa: E731
+    arrivals = poisson(1.0, 60, seed=3) + poisson(20.0, 65, seed=4, from_s=60.0) + poisson(1.0, 180, seed=5, from_s=65.0) + \
+        poisson(0.2, 300, seed=6, from_s=180.0)
+    scenario = Scenario(step_s, tuple(sorted(arrivals)), online_tokens=32)
+    ttft_s, itl_s = run(scenario, None, 300.0).online_p99s(0.0, 60.0)
+    assert ttft_s is not None and itl_s is not None
+    trace = run(scenario, LatencyGuard(LatencySlo(ttft_p99_s=ttft_s / 0.8, itl_p99_s=itl_s / 0.8), 64), 300.0)
+    tries = [at for (at, allowed), (_, before) in zip(trace.allowed[1:], trace.allowed) if before == 0 and allowed >= 1]
+    assert [at for at in tries if 65.0 <= at < 180.0] == [] and any(at >= 180.0 for at in tries)
+
+
 def test_once_the_overload_is_over_a_guard_without_an_slo_measures_a_new_baseline_and_runs():
     """Saturated for 60 s (requests wait on the server), then light: the waiting ends, the
     baseline is taken again from what the server shows now, and the batch runs beside it."""
