@@ -2,7 +2,9 @@
 model made here (Idefics3's architecture, the embedded SmolLM2 as its language model, a seeded
 random vision tower: tests/vision_model.py) gives the tokens vLLM's own `LLM.chat` gives for the
 same image as an OpenAI content part, at temperature 0; the same images as bytes give the same
-tokens as their paths; a missing or unreadable image fails its row only."""
+tokens as their paths; a missing or unreadable image fails its row only. The same chats as lines of
+an OpenAI batch file give the same texts through `run-batch`, each line valid as vLLM's own response
+models have it, and a line whose image is not one fails alone."""
 
 from __future__ import annotations
 
@@ -93,3 +95,30 @@ def test_an_image_node_gives_vllms_own_chat_tokens_and_a_bad_image_fails_its_row
     assert "is empty (a null" in answers["look_bytes"]["missing"]["finish_reason"]
     assert all(tokens > IMAGE_TOKENS for _, tokens in theirs)  # the image's tokens are in the prompt's count
     assert theirs[0][0] != theirs[2][0]  # the same question, another image: another answer (the image is read)
+    _a_batch_file_of_the_same_chats_gives_the_same_texts(tmp_path, chats, [text for text, _ in theirs], shared_engines)
+
+
+def _a_batch_file_of_the_same_chats_gives_the_same_texts(tmp_path: Path, chats: list, texts: list[str], shared_engines) -> None:
+    """`run-batch` on the chats above (data URIs, on the engine the DAG ran on), and one whose image is not one."""
+    from vllm.entrypoints.launchers.run_batch import BatchRequestOutput
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionResponse
+
+    from batchllm.openai_batch.run import run_batch
+
+    bad = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"no").decode()}},
+                                        {"type": "text", "text": QUESTIONS[0]}]}]
+    lines = [{"custom_id": f"chat-{k}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "vlm", "messages": chat, "max_tokens": MAX_TOKENS, "temperature": 0}} for k, chat in enumerate([*chats, bad])]
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    batch = run_batch(tmp_path / "requests.jsonl", tmp_path / "results.jsonl", {"vlm": str(tmp_path / "vlm")}, run_dir=tmp_path / "batch-run",
+                      devices="cpu:2", engine_factory=shared_engines, console=Console(quiet=True),
+                      engine={"max_num_seqs": 1, "max_model_len": 2048})
+    assert (batch.counts.lines, batch.counts.succeeded, batch.counts.failed) == (4, 3, {"request_failed": 1})
+    results = {r["custom_id"]: r for r in map(json.loads, (tmp_path / "results.jsonl").read_text().splitlines())}
+    assert sorted(results) == [f"chat-{k}" for k in range(4)]  # each line once
+    for k, text in enumerate(texts):
+        BatchRequestOutput.model_validate(results[f"chat-{k}"])
+        body = ChatCompletionResponse.model_validate(results[f"chat-{k}"]["response"]["body"])
+        assert body.choices[0].message.content == text
+    failed = results["chat-3"]
+    assert failed["response"] is None and "image 1 is not an image PIL can read" in failed["error"]["message"], failed
