@@ -297,6 +297,7 @@ def evidence(ttft_s: float | None = 0.5, itl_s: float | None = 0.05, *, ttft_cou
     (evidence(kv_usage=0.96), Verdict.CUT),
     (evidence(kv_usage=0.92), Verdict.HOLD),
     (evidence(waiting=1.0), Verdict.HOLD),
+    (evidence(online_rising=True), Verdict.HOLD),  # online requests on the server rising through the window: a load still building
     (evidence(online_queued=True), Verdict.HOLD),  # online requests waited in two of the window's scrapes: at capacity
     (evidence(span_s=1.5), Verdict.HOLD),  # a level judged once it ran 2 s
     (evidence(span_s=1.5, ttft_s=1.2), Verdict.CUT),  # a cut does not wait
@@ -384,7 +385,7 @@ def test_an_online_request_the_batchs_own_count_hides_is_seen_by_its_first_token
     assert history.others_now(3.0, own) == 1.0
 
 
-def test_requests_waiting_beside_online_ones_in_two_scrapes_of_the_window_are_no_room_to_grow():
+def test_requests_waiting_beside_online_ones_in_two_scrapes_or_online_requests_rising_through_the_window_are_no_room_to_grow():
     """A load that saturates the server after the batch started: its first tokens still come under a
     lax target, but online requests queue. Waiting in one scrape (a batch request just sent) or
     with only the batch's requests there (a lull) holds nothing back; in two scrapes beside online
@@ -411,6 +412,12 @@ def test_requests_waiting_beside_online_ones_in_two_scrapes_of_the_window_are_no
     own_only = window([(2.0, 0.0), (2.0, 1.0), (2.0, 0.0), (2.0, 1.0)] + [(2.0, 0.0)] * 8, batch=3)
     assert not once.online_queued and not own_only.online_queued
     assert judge(once, lax, GuardPolicy()) is Verdict.GROW
+    # a saturating load filling the server before anything waits: no room to grow on its latency
+    filling = window([(2.0 + 6.0 * k, 0.0) for k in range(12)], batch=2)
+    assert filling.online_rising and not filling.online_queued and judge(filling, lax, GuardPolicy()) is Verdict.HOLD
+    light = window([(2.0 + (k % 3), 0.0) for k in range(12)], batch=2)  # 0-2 online requests, as light traffic comes and goes
+    heavy = window([(2.0 + 3.0 + (k % 2) * 2, 0.0) for k in range(6)] + [(2.0 + 4.0 + (k % 2) * 2, 0.0) for k in range(6)], batch=2)
+    assert not light.online_rising and not heavy.online_rising and judge(light, lax, GuardPolicy()) is Verdict.GROW
 
 
 def test_describe():
@@ -433,6 +440,7 @@ def test_describe():
     ({"min_observations": 0}, "0"),
     ({"queued_scrapes": 0}, "queued_scrapes must be >= 1"),
     ({"trickle_quiet_gaps": -1.0}, "trickle_quiet_gaps must be >= 0, got -1.0"),
+    ({"rising_sigmas": -1.0}, "rising_sigmas must be >= 0, got -1.0"),
 ])
 def test_bad_policies_are_refused_with_their_value(options, quoted):
     with pytest.raises(ValueError, match=quoted):

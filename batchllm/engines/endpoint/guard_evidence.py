@@ -12,7 +12,8 @@ or a silence). What holds the batch back for long (`sure`) needs the first-token
 bucket over the target. A window grows the batch only when it holds enough
 online observations under the growth bounds, or shows the server with no request but the
 batch's in every snapshot; and never while online requests queue on the server (a latency
-under a lax target is no room on a server at its capacity). Silence is not room: online
+under a lax target is no room on a server at its capacity) or their number on it rises through
+the window beyond its noise (a load still building). Silence is not room: online
 requests on the server with too few observations of them hold the level, and the batch's own
 streams going without a token while online requests are there count as a gap at least that
 long (right-censored), which cuts.
@@ -20,6 +21,7 @@ long (right-censored), which cuts.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, replace
 
@@ -51,6 +53,7 @@ class WindowEvidence:
     running: float | None
     silent_s: float  # the longest any of the batch's decoding streams has now gone without a token
     idle_s: float = 0.0  # how long, up to now, the server held nothing but the batch's requests (whatever `since_s`)
+    online_rising: bool = False  # online requests on the server rose through the window beyond their noise: a load still building
     online_ever: bool = False  # online requests have been on the server since the guard began
 
     def idle(self, policy: GuardPolicy) -> bool:
@@ -105,7 +108,7 @@ def judge(evidence: WindowEvidence, targets: GuardTargets, policy: GuardPolicy) 
     if excess(evidence, targets, policy, ease=True) is not None:
         return Verdict.EASE
     kv, latency, t = evidence.kv_usage, evidence.latency, targets
-    if (evidence.waiting or 0) > 0 or evidence.online_queued or (kv is not None and kv > policy.kv_usage_grow):
+    if (evidence.waiting or 0) > 0 or evidence.online_queued or evidence.online_rising or (kv is not None and kv > policy.kv_usage_grow):
         return Verdict.HOLD
     if evidence.idle(policy):
         return Verdict.GROW
@@ -198,11 +201,26 @@ class ServerHistory:
         before_newest = self._kept[-2][0] if len(self._kept) > 1 else None
         previous = before_newest if before_newest is not None and before_newest.at_s >= start.at_s else None  # in the window
         preempted = newest.preemptions is not None and start.preemptions is not None and newest.preemptions > start.preemptions
-        queued = sum(1 for s, batch in self._within(start, newest) if s.waiting > 0 and _others(s, batch) > 0)
+        within = self._within(start, newest)
+        queued = sum(1 for s, batch in within if s.waiting > 0 and _others(s, batch) > 0)
         return WindowEvidence(SERVER_METRICS, newest.at_s - start.at_s, latency, online_seen, preempted, newest.kv_usage, newest.waiting,
                               queue_held=newest.waiting > 0 and previous is not None and previous.waiting > 0,
                               online_queued=queued >= self.policy.queued_scrapes, running=newest.running,
-                              silent_s=silent_s, idle_s=self._idle_s(own), online_ever=self.online_ever or online_seen)
+                              silent_s=silent_s, idle_s=self._idle_s(own), online_ever=self.online_ever or online_seen,
+                              online_rising=self._rising(within))
+
+    def _rising(self, within: list[tuple[MetricsSnapshot, int]]) -> bool:
+        """The online requests on the server in the window's second half (by time) over those in its
+        first by more than `rising_sigmas` Poisson sigmas of the first's mean (at least 1), and 1."""
+        if len(within) < 4:
+            return False
+        middle_s = (within[0][0].at_s + within[-1][0].at_s) / 2
+        first = [_others(s, batch) for s, batch in within if s.at_s < middle_s]
+        second = [_others(s, batch) for s, batch in within if s.at_s >= middle_s]
+        if not first or not second:
+            return False
+        before, after = sum(first) / len(first), sum(second) / len(second)
+        return after - before > self.policy.rising_sigmas * math.sqrt(max(1.0, before)) + 1.0
 
     def _within(self, start: MetricsSnapshot, end: MetricsSnapshot) -> list[tuple[MetricsSnapshot, int]]:
         """The kept snapshots from `start` to `end`, both included, each with the batch's count in flight then."""

@@ -59,6 +59,13 @@ class GuardPolicy:
     # left (b)'s steady window at 1.41x alone's first-token p99 in one run of two; held at 1, 0.97x (coserve
     # matrix, AVX-512 host, 2026-11-28). Two, not one: a batch request just sent waits a step too.
     queued_scrapes: int = 2
+    # Online requests on the server rising through the window beyond their noise (the second half's mean
+    # over the first's by more than this many Poisson sigmas, sqrt of the first's mean at least 1, and 1) is a load still
+    # building, no room to grow: its steady state is unknown. A saturating load fills the server before
+    # anything waits: grown to 4 in (b)'s ramp (nothing queued at the scrapes it judged on), the batch left
+    # its steady window at 1.28x alone's first-token p99 (coserve matrix, AVX-512 host, 2026-11-28). At 2
+    # sigmas a light load's 0-2 online requests and a heavy one's 2-5 read as steady.
+    rising_sigmas: float = 2.0
     # WAITING's and HELD's trickle of 1 starts only once the server had no online request for this many of
     # the online traffic's mean arrival gaps (over the history): a gap of one scrape in heavy traffic is no
     # room, the next arrivals meet the request it let in. Started in such gaps of (a)'s heavy phase (1.42
@@ -90,6 +97,8 @@ class GuardPolicy:
                              f"{self.own_gaps_min!r}, {self.queued_scrapes!r}")
         if not self.trickle_quiet_gaps >= 0:
             raise ValueError(f"trickle_quiet_gaps must be >= 0, got {self.trickle_quiet_gaps!r}")
+        if not self.rising_sigmas >= 0:
+            raise ValueError(f"rising_sigmas must be >= 0, got {self.rising_sigmas!r}")
         if not 0 < self.cut_factor < 1:
             raise ValueError(f"cut_factor must be in (0, 1), got {self.cut_factor!r}")
         if not 0 < self.grow_below <= self.ease_above <= 1:
