@@ -59,12 +59,12 @@ class GuardPolicy:
     # left (b)'s steady window at 1.41x alone's first-token p99 in one run of two; held at 1, 0.97x (coserve
     # matrix, AVX-512 host, 2026-11-28). Two, not one: a batch request just sent waits a step too.
     queued_scrapes: int = 2
-    # Online requests on the server rising through the window beyond their noise (the second half's mean
-    # over the first's by more than this many Poisson sigmas, sqrt of the first's mean at least 1, and 1) is a load still
-    # building, no room to grow: its steady state is unknown. A saturating load fills the server before
-    # anything waits: grown to 4 in (b)'s ramp (nothing queued at the scrapes it judged on), the batch left
-    # its steady window at 1.28x alone's first-token p99 (coserve matrix, AVX-512 host, 2026-11-28). At 2
-    # sigmas a light load's 0-2 online requests and a heavy one's 2-5 read as steady.
+    # Online requests on the server rising through the window beyond their noise is a load still building,
+    # no room to grow: its steady state is unknown. Rising: the second half's mean over the first's by more
+    # than this many Poisson sigmas (sqrt of the first's mean, at least 1) and 1. A saturating load fills
+    # the server before anything waits: grown to 4 in (b)'s ramp (nothing queued at the scrapes it judged
+    # on), the batch left its steady window at 1.28x alone's first-token p99 (coserve matrix, AVX-512 host,
+    # 2026-11-28). At 2 sigmas a light load's 0-2 online requests and a heavy one's 2-5 read as steady.
     rising_sigmas: float = 2.0
     # WAITING's and HELD's trickle of 1 starts only once the server had no online request for this many of
     # the online traffic's mean arrival gaps (over the history): a gap of one scrape in heavy traffic is no
