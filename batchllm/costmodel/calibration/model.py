@@ -106,10 +106,7 @@ class ModelCalibration:
         """The calibrated profile: measured shapes refit, the others rescaled; `lengths`
         overrides the model's own (a node's), `fallback` applies when this model has no
         evidence of its own."""
-        own = self.factors()
-        step_factor = own.step if own.steps or fallback is None else fallback.step
-        load_factor = own.load if own.loads or fallback is None else fallback.load
-        return self._profile(lengths, step_factor, load_factor)
+        return self._profile(lengths, *self._factors_or(fallback))
 
     def profile_to_keep(self, fallback: SpeedFactors | None = None) -> Profile:
         """The calibrated profile as the local store keeps it. When the prior was learnt on this
@@ -121,10 +118,13 @@ class ModelCalibration:
         another shape: -14 % where `plan --pilot` was within 3 %)."""
         if self.prior.kind != "learnt":
             return self.profile(fallback=fallback)
+        return self._profile(None, *self._factors_or(fallback), keep=frozenset(measured_here(self.prior)))
+
+    def _factors_or(self, fallback: SpeedFactors | None) -> tuple[float, float]:
+        """(step, load) factors: this model's own where it has evidence, else `fallback`'s."""
         own = self.factors()
-        step_factor = own.step if own.steps or fallback is None else fallback.step
-        load_factor = own.load if own.loads or fallback is None else fallback.load
-        return self._profile(None, step_factor, load_factor, keep=frozenset(measured_here(self.prior)))
+        return (own.step if own.steps or fallback is None else fallback.step,
+                own.load if own.loads or fallback is None else fallback.load)
 
     def shapes_measured_here(self) -> tuple[str, ...]:
         """The shapes some run on this machine measured: the learnt prior's and this run's."""

@@ -257,7 +257,7 @@ class LatencyGuard:
             verdict = Verdict.RETURN
         elif verdict is not Verdict.CUT:
             verdict = Verdict.HOLD if level is None else judge(level, self._targets, self.policy)
-            if verdict is Verdict.GROW and not (self._may_grow(level) and (self._allowed > 0 or self._may_probe(level, now_s))):
+            if verdict is Verdict.GROW and not (self._may_grow(level) and (self._allowed > 0 or self._may_probe(now_s))):
                 verdict = Verdict.HOLD
         phase, change = TRANSITIONS[(self.phase, verdict)]
         allowed = min(self.max_in_flight, change(Levels(self._allowed, self._beside_online), self.policy))
@@ -313,13 +313,13 @@ class LatencyGuard:
             return True
         return level.running + 1 <= self._capacity_running - max(1, math.ceil(0.1 * self._capacity_running))
 
-    def _may_probe(self, level: WindowEvidence | None, now_s: float) -> bool:
+    def _may_probe(self, now_s: float) -> bool:
         """From 0, growth (on positive evidence, as any) waits out a whole window at 0 too. On
         evidence short of it (no reason to cut or ease off: the online traffic's heavy phase alone
         between 0.75 and 0.9 of the targets), the probes a window apart broke (e)'s heavy window
         at 0.1 batch requests in flight on average: 1.31x inter-token (coserve matrix, AVX-512
         host, 2026-11-28); on an untuned server each probe's prompt is a whole prefill step."""
-        return level is not None and now_s - self._level_since_s >= self.policy.window_s
+        return now_s - self._level_since_s >= self.policy.window_s
 
     def _blind(self, level: WindowEvidence) -> bool:
         """The server's metrics were there and are gone: the guard sees only its own requests now."""
