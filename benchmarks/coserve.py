@@ -76,6 +76,8 @@ idle between sides); a and e run every side of `--sides`, b-d alone and batchllm
     oracle     the best safe fixed concurrency, a number no user has (its sweep run)
     batchllm   `batchllm run DAG --out DIR` whose DAG names the server under `endpoints:`
                with the SLO; SIGINT at the end of the last phase
+    again      (only when named in `--sides`) alone once more, last: its worst window over the
+               first alone's is how far alone differs from itself, the noise under every ratio
 
 A batch side starts first; the phases begin once the server runs its requests. Batch output
 tokens/s per phase is measured the same way for every side: the server's
@@ -977,7 +979,7 @@ def scenario_seconds(args: argparse.Namespace, scenario: Scenario) -> tuple[floa
     length = scenario_phases(scenario, 1.0, args.phase_s, args.window_s)[-1].end_s
     side = length + SIDE_OVERHEAD_S + (LONG_ANSWER_S if scenario.unit == LONG_ANSWER else 0.0)  # the last answers end later
     batchllm = "batchllm" in args.sides
-    fixed = side * (1 + batchllm) + BATCHLLM_START_S * batchllm
+    fixed = side * (1 + batchllm + ("again" in args.sides)) + BATCHLLM_START_S * batchllm
     if scenario.unit == SATURATING:
         fixed += LIKELY_PROBES * (args.probe_min_s + SIDE_OVERHEAD_S)
     if not scenario.oracle:
@@ -1009,7 +1011,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8431)
     parser.add_argument("--out", type=Path, default=None, help="also write the report to this file")
     parser.add_argument("--sides", default="fixed,oracle,batchllm",
-                        help="batch sides to run after alone (comma list; fixed and oracle in (a) and (e) only)")
+                        help="sides to run after alone (comma list: fixed, oracle, batchllm, again; fixed and oracle in (a) and (e) only; again: alone once more, the noise floor)")
     parser.add_argument("--window-s", type=float, default=None, help="SLO check window (default 30; --quick: 10)")
     parser.add_argument("--light-load", type=float, default=LIGHT_LOAD,
                         help="light phases: online requests in flight if each took its idle time (rate x idle request time)")
@@ -1033,7 +1035,7 @@ def main() -> None:
     args.phase_s = args.phase_s or (15.0 if args.quick else 60.0 if len(scenarios) == 1 else args.window_s)
     args.probe_min_s = PROBE_MIN_S / 2 if args.quick else PROBE_MIN_S
     args.sides = [s for s in args.sides.split(",") if s]
-    unknown = set(args.sides) - {"fixed", "oracle", "batchllm"}
+    unknown = set(args.sides) - {"fixed", "oracle", "batchllm", "again"}
     if unknown:
         parser.error(f"unknown sides: {', '.join(sorted(unknown))}")
     if any(s.shape == THREE_PHASES for s in scenarios) and 3 * args.phase_s < 2 * args.window_s:
@@ -1126,7 +1128,7 @@ def run_scenario(args: argparse.Namespace, scenario: Scenario, say: Report, work
     load = size_load(args, scenario, idle, say, base, online_pool, folder)
     phases = scenario_phases(scenario, load.unit_rate, args.phase_s, args.window_s)
     arrivals = make_arrivals(phases, online_pool, args.seed, load.max_tokens, load.ignore_eos)
-    sides = ["alone"] + [s for s in args.sides if scenario.oracle or s == "batchllm"]
+    sides = ["alone"] + [s for s in args.sides if scenario.oracle or s in ("batchllm", "again")]
     say(f"{scenario.label}: loads {', '.join(f'{x:g}' for x in scenario.loads)} x {scenario.unit} ({load.how}); phases "
         + ", ".join(f"{p.name} {p.rate:.3g}/s {p.start_s:g}-{p.end_s:g} s" for p in phases)
         + f"; {len(arrivals)} online requests (max_tokens {load.max_tokens[0]}-{load.max_tokens[1]}"
@@ -1210,6 +1212,9 @@ def run_sides(args: argparse.Namespace, scenario: Scenario, say: Report, folder:
             report_side(say, runs["batchllm"])
         except RuntimeError as error:
             say(f"batchllm side failed: {error}")
+    if "again" in args.sides:
+        runs["again"] = run_side("alone2", base, phases, arrivals, None, folder)
+        report_side(say, runs["again"])
     return summary(args, scenario, say, runs, reference, started)
 
 
