@@ -28,6 +28,10 @@ SATURATED = Scenario(lambda n: 0.05 + 0.01 * n, poisson(2.0, 180, seed=3), onlin
 # an online request every 10 s whose long prompt takes 50 steps (7-12 s to its first token, alone),
 # 30 tokens after: online requests always on the server, few first tokens in any 10 s window
 LONG = Scenario(ONE_SLOW_CORE, tuple(0.5 + 10.0 * k for k in range(25)), online_tokens=30, online_prefill_steps=50)
+# the batch alone on the server for 20 s, then an online load just over what 64 places take (its step
+# grows with the requests in it: 7x the lone step at 40): the server fills for 30 s before anything waits
+RAMP_TO_SATURATION = Scenario(lambda n: 0.02 + 0.004 * n, poisson(8.0, 180, seed=5, from_s=20.0), online_tokens=32,
+                              max_num_seqs=64)
 # an online answer of 100 tokens every 15 s on one slow core: two on the server at almost every step,
 # each answer 20-30 s long; one batch request beside them makes each step 1.4x as long
 CROWDED_SLOW_CORE = Scenario(ONE_SLOW_CORE, tuple(0.5 + 15.0 * k for k in range(21)), online_tokens=100)
@@ -165,6 +169,19 @@ def test_online_requests_longer_than_the_window_never_see_more_than_one_batch_re
     guard = LatencyGuard(slo_of(alone, 0.0, 250.0) if with_slo else None, 64)
     beside = run(LONG, guard, 250.0)
     assert max(beside.batch_while_online) <= 1
+
+
+def test_a_load_that_saturates_the_server_after_the_batch_started_sees_at_most_one_batch_request():
+    """The batch grew in the lull before the online load (to 32); when it comes, the batch returns at
+    the first scrape and grows no more while the server fills: the online requests on it rise, and
+    its step is over `saturated_pace` x the lone one. Before these rules it grew by one every 2 s
+    (each level judged on a 2 s window, too short to see the rise) to 8 in the ramp, and the steady
+    queue's first tokens came later for good (1.13x alone's p99 in a 30 s window, now 1.06x)."""
+    alone = run(RAMP_TO_SATURATION, None, 180.0)
+    beside = run(RAMP_TO_SATURATION, LatencyGuard(slo_of(alone, 50.0, 180.0), 64), 180.0)
+    after_return = [batch for at, batch in zip(beside.online_steps_at, beside.batch_while_online) if at >= 22.0]
+    assert max(after_return) <= 1
+    assert worst_ratio(alone, beside, 30.0, 180.0) <= 1.1
 
 
 def test_where_one_batch_request_beside_online_ones_is_too_many_the_batch_keeps_off_them_and_tries_again_ever_later():
@@ -393,14 +410,14 @@ def test_requests_waiting_beside_online_ones_in_two_scrapes_or_online_requests_r
     from batchllm.engines.endpoint.guard_evidence import ServerHistory
     from batchllm.engines.endpoint.latency_window import OwnTimings
 
-    def window(gauges: list[tuple[float, float]], batch: int) -> WindowEvidence:
+    def window(gauges: list[tuple[float, float]], batch: int, since_s: float = 0.0) -> WindowEvidence:
         history, ttft = ServerHistory(GuardPolicy()), [0.0] * len(TTFT_BOUNDS)
         for k, (running, waiting) in enumerate(gauges):
             ttft[8] += 2  # two online first tokens a second, each in 0.1-0.25 s
             history.add(MetricsSnapshot(at_s=float(k), server_kind="vllm", running=running, waiting=waiting, kv_usage=0.3,
                                         preemptions=0.0, generation_tokens=None, ttft=Histogram.from_bucket_counts(TTFT_BOUNDS, ttft),
                                         itl=Histogram.from_bucket_counts(ITL_BOUNDS, [0.0] * len(ITL_BOUNDS))), batch)
-        found = history.evidence(float(len(gauges) - 1), 0.0, OwnTimings(), 0.0)
+        found = history.evidence(float(len(gauges) - 1), since_s, OwnTimings(), 0.0)
         assert found is not None
         return found
 
@@ -418,6 +435,8 @@ def test_requests_waiting_beside_online_ones_in_two_scrapes_or_online_requests_r
     light = window([(2.0 + (k % 3), 0.0) for k in range(12)], batch=2)  # 0-2 online requests, as light traffic comes and goes
     heavy = window([(2.0 + 3.0 + (k % 2) * 2, 0.0) for k in range(6)] + [(2.0 + 4.0 + (k % 2) * 2, 0.0) for k in range(6)], batch=2)
     assert not light.online_rising and not heavy.online_rising and judge(light, lax, GuardPolicy()) is Verdict.GROW
+    # the rise is read over the last window whatever level the batch ran at: a level set 2 s ago sees it too
+    assert window([(2.0 + 6.0 * k, 0.0) for k in range(12)], batch=2, since_s=9.0).online_rising
 
 
 def test_describe():
@@ -441,6 +460,7 @@ def test_describe():
     ({"queued_scrapes": 0}, "queued_scrapes must be >= 1"),
     ({"trickle_quiet_gaps": -1.0}, "trickle_quiet_gaps must be >= 0, got -1.0"),
     ({"rising_sigmas": -1.0}, "rising_sigmas must be >= 0, got -1.0"),
+    ({"saturated_pace": 0.5}, "saturated_pace must be >= 1, got 0.5"),
 ])
 def test_bad_policies_are_refused_with_their_value(options, quoted):
     with pytest.raises(ValueError, match=quoted):

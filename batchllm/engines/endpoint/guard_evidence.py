@@ -55,6 +55,7 @@ class WindowEvidence:
     idle_s: float = 0.0  # how long, up to now, the server held nothing but the batch's requests (whatever `since_s`)
     online_rising: bool = False  # online requests on the server rose through the window beyond their noise: a load still building
     online_ever: bool = False  # online requests have been on the server since the guard began
+    pace_s: float | None = None  # the median of the batch's own token gaps in the window: the server's step as it ran
 
     def idle(self, policy: GuardPolicy) -> bool:
         """A lull: the server held nothing but the batch's requests for a whole window, or, once online
@@ -207,7 +208,21 @@ class ServerHistory:
                               queue_held=newest.waiting > 0 and previous is not None and previous.waiting > 0,
                               online_queued=queued >= self.policy.queued_scrapes, running=newest.running,
                               silent_s=silent_s, idle_s=self._idle_s(own), online_ever=self.online_ever or online_seen,
-                              online_rising=self._rising(within))
+                              online_rising=self._rising(self._trend(newest)), pace_s=self._pace(start, newest, own))
+
+    def _pace(self, start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings) -> float | None:
+        """The median of the batch's own token gaps between the two: the server's step time as its
+        streams saw it (each step gives every decoding request a token); None with fewer than
+        `own_gaps_min` gaps."""
+        gaps = sorted(own.gaps_s(start.at_s, end.at_s))
+        return gaps[len(gaps) // 2] if len(gaps) >= self.policy.own_gaps_min else None
+
+    def _trend(self, newest: MetricsSnapshot) -> list[tuple[MetricsSnapshot, int]]:
+        """The kept snapshots of the last `window_s` up to `newest`, whatever level the batch ran at: a
+        load's rise is the server's, not the level's. Read only since the level was set, a level 2 s old
+        showed too few snapshots to see one, and the batch grew by one every 2 s through a saturating
+        load's ramp (1 to 8 in 15 s in a scripted run; 4.1 in flight on average in coserve (b)'s ramp)."""
+        return [(s, batch) for s, batch in self._kept if newest.at_s - self.policy.window_s <= s.at_s <= newest.at_s]
 
     def _rising(self, within: list[tuple[MetricsSnapshot, int]]) -> bool:
         """The online requests on the server in the window's second half (by time) over those in its

@@ -73,6 +73,14 @@ class GuardPolicy:
     # window's online inter-token p99 at 1.26x alone (coserve matrix, AVX-512 host, 2026-11-28). Poisson
     # arrivals leave a quiet stretch of 3 mean gaps e^-3 = 5 % of the time; a load that eased off, often.
     trickle_quiet_gaps: float = 3.0
+    # Beside online requests, no growth while the server's step (the batch's own median token gap in the window)
+    # is over this many times the fastest the guard has seen: a server that slow is saturated by its online
+    # traffic, a queue near its capacity that every batch request takes from, whatever the latency against a
+    # lax target. Alone, the online traffic's inter-token p50 over idle was 1.0x in coserve's heavy phases
+    # ((a), (e)), 1.9x in its bursts (d), 10-14x under (b)'s saturating load; there the batch grew to 4-8 in
+    # flight through the ramp, every level's first tokens far under the target (2.3 s against 10.2 s), and left
+    # the steady window at 1.9x alone's first-token p99 (coserve (b), AVX-512 host, 2026-11-28).
+    saturated_pace: float = 3.0
     # KV use: a server at 95 % preempts soon; growth stops at 90 %.
     kv_usage_cut: float = 0.95
     kv_usage_grow: float = 0.9
@@ -97,6 +105,8 @@ class GuardPolicy:
                              f"{self.own_gaps_min!r}, {self.queued_scrapes!r}")
         if not self.trickle_quiet_gaps >= 0:
             raise ValueError(f"trickle_quiet_gaps must be >= 0, got {self.trickle_quiet_gaps!r}")
+        if not self.saturated_pace >= 1:
+            raise ValueError(f"saturated_pace must be >= 1, got {self.saturated_pace!r}")
         if not self.rising_sigmas >= 0:
             raise ValueError(f"rising_sigmas must be >= 0, got {self.rising_sigmas!r}")
         if not 0 < self.cut_factor < 1:

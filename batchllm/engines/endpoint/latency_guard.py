@@ -84,6 +84,7 @@ class LatencyGuard:
         self._first_call_s = math.inf  # when the caller first asked or told anything
         self._holds_in_a_row = 0  # HELD's backoff: `held_retry_s` x 2 ** (this - 1)
         self._held_since_s = -math.inf
+        self._fastest_pace_s = math.inf  # the server's quickest step the batch's streams saw in a window
 
     # -- what the caller tells and asks
 
@@ -252,6 +253,8 @@ class LatencyGuard:
         if since_cut is None:
             return
         level = self._evidence(now_s, self._level_since_s)
+        if level is not None and level.pace_s is not None:
+            self._fastest_pace_s = min(self._fastest_pace_s, level.pace_s)
         verdict = judge(since_cut, self._targets, self.policy)
         if verdict is not Verdict.CUT and (self._history.others_now(now_s, self._own) or 0) > 0 and self._allowed > self._beside_online:
             verdict = Verdict.RETURN
@@ -302,10 +305,13 @@ class LatencyGuard:
         return excess(level, self._targets, self.policy, sure=self._holds_in_a_row == 0)
 
     def _may_grow(self, level: WindowEvidence | None) -> bool:
-        """Growth also needs: metrics still there if they ever were, the batch using all it was allowed
+        """Growth also needs: metrics still there if they ever were, beside online requests a server not
+        saturated (its step under `saturated_pace` x the fastest seen), the batch using all it was allowed
         during the level, room under `max_in_flight`, and one more leaving 10 % of the server's capacity
         (as last seen full, at least 1) free."""
         if level is None or self._blind(level):
+            return False
+        if level.online_seen and level.pace_s is not None and level.pace_s > self.policy.saturated_pace * self._fastest_pace_s:
             return False
         if self._peak_in_flight < self._allowed or self._allowed >= self.max_in_flight:
             return False
