@@ -39,9 +39,11 @@ another: the idle TTFT p50, inter-token p50 and request time (p50, send to last 
              x idle: probes of online load alone, each max(PROBE_MIN_S (20 s; --quick 10 s),
              PROBE_REQUESTS (20) idle request times) long, the p50 over its second half; from
              SATURATION_START_LOAD (4.0) over the idle request time up 1.5x a probe until one
-             reaches it (at most SATURATION_PROBES, 8), then one probe in the middle of that
-             last step (so at most 1.22x too high). If none reaches it, the highest probed, said
-             so. The probes and the choice are printed.
+             reaches it (at most SATURATION_PROBES, 8), then SATURATION_SPLITS (2) probes halving
+             that last step (so at most 1.11x too high: at the rate this criterion asks the server
+             is at its capacity, and above it the queue grows through the phases, so that alone
+             run twice differed by 0.71x at 7.55/s and 0.88x at 6.8/s). If none reaches it, the
+             highest probed, said so. The probes and the choice are printed.
     c        max_tokens = ceil(LONG_ANSWER_S (15 s) / idle inter-token p50), within 64-4,096,
              and each answer runs to it (`ignore_eos`): over 10 s even at the idle pace; rate
              LONG_LOAD (3.0) over the idle time of such an answer (about 3 in flight, 0.2/s
@@ -103,7 +105,7 @@ batchllm's batch tokens/s over the oracle's (n/a where none was safe or nothing 
 
 Run time (the plan is printed at the start, the runtime per scenario and in total at the
 end), about, with the default sides and 30 s phases, if a sweep stops by 4 in flight: a 12
-min, b 8 min (5 probes of 20 s), c 5 min, d 4 min, e 12 min (with vLLM's chunk of 2048 the
+min, b 9 min (6 probes of 20 s), c 5 min, d 4 min, e 12 min (with vLLM's chunk of 2048 the
 sweep usually stops at 1 in flight: 8 min), plus 1 min per server start: about 41 min for
 the matrix on any host (phases are wall time; probes and drains are what a slower host
 lengthens), up to an hour only if both sweeps ran to 128 in flight. A single (a) run, 60 s
@@ -174,12 +176,12 @@ LONG_ANSWER_S = 15.0  # long answers: each longer than the guard's 10 s window e
 LONG_ANSWER_TOKENS = (ONLINE_MAX_TOKENS[1], 4096)  # the bounds of their max_tokens (the model holds 8,192)
 LONG_LOAD = 3.0  # long answers in flight at the idle pace: about 6 sent a 30 s window, a low rate
 SATURATION_FACTOR = 10.0  # saturated: alone's inter-token p50 at least this many times the idle one
-SATURATION_START_LOAD, SATURATION_STEP, SATURATION_PROBES = 4.0, 1.5, 8
+SATURATION_START_LOAD, SATURATION_STEP, SATURATION_PROBES, SATURATION_SPLITS = 4.0, 1.5, 8, 2
 PROBE_MIN_S, PROBE_REQUESTS = 20.0, 20  # a probe: max(20 s (--quick: 10 s), 20 idle request times)
 ORACLE_TARGET = 1.0  # the matrix's target: batchllm's batch >= the best safe fixed concurrency's (median over a, e)
 # The plan's guesses (seconds): a server's start, warm-up and idle probe; a side's start, drain and reset beyond its
 # phases; batchllm's own start; the saturation probes a run usually takes
-SERVER_SETUP_S, SIDE_OVERHEAD_S, BATCHLLM_START_S, LIKELY_PROBES = 60.0, 20.0, 30.0, 5
+SERVER_SETUP_S, SIDE_OVERHEAD_S, BATCHLLM_START_S, LIKELY_PROBES = 60.0, 20.0, 30.0, 6
 
 
 @dataclass(frozen=True)
@@ -410,9 +412,9 @@ def long_answer_s(idle: Idle, tokens: int) -> float:
 
 
 def saturating_rate(itl_at: Callable[[float], float], start: float, target_s: float, step: float = SATURATION_STEP,
-                    probes: int = SATURATION_PROBES) -> tuple[float, bool]:
+                    probes: int = SATURATION_PROBES, splits: int = SATURATION_SPLITS) -> tuple[float, bool]:
     """The smallest probed rate whose inter-token p50 (itl_at(rate), a probe) reaches target_s: from `start` up by `step`
-    until one does (at most `probes`), then one probe in the geometric middle of that last step; (the rate, True).
+    until one does (at most `probes`), then `splits` probes halving that last step (geometric middles); (the rate, True).
     (the highest probed, False) when none reached it."""
     tried: dict[float, float] = {}
     rate = start
@@ -424,8 +426,11 @@ def saturating_rate(itl_at: Callable[[float], float], start: float, target_s: fl
     else:
         return max(tried), False
     if len(tried) > 1:
-        middle = rate / math.sqrt(step)
-        tried[middle] = itl_at(middle)
+        low, high = rate / step, rate
+        for _ in range(splits):
+            middle = math.sqrt(low * high)
+            tried[middle] = itl_at(middle)
+            low, high = (low, middle) if tried[middle] >= target_s else (middle, high)
     return min(r for r, itl in tried.items() if itl >= target_s), True
 
 
@@ -1168,7 +1173,7 @@ def probe_saturation(args: argparse.Namespace, idle: Idle, say: Report, base: st
 
     say(f"{'':<10} saturating rate: probes of {probe_s:.0f} s from {SATURATION_START_LOAD:g} / idle request time, "
         f"x{SATURATION_STEP:g} until the inter-token p50 is >= {SATURATION_FACTOR:g}x idle "
-        f"({SATURATION_FACTOR * idle.itl_s * 1000:.0f} ms), then the middle of the last step")
+        f"({SATURATION_FACTOR * idle.itl_s * 1000:.0f} ms), then {SATURATION_SPLITS} halvings of the last step")
     rate, reached = saturating_rate(itl_at, SATURATION_START_LOAD / idle.request_s, SATURATION_FACTOR * idle.itl_s)
     how = (f"{rate:.3g}/s, {rate * idle.request_s:.1f} / idle request time; inter-token p50 {seen[rate] / idle.itl_s:.1f}x idle "
            f"in its probe" + ("" if reached else f"; no probe reached {SATURATION_FACTOR:g}x: the highest probed"))

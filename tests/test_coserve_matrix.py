@@ -131,11 +131,13 @@ def test_saturating_rate_steps_up_then_splits_the_last_step() -> None:
         calls.append(rate)
         return 0.01 * rate
 
-    assert saturating_rate(itl_at, 5.0, 0.1) == (11.25, True)  # 5, 7.5, 11.25, then 9.19 below the target
-    assert calls == [5.0, 7.5, 11.25, pytest.approx(11.25 / math.sqrt(1.5))]
+    rate, reached = saturating_rate(itl_at, 5.0, 0.1)  # 5, 7.5, 11.25, then 9.19 below the target and 10.17 over it
+    assert rate == pytest.approx(11.25 / 1.5 ** 0.25) and reached
+    assert calls == [5.0, 7.5, 11.25, pytest.approx(11.25 / math.sqrt(1.5)), pytest.approx(11.25 / 1.5 ** 0.25)]
     calls.clear()
-    rate, reached = saturating_rate(itl_at, 5.0, 0.09)
-    assert rate == pytest.approx(9.185586535436919) and reached and len(calls) == 4
+    rate, reached = saturating_rate(itl_at, 5.0, 0.09)  # 9.19 over it, then 8.30 below
+    assert rate == pytest.approx(9.185586535436919) and reached and len(calls) == 5
+    assert saturating_rate(itl_at, 5.0, 0.1, splits=1) == (11.25, True)  # one split: 9.19 below, the step's top
     calls.clear()
     assert saturating_rate(itl_at, 20.0, 0.1) == (20.0, True) and calls == [20.0]  # the first probe reaches it
     assert saturating_rate(lambda rate: 0.01, 5.0, 0.1, probes=3) == (11.25, False)  # bounded: the highest probed
