@@ -209,7 +209,9 @@ def test_targets_line() -> None:
 def test_the_matrix_plan_fits_an_hour() -> None:
     args = argparse.Namespace(quick=False, phase_s=30.0, window_s=30.0, sides=["fixed", "oracle", "batchllm"], probe_min_s=20.0)
     plans = {s.key: scenario_seconds(args, s) for s in (A, B, C, D, E)}
-    assert plans == {"a": (690.0, 1240.0), "b": (450.0, 450.0), "c": (280.0, 280.0), "d": (250.0, 250.0), "e": (690.0, 1240.0)}
+    assert plans == {"a": (690.0, 1240.0), "b": (490.0, 490.0), "c": (280.0, 280.0), "d": (250.0, 250.0), "e": (690.0, 1240.0)}
+    again = argparse.Namespace(**{**vars(args), "sides": ["batchllm", "again"]})
+    assert scenario_seconds(again, B) == (600.0, 600.0)  # alone once more: one side's phases and overhead
     assert 2 * 60.0 + sum(likely for likely, _ in plans.values()) < 45 * 60
     single = argparse.Namespace(quick=False, phase_s=60.0, window_s=30.0, sides=["fixed", "oracle", "batchllm"],
                                 probe_min_s=20.0)
