@@ -13,7 +13,8 @@ bucket over the target. A window grows the batch only when it holds enough
 online observations under the growth bounds, or shows the server with no request but the
 batch's in every snapshot; and never while online requests queue on the server (a latency
 under a lax target is no room on a server at its capacity) or their number on it rises through
-the window beyond its noise (a load still building). Silence is not room: online
+the last window beyond its noise (a load still building). The window also gives the server's
+step as the batch's streams saw it (`pace_s`), which the guard holds against the fastest seen. Silence is not room: online
 requests on the server with too few observations of them hold the level, and the batch's own
 streams going without a token while online requests are there count as a gap at least that
 long (right-censored), which cuts.

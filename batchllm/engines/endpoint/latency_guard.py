@@ -29,8 +29,9 @@ Phases (`GuardPhase`; the rules and their numbers in `guard_policy.py`):
   (`guard_evidence.judge`), and `TRANSITIONS` the next phase and allowance. Growth needs positive
   evidence (enough online observations under the growth bounds, or a lull: a whole window with
   no online request on a server that never had one, `lull_s` once it had, since the gaps between
-  light online arrivals are longer than a window), the batch using all it was allowed during the level, and room under the
-  server's capacity as last seen full. Online requests back after a lull the batch grew in:
+  light online arrivals are longer than a window), the batch using all it was allowed during the level, room under the
+  server's capacity as last seen full, and beside online requests a server not saturated (its step, the batch's
+  median token gap, at most `saturated_pace` x the fastest seen). Online requests back after a lull the batch grew in:
   RETURN to the level last judged beside them. At 0: 1 again once a whole window at 0 gave
   positive evidence of room, as any growth.
 - DRAINING, after a cut or a return: no decision until the batch's in-flight count is down to
