@@ -203,13 +203,16 @@ class ServerHistory:
         before_newest = self._kept[-2][0] if len(self._kept) > 1 else None
         previous = before_newest if before_newest is not None and before_newest.at_s >= start.at_s else None  # in the window
         preempted = newest.preemptions is not None and start.preemptions is not None and newest.preemptions > start.preemptions
-        within = self._within(start, newest)
-        queued = sum(1 for s, batch in within if s.waiting > 0 and _others(s, batch) > 0)
+        queued = sum(1 for s, batch in self._within(start.at_s, newest.at_s) if s.waiting > 0 and _others(s, batch) > 0)
+        # the load's rise over the last window whatever level the batch ran at: it is the server's, not the level's. Read
+        # only since the level was set, a level 2 s old showed too few snapshots to see one, and the batch grew by one every
+        # 2 s through a saturating load's ramp (1 to 8 in 15 s in a scripted run; 4.1 in flight on average in coserve (b)'s)
+        trend = self._within(newest.at_s - self.policy.window_s, newest.at_s)
         return WindowEvidence(SERVER_METRICS, newest.at_s - start.at_s, latency, online_seen, preempted, newest.kv_usage, newest.waiting,
                               queue_held=newest.waiting > 0 and previous is not None and previous.waiting > 0,
                               online_queued=queued >= self.policy.queued_scrapes, running=newest.running,
                               silent_s=silent_s, idle_s=self._idle_s(own), online_ever=self.online_ever or online_seen,
-                              online_rising=self._rising(self._trend(newest)), pace_s=self._pace(start, newest, own))
+                              online_rising=self._rising(trend), pace_s=self._pace(start, newest, own))
 
     def _pace(self, start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings) -> float | None:
         """The median of the batch's own token gaps between the two: the server's step time as its
@@ -217,13 +220,6 @@ class ServerHistory:
         `own_gaps_min` gaps."""
         gaps = sorted(own.gaps_s(start.at_s, end.at_s))
         return gaps[len(gaps) // 2] if len(gaps) >= self.policy.own_gaps_min else None
-
-    def _trend(self, newest: MetricsSnapshot) -> list[tuple[MetricsSnapshot, int]]:
-        """The kept snapshots of the last `window_s` up to `newest`, whatever level the batch ran at: a
-        load's rise is the server's, not the level's. Read only since the level was set, a level 2 s old
-        showed too few snapshots to see one, and the batch grew by one every 2 s through a saturating
-        load's ramp (1 to 8 in 15 s in a scripted run; 4.1 in flight on average in coserve (b)'s ramp)."""
-        return [(s, batch) for s, batch in self._kept if newest.at_s - self.policy.window_s <= s.at_s <= newest.at_s]
 
     def _rising(self, within: list[tuple[MetricsSnapshot, int]]) -> bool:
         """The online requests on the server in the window's second half (by time) over those in its
@@ -238,9 +234,9 @@ class ServerHistory:
         before, after = sum(first) / len(first), sum(second) / len(second)
         return after - before > self.policy.rising_sigmas * math.sqrt(max(1.0, before)) + 1.0
 
-    def _within(self, start: MetricsSnapshot, end: MetricsSnapshot) -> list[tuple[MetricsSnapshot, int]]:
-        """The kept snapshots from `start` to `end`, both included, each with the batch's count in flight then."""
-        return [(s, batch) for s, batch in self._kept if start.at_s <= s.at_s <= end.at_s]
+    def _within(self, from_s: float, until_s: float) -> list[tuple[MetricsSnapshot, int]]:
+        """The kept snapshots taken from `from_s` to `until_s`, both included, each with the batch's count in flight then."""
+        return [(s, batch) for s, batch in self._kept if from_s <= s.at_s <= until_s]
 
     def _idle_s(self, own: OwnTimings) -> float:
         """How long back from the newest snapshot every snapshot showed no request but the batch's,
@@ -274,7 +270,7 @@ class ServerHistory:
         it, and a burst of online work gives the online traffic many gaps where the batch's few
         requests see each step once. Else the server's over all requests."""
         online = online_latency(start, end, own)
-        shown = [(s.at_s, _others(s, batch), batch) for s, batch in self._within(start, end)]
+        shown = [(s.at_s, _others(s, batch), batch) for s, batch in self._within(start.at_s, end.at_s)]
         online_seen = online.ttft_count > 0 or any(others > 0 for _, others, _ in shown)
         if not online_seen:
             return replace(online, itl_p99_s=None, itl_count=0, itl_p99_bucket_s=None), False
