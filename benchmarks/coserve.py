@@ -13,7 +13,8 @@ its own alone side; the scenarios of one server configuration share one start of
 tuned server for a-d, then the untuned one for e):
 
     a  light-heavy-light  tuned server; online light, heavy, light again (`--phase-s` each)
-    b  saturated          tuned; one steady rate at which alone's inter-token p50 is >= 10x idle
+    b  saturated          tuned; a population of clients in a closed loop at which alone's
+                          inter-token p50 is >= 10x idle
     c  long-answers       tuned; every answer longer than the guard's 10 s window, a low rate
     d  bursts             tuned; the light rate, and 10x it for 5 s in the middle of every window
     e  untuned            a server with no tuning flags (vLLM's prefill chunk of 2048 tokens on
@@ -35,15 +36,16 @@ another: the idle TTFT p50, inter-token p50 and request time (p50, send to last 
              about the former fixed 1 and 3 requests/s on the 2-core AVX2 machine of
              benchmarks/results (0.8 s a lone request). Bursts (d): BURST_FACTOR (10) x light
              for BURST_S (5 s) in the middle of every window, light otherwise.
-    b        the smallest probed rate whose alone inter-token p50 is >= SATURATION_FACTOR (10)
-             x idle: probes of online load alone, each max(PROBE_MIN_S (20 s; --quick 10 s),
-             PROBE_REQUESTS (20) idle request times) long, the p50 over its second half; from
-             SATURATION_START_LOAD (4.0) over the idle request time up 1.5x a probe until one
-             reaches it (at most SATURATION_PROBES, 8), then SATURATION_SPLITS (2) probes halving
-             that last step (so at most 1.11x too high: at the rate this criterion asks the server
-             is at its capacity, and above it the queue grows through the phases, so that alone
-             run twice differed by 0.71x at 7.55/s and 0.88x at 6.8/s). If none reaches it, the
-             highest probed, said so. The probes and the choice are printed.
+    b        a closed loop: a population of clients, each sending its next request as soon as its
+             last one ended (joining one by one over the ramp window). The smallest probed population
+             whose alone inter-token p50 is >= SATURATION_FACTOR (10) x idle: probes of online load
+             alone, each max(PROBE_MIN_S (20 s; --quick 10 s), PROBE_REQUESTS (20) idle request times)
+             long, the p50 over its second half; from SATURATION_START_CLIENTS (16) up 2x a probe until
+             one reaches it (at most SATURATION_PROBES, 6), then SATURATION_SPLITS (2) probes halving
+             that last step. If none reaches it, the largest probed, said so. The probes and the
+             choice are printed. (Until 2026-11-29 an open-loop Poisson rate: at the rate this
+             criterion asks the server is at its capacity, its queue random-walks through the phases,
+             and alone run twice differed by up to 1.31x in first-token p99: more than the margin.)
     c        max_tokens = ceil(LONG_ANSWER_S (15 s) / idle inter-token p50), within 64-4,096,
              and each answer runs to it (`ignore_eos`): over 10 s even at the idle pace; rate
              LONG_LOAD (3.0) over the idle time of such an answer (about 3 in flight, 0.2/s
@@ -176,7 +178,8 @@ LONG_ANSWER_S = 15.0  # long answers: each longer than the guard's 10 s window e
 LONG_ANSWER_TOKENS = (ONLINE_MAX_TOKENS[1], 4096)  # the bounds of their max_tokens (the model holds 8,192)
 LONG_LOAD = 3.0  # long answers in flight at the idle pace: about 6 sent a 30 s window, a low rate
 SATURATION_FACTOR = 10.0  # saturated: alone's inter-token p50 at least this many times the idle one
-SATURATION_START_LOAD, SATURATION_STEP, SATURATION_PROBES, SATURATION_SPLITS = 4.0, 1.5, 8, 2
+# (b)'s population: from 16 clients, doubled a probe until one reaches it (at most 6: 512), then the last step halved twice
+SATURATION_START_CLIENTS, SATURATION_STEP, SATURATION_PROBES, SATURATION_SPLITS = 16, 2.0, 6, 2
 PROBE_MIN_S, PROBE_REQUESTS = 20.0, 20  # a probe: max(20 s (--quick: 10 s), 20 idle request times)
 ORACLE_TARGET = 1.0  # the matrix's target: batchllm's batch >= the best safe fixed concurrency's (median over a, e)
 # The plan's guesses (seconds): a server's start, warm-up and idle probe; a side's start, drain and reset beyond its
@@ -198,6 +201,24 @@ class Arrival:
     prompt: str
     max_tokens: int
     ignore_eos: bool = False  # answer up to max_tokens (long answers)
+
+
+@dataclass(frozen=True)
+class ClosedLoop:
+    """(b)'s online load: a fixed population of clients, each sending its next request as soon as its last one ended,
+    joining one by one over `join_s`. An open-loop rate at a server's capacity has no steady state (its queue
+    random-walks: alone run twice differed by 1.31x in first-token p99); a population keeps the server as full, and
+    what a batch adds shows as what it is."""
+
+    clients: int
+    join_s: float  # the last client joins here (the ramp)
+    end_s: float  # no client sends after this
+    pool: tuple[str, ...]
+    seed: int
+    max_tokens: tuple[int, int] = ONLINE_MAX_TOKENS
+
+
+OnlineLoad = list[Arrival] | ClosedLoop  # Poisson arrivals at the phases' rates, or (b)'s population
 
 
 @dataclass(frozen=True)
@@ -224,7 +245,7 @@ def tuning_flags(max_num_seqs: int | None, max_num_batched_tokens: int | None) -
 
 
 # What a scenario's load unit is (its rates are multiples of it), and the shape of its phases
-IDLE_REQUEST, LONG_ANSWER, SATURATING = "1 / the idle request time", "1 / the idle long-answer time", "the saturating rate"
+IDLE_REQUEST, LONG_ANSWER, SATURATING = "1 / the idle request time", "1 / the idle long-answer time", "the saturating population"
 THREE_PHASES, STEADY, BURSTS = "light-heavy-light", "steady", "bursts"
 
 
@@ -277,10 +298,17 @@ class Idle:
 class Load:
     """A scenario's online load as sized on its server."""
 
-    unit_rate: float  # requests/s of one unit of its loads
+    unit_rate: float  # requests/s of one unit of its loads (0 with a population)
     max_tokens: tuple[int, int]
     ignore_eos: bool
     how: str  # for the report
+    clients: int = 0  # (b): a closed loop of this many clients (ClosedLoop); 0: Poisson arrivals at the rates
+
+    def online(self, phases: list[Phase], pool: list[str], seed: int) -> OnlineLoad:
+        """What the online generator sends over the phases: the population joining over the first phase, or arrivals."""
+        if self.clients:
+            return ClosedLoop(self.clients, phases[0].end_s, phases[-1].end_s, tuple(pool), seed, self.max_tokens)
+        return make_arrivals(phases, pool, seed, self.max_tokens, self.ignore_eos)
 
 
 @dataclass(frozen=True)
@@ -583,8 +611,20 @@ async def online_request(client: httpx.AsyncClient, base: str, arrival: Arrival,
     return result
 
 
-async def run_online(base: str, phases: list[Phase], arrivals: list[Arrival], at_end=None) -> tuple:
-    """Send the arrivals on time, scrape /metrics every SCRAPE_EVERY_S and at each phase bound; call at_end() at the
+async def closed_loop_client(client: httpx.AsyncClient, base: str, load: ClosedLoop, number: int, t0: float) -> list[OnlineResult]:
+    """One client of a population: joins at its turn, then sends its next request as soon as its last one ended."""
+    rng = np.random.default_rng((load.seed, number))
+    await asyncio.sleep(max(0.0, t0 + load.join_s * number / load.clients - time.monotonic()))
+    results = []
+    while time.monotonic() - t0 < load.end_s:
+        arrival = Arrival(time.monotonic() - t0, load.pool[int(rng.integers(len(load.pool)))],
+                          int(rng.integers(load.max_tokens[0], load.max_tokens[1] + 1)))
+        results.append(await online_request(client, base, arrival, t0))
+    return results
+
+
+async def run_online(base: str, phases: list[Phase], online: OnlineLoad, at_end=None) -> tuple:
+    """Send the arrivals on time (or run the population), scrape /metrics every SCRAPE_EVERY_S and at each phase bound; call at_end() at the
     last bound (the batch side stops there), then wait for the online requests still going."""
     end_s = phases[-1].end_s
     bound_times = [phases[0].start_s] + [p.end_s for p in phases]
@@ -614,8 +654,14 @@ async def run_online(base: str, phases: list[Phase], arrivals: list[Arrival], at
 
         lags: list[tuple[float, float]] = []
         sampling, probing = asyncio.create_task(sampler()), asyncio.create_task(lag_probe())
+        if isinstance(online, ClosedLoop):
+            clients = [asyncio.create_task(closed_loop_client(client, base, online, k, t0)) for k in range(online.clients)]
+            await sampling
+            await probing
+            results = sorted((r for rs in await asyncio.gather(*clients) for r in rs), key=lambda r: r.sent_s)
+            return results, scrapes, bounds, lags
         tasks = []
-        for arrival in arrivals:
+        for arrival in online:
             await asyncio.sleep(max(0.0, t0 + arrival.at_s - time.monotonic()))
             tasks.append(asyncio.create_task(online_request(client, base, arrival, t0)))
         await sampling
@@ -665,7 +711,7 @@ def wait_batch_started(base: str, proc: subprocess.Popen, log: Path, timeout_s: 
     raise RuntimeError(f"the batch side sent nothing in {timeout_s:.0f} s:\n{tail(log)}")
 
 
-def run_side(name: str, base: str, phases: list[Phase], arrivals: list[Arrival], command: list[str] | None, workdir: Path,
+def run_side(name: str, base: str, phases: list[Phase], online_load: OnlineLoad, command: list[str] | None, workdir: Path,
              start_timeout_s: float = BATCH_START_TIMEOUT_S, settle_s: float = 2.0) -> SideRun:
     """One side from scratch: the batch process (if any) first, the phases once it runs, SIGINT at the last bound."""
     log = workdir / f"{name}.log"
@@ -686,7 +732,7 @@ def run_side(name: str, base: str, phases: list[Phase], arrivals: list[Arrival],
                 os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C at the end of the last phase
                 interrupted.append(True)
 
-        online, scrapes, bounds, lags = asyncio.run(run_online(base, phases, arrivals, at_end))
+        online, scrapes, bounds, lags = asyncio.run(run_online(base, phases, online_load, at_end))
     finally:
         code = stop_process(proc, None if interrupted else signal.SIGINT)
         busy = reset_server(base)
@@ -1132,13 +1178,19 @@ def run_scenario(args: argparse.Namespace, scenario: Scenario, say: Report, work
     say(f"== {scenario.label} on the {scenario.server.describe()}")
     load = size_load(args, scenario, idle, say, base, online_pool, folder)
     phases = scenario_phases(scenario, load.unit_rate, args.phase_s, args.window_s)
-    arrivals = make_arrivals(phases, online_pool, args.seed, load.max_tokens, load.ignore_eos)
+    online = load.online(phases, online_pool, args.seed)
     sides = ["alone"] + [s for s in args.sides if scenario.oracle or s in ("batchllm", "again")]
-    say(f"{scenario.label}: loads {', '.join(f'{x:g}' for x in scenario.loads)} x {scenario.unit} ({load.how}); phases "
-        + ", ".join(f"{p.name} {p.rate:.3g}/s {p.start_s:g}-{p.end_s:g} s" for p in phases)
-        + f"; {len(arrivals)} online requests (max_tokens {load.max_tokens[0]}-{load.max_tokens[1]}"
+    if isinstance(online, ClosedLoop):
+        sent = (f"{online.clients} clients joining over {phases[0].name}, each sending its next request when its last "
+                f"ended, until {online.end_s:g} s")
+        shape = ", ".join(f"{p.name} {p.start_s:g}-{p.end_s:g} s" for p in phases)
+    else:
+        sent = f"{len(online)} online requests"
+        shape = ", ".join(f"{p.name} {p.rate:.3g}/s {p.start_s:g}-{p.end_s:g} s" for p in phases)
+    say(f"{scenario.label}: loads {', '.join(f'{x:g}' for x in scenario.loads)} x {scenario.unit} ({load.how}); phases {shape}; "
+        + f"{sent} (max_tokens {load.max_tokens[0]}-{load.max_tokens[1]}"
         + (", answered to max_tokens" if load.ignore_eos else "") + f"); sides {', '.join(sides)}")
-    return run_sides(args, scenario, say, folder, base, phases, arrivals, batch_file, idle, started)
+    return run_sides(args, scenario, say, folder, base, phases, online, batch_file, idle, started)
 
 
 def size_load(args: argparse.Namespace, scenario: Scenario, idle: Idle, say: Report, base: str, online_pool: list[str],
@@ -1151,38 +1203,43 @@ def size_load(args: argparse.Namespace, scenario: Scenario, idle: Idle, say: Rep
                     f"{seconds:.1f} s: max_tokens {tokens} = ceil({LONG_ANSWER_S:g} s / idle inter-token p50), within "
                     f"{LONG_ANSWER_TOKENS[0]}-{LONG_ANSWER_TOKENS[1]}")
     if scenario.unit == SATURATING:
-        rate, how = probe_saturation(args, idle, say, base, online_pool, folder)
-        return Load(rate, ONLINE_MAX_TOKENS, False, how)
+        clients, how = probe_saturation(args, idle, say, base, online_pool, folder)
+        return Load(0.0, ONLINE_MAX_TOKENS, False, how, clients)
     return Load(1.0 / idle.request_s, ONLINE_MAX_TOKENS, False, f"{idle.request_s:.2f} s")
 
 
 def probe_saturation(args: argparse.Namespace, idle: Idle, say: Report, base: str, online_pool: list[str],
-                     folder: Path) -> tuple[float, str]:
-    """Probes of online load alone (saturating_rate): the rate at which the inter-token p50 reaches SATURATION_FACTOR x
-    idle, and how it was found."""
+                     folder: Path) -> tuple[int, str]:
+    """Probes of online load alone (saturating_rate over populations): the clients at which the inter-token p50
+    reaches SATURATION_FACTOR x idle, and how they were found."""
     probe_s = max(args.probe_min_s, PROBE_REQUESTS * idle.request_s)
-    seen: dict[float, float] = {}
+    seen: dict[int, float] = {}
 
-    def itl_at(rate: float) -> float:
-        phases = [Phase("probe", rate, 0.0, probe_s)]
-        run = run_side(f"probe{len(seen) + 1}", base, phases, make_arrivals(phases, online_pool, args.seed), None, folder)
-        seen[rate] = pct(itls(run, probe_s / 2, probe_s), 50)
-        say(f"{'':<10} probe {rate:.3g}/s: inter-token p50 {seen[rate] * 1000:.0f} ms = {seen[rate] / idle.itl_s:.1f}x idle "
-            "(its second half)")
-        return seen[rate]
+    def itl_at(population: float) -> float:
+        clients = round(population)
+        if clients not in seen:
+            phases = [Phase("probe", 0.0, 0.0, probe_s)]
+            load = ClosedLoop(clients, probe_s / 4, probe_s, tuple(online_pool), args.seed)
+            run = run_side(f"probe{len(seen) + 1}", base, phases, load, None, folder)
+            seen[clients] = pct(itls(run, probe_s / 2, probe_s), 50)
+            say(f"{'':<10} probe {clients} clients: inter-token p50 {seen[clients] * 1000:.0f} ms = "
+                f"{seen[clients] / idle.itl_s:.1f}x idle (its second half)")
+        return seen[clients]
 
-    say(f"{'':<10} saturating rate: probes of {probe_s:.0f} s from {SATURATION_START_LOAD:g} / idle request time, "
-        f"x{SATURATION_STEP:g} until the inter-token p50 is >= {SATURATION_FACTOR:g}x idle "
+    say(f"{'':<10} saturating population: probes of {probe_s:.0f} s (clients joining over its first quarter) from "
+        f"{SATURATION_START_CLIENTS} clients, x{SATURATION_STEP:g} until the inter-token p50 is >= {SATURATION_FACTOR:g}x idle "
         f"({SATURATION_FACTOR * idle.itl_s * 1000:.0f} ms), then {SATURATION_SPLITS} halvings of the last step")
-    rate, reached = saturating_rate(itl_at, SATURATION_START_LOAD / idle.request_s, SATURATION_FACTOR * idle.itl_s)
-    how = (f"{rate:.3g}/s, {rate * idle.request_s:.1f} / idle request time; inter-token p50 {seen[rate] / idle.itl_s:.1f}x idle "
-           f"in its probe" + ("" if reached else f"; no probe reached {SATURATION_FACTOR:g}x: the highest probed"))
+    population, reached = saturating_rate(itl_at, SATURATION_START_CLIENTS, SATURATION_FACTOR * idle.itl_s,
+                                          step=SATURATION_STEP, probes=SATURATION_PROBES)
+    clients = round(population)
+    how = (f"{clients} clients; inter-token p50 {seen[clients] / idle.itl_s:.1f}x idle in its probe"
+           + ("" if reached else f"; no probe reached {SATURATION_FACTOR:g}x: the largest probed"))
     say(f"{'':<10} chose {how}")
-    return rate, how
+    return clients, how
 
 
 def run_sides(args: argparse.Namespace, scenario: Scenario, say: Report, folder: Path, base: str, phases: list[Phase],
-              arrivals: list[Arrival], batch_file: Path, idle: Idle, started: float) -> ScenarioResult:
+              arrivals: OnlineLoad, batch_file: Path, idle: Idle, started: float) -> ScenarioResult:
     """alone, then (a, e) the fixed client and the sweep, then batchllm; the scenario's summary."""
     runs: dict[str, SideRun] = {}
     side_header(say)
@@ -1223,7 +1280,7 @@ def run_sides(args: argparse.Namespace, scenario: Scenario, say: Report, folder:
     return summary(args, scenario, say, runs, reference, started)
 
 
-def sweep_fixed(args, sweep: list[int], kind: str, phases: list[Phase], arrivals: list[Arrival], say: Report, workdir: Path,
+def sweep_fixed(args, sweep: list[int], kind: str, phases: list[Phase], arrivals: OnlineLoad, say: Report, workdir: Path,
                 base: str, batch_file: Path, reference: LatencySlo) -> SideRun | None:
     """The run of the largest fixed concurrency that keeps the SLO in the windows of the `kind` (heavy) phases, over all
     phases (the windows batchllm is judged on), up to the first that breaks it; None when even 1 in flight breaks it. A p99

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import math
+import time
 
+import httpx
 import pytest
 
 from benchmarks.coserve import (
     BURSTS,
     LONG_ANSWER,
     SATURATING,
+    SATURATION_START_CLIENTS,
     STEADY,
     THREE_PHASES,
+    ClosedLoop,
     Idle,
+    Load,
     OnlineResult,
     Phase,
     ScenarioResult,
@@ -21,6 +28,7 @@ from benchmarks.coserve import (
     SideRun,
     burst_phases,
     by_server,
+    closed_loop_client,
     final_line,
     heaviest,
     idle_of,
@@ -131,17 +139,57 @@ def test_saturating_rate_steps_up_then_splits_the_last_step() -> None:
         calls.append(rate)
         return 0.01 * rate
 
-    rate, reached = saturating_rate(itl_at, 5.0, 0.1)  # 5, 7.5, 11.25, then 9.19 below the target and 10.17 over it
+    rate, reached = saturating_rate(itl_at, 5.0, 0.1, step=1.5, probes=8)  # 5, 7.5, 11.25, then 9.19 below the target and 10.17 over it
     assert rate == pytest.approx(11.25 / 1.5 ** 0.25) and reached
     assert calls == [5.0, 7.5, 11.25, pytest.approx(11.25 / math.sqrt(1.5)), pytest.approx(11.25 / 1.5 ** 0.25)]
     calls.clear()
-    rate, reached = saturating_rate(itl_at, 5.0, 0.09)  # 9.19 over it, then 8.30 below
+    rate, reached = saturating_rate(itl_at, 5.0, 0.09, step=1.5, probes=8)  # 9.19 over it, then 8.30 below
     assert rate == pytest.approx(9.185586535436919) and reached and len(calls) == 5
-    assert saturating_rate(itl_at, 5.0, 0.1, splits=1) == (11.25, True)  # one split: 9.19 below, the step's top
+    assert saturating_rate(itl_at, 5.0, 0.1, step=1.5, splits=1) == (11.25, True)  # one split: 9.19 below, the step's top
     calls.clear()
-    assert saturating_rate(itl_at, 20.0, 0.1) == (20.0, True) and calls == [20.0]  # the first probe reaches it
-    assert saturating_rate(lambda rate: 0.01, 5.0, 0.1, probes=3) == (11.25, False)  # bounded: the highest probed
+    assert saturating_rate(itl_at, 20.0, 0.1, step=1.5) == (20.0, True) and calls == [20.0]  # the first probe reaches it
+    assert saturating_rate(lambda rate: 0.01, 5.0, 0.1, step=1.5, probes=3) == (11.25, False)  # bounded: the highest probed
     assert saturating_rate(lambda rate: float("nan"), 1.0, 0.1, step=2.0, probes=4) == (8.0, False)
+    populations: list[float] = []  # (b)'s defaults: 16 clients, doubled, then the last doubling halved twice
+    assert saturating_rate(lambda n: populations.append(n) or 0.001 * n, SATURATION_START_CLIENTS, 0.1) == (
+        pytest.approx(128 / 2 ** 0.25), True)
+    assert [round(n) for n in populations] == [16, 32, 64, 128, 91, 108]
+
+
+def test_a_saturated_scenario_runs_a_population_joining_over_its_ramp() -> None:
+    phases = scenario_phases(B, 0.0, 30.0, 30.0)
+    load = Load(0.0, (32, 64), False, "probed", clients=90).online(phases, ["p1", "p2"], 7)
+    assert load == ClosedLoop(90, 30.0, 90.0, ("p1", "p2"), 7, (32, 64))
+    at_a_rate = scenario_phases(B, 0.5, 30.0, 30.0)  # Poisson arrivals where the load is a rate
+    arrivals = Load(0.5, (32, 64), False, "rate").online(at_a_rate, ["p1", "p2"], 7)
+    assert arrivals == make_arrivals(at_a_rate, ["p1", "p2"], 7, (32, 64)) and len(arrivals) > 0
+
+
+def test_each_client_of_a_population_has_one_request_in_flight_and_none_sent_after_the_end() -> None:
+    in_flight, most, sent = [0], [0], []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        sent.append(json.loads(request.content)["messages"][0]["content"])
+        await asyncio.sleep(0.02)
+        in_flight[0] -= 1
+        chunk = json.dumps({"choices": [{"token_ids": [1, 2]}]})
+        return httpx.Response(200, text=f"data: {chunk}\n\ndata: {chunk}\n\ndata: [DONE]\n\n")
+
+    load = ClosedLoop(3, 0.05, 0.3, ("a", "b", "c"), 1)
+
+    async def population() -> list[list[OnlineResult]]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            t0 = time.monotonic()
+            return await asyncio.gather(*(closed_loop_client(client, "http://server", load, k, t0) for k in range(3)))
+
+    clients = asyncio.run(population())
+    assert most[0] <= 3 and all(len(results) >= 2 for results in clients)  # one at a time each, again and again
+    assert all(r.sent_s < load.end_s and r.error is None and len(r.chunks) == 2 for results in clients for r in results)
+    for results in clients:  # a client's next request is sent once its last one ended
+        assert all(later.sent_s >= earlier.chunks[-1][0] for earlier, later in zip(results, results[1:]))
+    assert set(sent) <= {"a", "b", "c"}
 
 
 def test_reference_pools_the_phases_of_its_kind() -> None:
