@@ -121,8 +121,8 @@ class GuardPolicy:
 class GuardPhase(enum.Enum):
     BASELINE = "measuring baseline"  # 0 in flight: what the online traffic shows alone
     WAITING = "waiting"  # over target (or saturated) alone: 0 in flight, 1 after a quiet stretch without online requests
-    HELD = "held back"  # one batch request beside online ones broke a target: 0 beside them, 1 in a quiet stretch,
-    # one try beside them after a backoff
+    HELD = "held back"  # one batch request beside online ones broke a target: 0 until a lull, or one try beside them
+    # after a backoff
     SLOW_START = "slow start"  # guarding; growth doubles
     STEADY = "guarding"  # guarding; growth adds one, an excess eases off by one
     DRAINING = "draining a cut"  # a cut: until the batch is down to its allowance
