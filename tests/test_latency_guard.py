@@ -228,6 +228,21 @@ def test_held_back_the_batch_keeps_off_the_quiet_stretches_of_online_traffic_too
     assert len(held) > 2000 and sum(held) == 0
 
 
+def test_a_burst_of_online_requests_finds_no_batch_request_beside_it_after_its_first_scrapes():
+    """A light online load (0.8 a second) with a burst of 8 a second for 5 s every 30 s, on a fast
+    server the batch grows beside: the burst is a load no level was judged beside. After 1.5 s of
+    each burst from the third on, batch requests were beside its online steps at 1.4 on average
+    before the surge rule; now at most 0.25."""
+    arrivals = poisson(0.8, 150, seed=21) + sum((poisson(8.0, 30.0 * k + 20.0, seed=30 + k, from_s=30.0 * k + 15.0)
+                                                 for k in range(5)), ())
+    scenario = Scenario(FAST, tuple(sorted(arrivals)), online_tokens=32)
+    trace = run(scenario, LatencyGuard(None, 64), 150.0)
+    in_bursts = [batch for at, batch in zip(trace.online_steps_at, trace.batch_while_online)
+                 if any(30.0 * k + 16.5 <= at < 30.0 * k + 20.0 for k in (2, 3, 4))]
+    assert len(in_bursts) > 150 and sum(in_bursts) / len(in_bursts) <= 0.25
+    assert max(allowed for at, allowed in trace.allowed if 60.0 <= at < 75.0) >= 2  # it grew between the bursts
+
+
 def test_with_an_slo_the_crowded_slow_core_sees_at_most_one_batch_request_and_seldom_that():
     alone = run(CROWDED_SLOW_CORE, None, 300.0)
     guard = LatencyGuard(slo_of(alone, 0.0, 300.0), 64)
@@ -363,9 +378,9 @@ def test_every_guarding_phase_has_a_rule_for_every_verdict_and_the_rules_change_
     changes = {(phase.name, verdict.name): (after.name, change(levels, policy)) for (phase, verdict), (after, change) in TRANSITIONS.items()}
     assert changes == {
         ("SLOW_START", "CUT"): ("DRAINING", 4), ("SLOW_START", "RETURN"): ("DRAINING", 3), ("SLOW_START", "EASE"): ("STEADY", 7),
-        ("SLOW_START", "GROW"): ("SLOW_START", 16), ("SLOW_START", "HOLD"): ("SLOW_START", 8),
+        ("SLOW_START", "GROW"): ("SLOW_START", 16), ("SLOW_START", "HOLD"): ("SLOW_START", 8), ("SLOW_START", "SURGE"): ("DRAINING", 0),
         ("STEADY", "CUT"): ("DRAINING", 4), ("STEADY", "RETURN"): ("DRAINING", 3), ("STEADY", "EASE"): ("STEADY", 7),
-        ("STEADY", "GROW"): ("STEADY", 9), ("STEADY", "HOLD"): ("STEADY", 8),
+        ("STEADY", "GROW"): ("STEADY", 9), ("STEADY", "HOLD"): ("STEADY", 8), ("STEADY", "SURGE"): ("DRAINING", 0),
     }
     at_one, at_zero = Levels(1, 1), Levels(0, 0)
     assert [TRANSITIONS[(GuardPhase.STEADY, v)][1](at_one, policy) for v in (Verdict.CUT, Verdict.EASE, Verdict.GROW)] == [0, 1, 2]
@@ -447,12 +462,18 @@ def test_requests_waiting_beside_online_ones_in_two_scrapes_or_online_requests_r
     own_only = window([(2.0, 0.0), (2.0, 1.0), (2.0, 0.0), (2.0, 1.0)] + [(2.0, 0.0)] * 8, batch=3)
     assert not once.online_queued and not own_only.online_queued
     assert judge(once, lax, GuardPolicy()) is Verdict.GROW
-    # a saturating load filling the server before anything waits: no room to grow on its latency
-    filling = window([(2.0 + 6.0 * k, 0.0) for k in range(12)], batch=2)
-    assert filling.online_rising and not filling.online_queued and judge(filling, lax, GuardPolicy()) is Verdict.HOLD
+    # a saturating load filling the server before anything waits: no room to grow on its latency; filling this fast, a surge
+    filling = window([(2.0 + 1.0 * k, 0.0) for k in range(12)], batch=2)
+    assert filling.online_rising and not filling.online_surging and judge(filling, lax, GuardPolicy()) is Verdict.HOLD
+    steep = window([(2.0 + 6.0 * k, 0.0) for k in range(12)], batch=2)
+    assert steep.online_rising and not steep.online_queued and judge(steep, lax, GuardPolicy()) is Verdict.SURGE
+    # a burst: 0-2 online requests, then 10 at the newest scrape
+    burst = window([(2.0 + (k % 3), 0.0) for k in range(11)] + [(12.0, 0.0)], batch=2)
+    assert burst.online_surging and judge(burst, lax, GuardPolicy()) is Verdict.SURGE
     light = window([(2.0 + (k % 3), 0.0) for k in range(12)], batch=2)  # 0-2 online requests, as light traffic comes and goes
     heavy = window([(2.0 + 3.0 + (k % 2) * 2, 0.0) for k in range(6)] + [(2.0 + 4.0 + (k % 2) * 2, 0.0) for k in range(6)], batch=2)
     assert not light.online_rising and not heavy.online_rising and judge(light, lax, GuardPolicy()) is Verdict.GROW
+    assert not light.online_surging and not heavy.online_surging
     # the rise is read over the last window whatever level the batch ran at: a level set 2 s ago sees it too
     assert window([(2.0 + 6.0 * k, 0.0) for k in range(12)], batch=2, since_s=9.0).online_rising
 
@@ -477,7 +498,8 @@ def test_describe():
     ({"min_observations": 0}, "0"),
     ({"queued_scrapes": 0}, "queued_scrapes must be >= 1"),
     ({"trickle_quiet_gaps": -1.0}, "trickle_quiet_gaps must be >= 0, got -1.0"),
-    ({"rising_sigmas": -1.0}, "rising_sigmas must be >= 0, got -1.0"),
+    ({"rising_sigmas": -1.0}, "rising_sigmas and surge_sigmas must be >= 0, got -1.0, 3.0"),
+    ({"surge_sigmas": -1.0}, "rising_sigmas and surge_sigmas must be >= 0, got 2.0, -1.0"),
     ({"saturated_pace": 0.5}, "saturated_pace must be >= 1, got 0.5"),
 ])
 def test_bad_policies_are_refused_with_their_value(options, quoted):

@@ -55,6 +55,7 @@ class WindowEvidence:
     silent_s: float  # the longest any of the batch's decoding streams has now gone without a token
     idle_s: float = 0.0  # how long, up to now, the server held nothing but the batch's requests (whatever `since_s`)
     online_rising: bool = False  # online requests on the server rose through the window beyond their noise: a load still building
+    online_surging: bool = False  # the newest scrape's online requests over the window's earlier ones beyond their noise
     online_ever: bool = False  # online requests have been on the server since the guard began
     pace_s: float | None = None  # the median of the batch's own token gaps in the window: the server's step as it ran
 
@@ -101,10 +102,13 @@ def excess(evidence: WindowEvidence, targets: GuardTargets, policy: GuardPolicy,
 
 
 def judge(evidence: WindowEvidence, targets: GuardTargets, policy: GuardPolicy) -> Verdict:
-    """CUT over a target (or on the server's signs of overload), EASE over the ease bound, GROW on
-    positive evidence of room once the stretch is `judge_after_s` long, else HOLD."""
+    """CUT over a target (or on the server's signs of overload), SURGE when the online requests on the
+    server just jumped, EASE over the ease bound, GROW on positive evidence of room once the stretch
+    is `judge_after_s` long, else HOLD."""
     if excess(evidence, targets, policy) is not None:
         return Verdict.CUT
+    if evidence.online_surging:
+        return Verdict.SURGE
     if evidence.span_s < policy.judge_after_s:
         return Verdict.HOLD
     if excess(evidence, targets, policy, ease=True) is not None:
@@ -212,7 +216,8 @@ class ServerHistory:
                               queue_held=newest.waiting > 0 and previous is not None and previous.waiting > 0,
                               online_queued=queued >= self.policy.queued_scrapes, running=newest.running,
                               silent_s=silent_s, idle_s=self._idle_s(own), online_ever=self.online_ever or online_seen,
-                              online_rising=self._rising(trend), pace_s=self._pace(start, newest, own))
+                              online_rising=self._rising(trend), online_surging=self._surging(trend),
+                              pace_s=self._pace(start, newest, own))
 
     def _pace(self, start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings) -> float | None:
         """The median of the batch's own token gaps between the two: the server's step time as its
@@ -233,6 +238,15 @@ class ServerHistory:
             return False
         before, after = sum(first) / len(first), sum(second) / len(second)
         return after - before > self.policy.rising_sigmas * math.sqrt(max(1.0, before)) + 1.0
+
+    def _surging(self, within: list[tuple[MetricsSnapshot, int]]) -> bool:
+        """The online requests on the server in the newest snapshot over the mean of the window's earlier
+        ones by more than `surge_sigmas` Poisson sigmas of that mean (at least 1), and 1."""
+        if len(within) < 3:
+            return False
+        earlier = [_others(s, batch) for s, batch in within[:-1]]
+        before, now = sum(earlier) / len(earlier), _others(*within[-1])
+        return now - before > self.policy.surge_sigmas * math.sqrt(max(1.0, before)) + 1.0
 
     def _within(self, from_s: float, until_s: float) -> list[tuple[MetricsSnapshot, int]]:
         """The kept snapshots taken from `from_s` to `until_s`, both included, each with the batch's count in flight then."""

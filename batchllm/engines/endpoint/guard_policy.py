@@ -66,6 +66,13 @@ class GuardPolicy:
     # on), the batch left its steady window at 1.28x alone's first-token p99 (coserve matrix, AVX-512 host,
     # 2026-11-28). At 2 sigmas a light load's 0-2 online requests and a heavy one's 2-5 read as steady.
     rising_sigmas: float = 2.0
+    # The newest scrape's online requests over the mean of the window's earlier ones by more than this many Poisson
+    # sigmas (of that mean, at least 1) and 1 is a surge (`Verdict.SURGE`): 0 at once, a load no level was judged
+    # beside. At 1-2 batch requests grown in a light load, the batch met (d)'s bursts (10x the light rate for 5 s)
+    # and left a burst's window at 1.65x alone's first-token p99 (coserve matrix, AVX-512 host, 2026-11-29). A burst
+    # from 0.8 to 8 online requests clears 3 sigmas at once; at 2 (as the rise), a scripted light load's own noise
+    # (1.6 online requests on average) read as a surge twice in 4 minutes, each costing a window at 0 and the growth.
+    surge_sigmas: float = 3.0
     # WAITING's and HELD's trickle of 1 starts only once the server had no online request for this many of
     # the online traffic's mean arrival gaps (over the history): a gap of one scrape in heavy traffic is no
     # room, the next arrivals meet the request it let in. Started in such gaps of (a)'s heavy phase (1.42
@@ -107,8 +114,8 @@ class GuardPolicy:
             raise ValueError(f"trickle_quiet_gaps must be >= 0, got {self.trickle_quiet_gaps!r}")
         if not self.saturated_pace >= 1:
             raise ValueError(f"saturated_pace must be >= 1, got {self.saturated_pace!r}")
-        if not self.rising_sigmas >= 0:
-            raise ValueError(f"rising_sigmas must be >= 0, got {self.rising_sigmas!r}")
+        if not (self.rising_sigmas >= 0 and self.surge_sigmas >= 0):
+            raise ValueError(f"rising_sigmas and surge_sigmas must be >= 0, got {self.rising_sigmas!r}, {self.surge_sigmas!r}")
         if not 0 < self.cut_factor < 1:
             raise ValueError(f"cut_factor must be in (0, 1), got {self.cut_factor!r}")
         if not 0 < self.grow_below <= self.ease_above <= 1:
@@ -141,6 +148,9 @@ class Verdict(enum.Enum):
     # online requests are on the server again after a lull the batch grew in: back at once to the
     # level last judged beside them (the lull's growth was judged harmless to nobody, not to them)
     RETURN = "return"
+    # the online requests on the server jumped beyond their noise since the window's earlier scrapes (a burst, a
+    # load turning heavy): no level was judged beside such a load, and it meets whatever runs: 0 at once
+    SURGE = "surge"
 
 
 @dataclass(frozen=True)
@@ -175,17 +185,23 @@ def _beside_online(levels: Levels, policy: GuardPolicy) -> int:
     return min(levels.allowed, levels.beside_online)
 
 
+def _none(levels: Levels, policy: GuardPolicy) -> int:
+    return 0
+
+
 # (phase, verdict) -> (next phase, the allowance's change, before `max_in_flight` caps it). The
 # guarding phases only: BASELINE and WAITING end by what the online traffic shows alone, DRAINING
 # when the batch came down (both in `LatencyGuard`).
 TRANSITIONS = {
     (GuardPhase.SLOW_START, Verdict.CUT): (GuardPhase.DRAINING, _halve),
     (GuardPhase.SLOW_START, Verdict.RETURN): (GuardPhase.DRAINING, _beside_online),
+    (GuardPhase.SLOW_START, Verdict.SURGE): (GuardPhase.DRAINING, _none),
     (GuardPhase.SLOW_START, Verdict.EASE): (GuardPhase.STEADY, _one_less),
     (GuardPhase.SLOW_START, Verdict.GROW): (GuardPhase.SLOW_START, _double),
     (GuardPhase.SLOW_START, Verdict.HOLD): (GuardPhase.SLOW_START, _same),
     (GuardPhase.STEADY, Verdict.CUT): (GuardPhase.DRAINING, _halve),
     (GuardPhase.STEADY, Verdict.RETURN): (GuardPhase.DRAINING, _beside_online),
+    (GuardPhase.STEADY, Verdict.SURGE): (GuardPhase.DRAINING, _none),
     (GuardPhase.STEADY, Verdict.EASE): (GuardPhase.STEADY, _one_less),
     (GuardPhase.STEADY, Verdict.GROW): (GuardPhase.STEADY, _one_more),
     (GuardPhase.STEADY, Verdict.HOLD): (GuardPhase.STEADY, _same),

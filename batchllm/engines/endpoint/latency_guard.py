@@ -32,8 +32,10 @@ Phases (`GuardPhase`; the rules and their numbers in `guard_policy.py`):
   light online arrivals are longer than a window), the batch using all it was allowed during the level, room under the
   server's capacity as last seen full, and beside online requests a server not saturated (its step, the batch's
   median token gap, at most `saturated_pace` x the fastest seen). Online requests back after a lull the batch grew in:
-  RETURN to the level last judged beside them. At 0: 1 again once a whole window at 0 gave
-  positive evidence of room, as any growth.
+  RETURN to the level last judged beside them. Online requests on the server jumping beyond
+  their noise at a scrape (a burst, a load turning heavy): SURGE to 0 at once, a load no level
+  was judged beside. At 0: 1 again once a whole window at 0 gave positive evidence of room, as
+  any growth.
 - DRAINING, after a cut or a return: no decision until the batch's in-flight count is down to
   the new allowance (or a window passed); then STEADY, the new level judged on itself.
 When server metrics that were there stop, the guard grows no more and still cuts on the
@@ -267,8 +269,10 @@ class LatencyGuard:
             self._fastest_pace_s = min(self._fastest_pace_s, level.pace_s)
         verdict = judge(since_cut, self._targets, self.policy)
         if verdict is not Verdict.CUT and (self._history.others_now(now_s, self._own) or 0) > 0 and self._allowed > self._beside_online:
-            verdict = Verdict.RETURN
-        elif verdict is not Verdict.CUT:
+            verdict = Verdict.RETURN  # a level grown in a lull: back to the one judged beside them, surge or not
+        elif verdict is Verdict.SURGE and self._allowed == 0:
+            verdict = Verdict.HOLD  # nothing to take off
+        elif verdict not in (Verdict.CUT, Verdict.SURGE):
             verdict = Verdict.HOLD if level is None else judge(level, self._targets, self.policy)
             if verdict is Verdict.GROW and not (self._may_grow(level) and (self._allowed > 0 or self._may_probe(now_s))):
                 verdict = Verdict.HOLD
@@ -290,7 +294,7 @@ class LatencyGuard:
         # a level above the last judged beside them (grown in a lull) is judged beside them on enough of their first tokens
         enough = self.policy.min_observations if allowed > self._beside_online else 1
         beside = level is not None and level.online_seen and level.latency.ttft_count >= enough and not grown_in_a_lull
-        if beside or verdict is Verdict.RETURN or (verdict is Verdict.CUT and (self._history.others_now(now_s, self._own) or 0) > 0):
+        if beside or verdict in (Verdict.RETURN, Verdict.SURGE) or (verdict is Verdict.CUT and (self._history.others_now(now_s, self._own) or 0) > 0):
             self._beside_online = allowed
             if beside and self._allowed >= 2:  # 2 judged harmless beside them: no backoff left to double
                 self._holds_in_a_row = 0
@@ -321,8 +325,8 @@ class LatencyGuard:
         (as last seen full, at least 1) free."""
         if level is None or self._blind(level):
             return False
-        if level.online_seen and level.pace_s is not None and level.pace_s > self.policy.saturated_pace * self._fastest_pace_s:
-            return False
+        if level.online_seen and self._allowed > 0 and (level.pace_s is None or level.pace_s > self.policy.saturated_pace * self._fastest_pace_s):
+            return False  # beside online requests, the server's step as the batch's streams saw it is evidence too
         if self._peak_in_flight < self._allowed or self._allowed >= self.max_in_flight:
             return False
         if self._capacity_running is None or level.running is None:
