@@ -279,6 +279,14 @@ def test_a_cut_to_0_on_a_higher_levels_harm_or_on_the_online_traffics_own_is_no_
     assert max(allowed for at, allowed in trace.allowed if at >= 200.0) >= 2
 
 
+def test_a_server_without_metrics_lets_the_batch_grow_on_its_own_timings():
+    """No /metrics at all: the server's step is judged only beside online requests the metrics show, so
+    an unknown step there holds nothing back (it held the batch at 1 for good when it did)."""
+    scenario = Scenario(FAST, poisson(1.0, 120, seed=4), online_tokens=32, metrics_until_s=0.0)
+    trace = run(scenario, LatencyGuard(None, 64), 120.0)
+    assert max(allowed for _, allowed in trace.allowed) >= 2
+
+
 def test_when_the_server_stops_answering_metrics_the_batch_grows_no_more():
     scenario = Scenario(FAST, poisson(1.0, 120, seed=4), online_tokens=32, metrics_until_s=60.0)
     guard = LatencyGuard(None, 64)

@@ -211,11 +211,11 @@ class LatencyGuard:
 
     def _trickle(self, now_s: float) -> WindowEvidence | None:
         """WAITING's allowance, 1 only once no online request was on the server for a quiet stretch
-        (`ServerHistory.quiet_for_trickle`; none known: 0); then `_held_window`."""
+        (`ServerHistory.quiet_for_trickle`; none known: 0); then `_level_window`."""
         self._allowed = 1 if self._history.quiet_for_trickle(now_s, self._own) else 0
-        return self._held_window(now_s)
+        return self._level_window(now_s)
 
-    def _held_window(self, now_s: float) -> WindowEvidence | None:
+    def _level_window(self, now_s: float) -> WindowEvidence | None:
         """At a new observation once the level ran a whole window, what it showed; else None."""
         if not self._new_observation(now_s) or now_s - self._level_since_s < self.policy.window_s:
             return None
@@ -247,7 +247,7 @@ class LatencyGuard:
         at 0.2 requests on average and left its window at 1.29x alone's inter-token p99 (coserve
         matrix, AVX-512 host, 2026-11-29)."""
         self._allowed = 0
-        level = self._held_window(now_s)
+        level = self._level_window(now_s)
         lull = level is not None and level.idle(self.policy)
         if lull or now_s - self._held_since_s >= self._held_retry_s():
             self.phase, self._why_waiting = GuardPhase.SLOW_START, None
@@ -325,7 +325,8 @@ class LatencyGuard:
         (as last seen full, at least 1) free."""
         if level is None or self._blind(level):
             return False
-        if level.online_seen and self._allowed > 0 and (level.pace_s is None or level.pace_s > self.policy.saturated_pace * self._fastest_pace_s):
+        unknown_pace = level.pace_s is None and self._allowed > 0 and level.basis == SERVER_METRICS
+        if level.online_seen and (unknown_pace or (level.pace_s or 0.0) > self.policy.saturated_pace * self._fastest_pace_s):
             return False  # beside online requests, the server's step as the batch's streams saw it is evidence too
         if self._peak_in_flight < self._allowed or self._allowed >= self.max_in_flight:
             return False
