@@ -267,8 +267,9 @@ class LatencyGuard:
         level = self._evidence(now_s, self._level_since_s)
         if level is not None and level.pace_s is not None:
             self._fastest_pace_s = min(self._fastest_pace_s, level.pace_s)
+        online_now = (self._history.others_now(now_s, self._own) or 0) > 0
         verdict = judge(since_cut, self._targets, self.policy)
-        if verdict is not Verdict.CUT and (self._history.others_now(now_s, self._own) or 0) > 0 and self._allowed > self._beside_online:
+        if verdict is not Verdict.CUT and online_now and self._allowed > self._beside_online:
             verdict = Verdict.RETURN  # a level grown in a lull: back to the one judged beside them, surge or not
         elif verdict is Verdict.SURGE and self._allowed == 0:
             verdict = Verdict.HOLD  # nothing to take off
@@ -278,7 +279,7 @@ class LatencyGuard:
                 verdict = Verdict.HOLD
         phase, change = TRANSITIONS[(self.phase, verdict)]
         allowed = min(self.max_in_flight, change(Levels(self._allowed, self._beside_online), self.policy))
-        if verdict is Verdict.CUT and (self._history.others_now(now_s, self._own) or 0) > 0:
+        if verdict is Verdict.CUT and online_now:
             allowed = min(allowed, self._beside_online)  # a level grown in a lull is no level to halve beside them
         if verdict is Verdict.CUT and self._allowed == 1 and allowed == 0 and (why := self._one_was_too_many(level)):
             if since_cut.queue_held:
@@ -294,7 +295,7 @@ class LatencyGuard:
         # a level above the last judged beside them (grown in a lull) is judged beside them on enough of their first tokens
         enough = self.policy.min_observations if allowed > self._beside_online else 1
         beside = level is not None and level.online_seen and level.latency.ttft_count >= enough and not grown_in_a_lull
-        if beside or verdict in (Verdict.RETURN, Verdict.SURGE) or (verdict is Verdict.CUT and (self._history.others_now(now_s, self._own) or 0) > 0):
+        if beside or verdict in (Verdict.RETURN, Verdict.SURGE) or (verdict is Verdict.CUT and online_now):
             self._beside_online = allowed
             if beside and self._allowed >= 2:  # 2 judged harmless beside them: no backoff left to double
                 self._holds_in_a_row = 0
