@@ -10,7 +10,7 @@ import bisect
 import pytest
 
 from batchllm.core.latency_slo import LatencySlo
-from batchllm.engines.endpoint.guard_evidence import WindowEvidence, excess, judge
+from batchllm.engines.endpoint.guard_evidence import WindowEvidence, excess, judge, load_eased
 from batchllm.engines.endpoint.guard_policy import TRANSITIONS, GuardPhase, GuardPolicy, Levels, Verdict
 from batchllm.engines.endpoint.guard_targets import SERVER_METRICS, GuardReading, GuardTargets
 from batchllm.engines.endpoint.latency_guard import LatencyGuard
@@ -209,8 +209,8 @@ def test_where_one_batch_request_beside_online_ones_is_too_many_the_batch_keeps_
     after = [batch for at, batch in zip(beside.online_steps_at, beside.batch_while_online) if at > holds[0]]
     assert len(after) > 5000 and sum(1 for batch in after if batch) <= len(after) * 4 // 100 and max(after) <= 1
     described = guard.reading(1050.0).describe()
-    assert described.startswith("held back (online p99 ") and (" beside one batch request; none in flight until a lull or a "
-                                                                 "try beside them); in flight <= ") in described
+    assert described.startswith("held back (online p99 ") and (" beside one batch request; none in flight until a lull, a "
+                                                                 "lighter load or a try beside them); in flight <= ") in described
 
 
 def test_held_back_the_batch_keeps_off_the_quiet_stretches_of_online_traffic_too():
@@ -226,6 +226,23 @@ def test_held_back_the_batch_keeps_off_the_quiet_stretches_of_online_traffic_too
     phase_at = lambda at: trace.phases[max(0, bisect.bisect_right(times, at) - 1)][1]  # noqa: E731
     held = [batch for at, batch in zip(trace.online_steps_at, trace.batch_while_online) if phase_at(at) is GuardPhase.HELD]
     assert len(held) > 2000 and sum(held) == 0
+
+
+def test_held_back_beside_a_heavy_load_the_batch_tries_again_once_the_load_is_lighter():
+    """Four places on the server, a step that grows with the requests in it: a heavy online load (1.2
+    a second, about 3 on the server) has no room for one batch request, and it is held back (its try
+    after 60 s too). From 120 s the load is light (0.3 a second). The backoff's next try would come
+    at 202 s (it did before this rule); the online requests now come at a rate lower than beside the
+    hold beyond their noise, with room at 0: one try within 30 s of the turn, and the batch grows."""
+    arrivals = tuple(sorted(poisson(1.2, 120, seed=44) + poisson(0.3, 240, seed=144, from_s=120.0)))
+    scenario = Scenario(lambda n: 0.02 + 0.02 * n, arrivals, online_tokens=32, max_num_seqs=4)
+    trace = run(scenario, LatencyGuard(None, 64), 240.0)
+    changes = [(at, phase) for (at, phase), (_, before) in zip(trace.phases[1:], trace.phases) if phase is not before]
+    holds = [at for at, phase in changes if phase is GuardPhase.HELD]
+    assert len(holds) == 2 and max(holds) < 120.0
+    out_s = next(at for at, phase in changes if at > max(holds))
+    assert 120.0 < out_s < 150.0
+    assert max(allowed for at, allowed in trace.allowed if out_s <= at < 240.0) >= 2
 
 
 def test_a_burst_of_online_requests_finds_no_batch_request_beside_it_after_its_first_scrapes():
@@ -368,6 +385,18 @@ def evidence(ttft_s: float | None = 0.5, itl_s: float | None = 0.05, *, ttft_cou
 ])
 def test_verdicts_on_exact_evidence(case, verdict):
     assert judge(case, TARGETS, GuardPolicy()) is verdict
+
+
+@pytest.mark.parametrize("before, after, eased", [
+    ((14, 10.0), (4, 10.0), True),  # a rate a third of the held load's: 4 of 18, where 9 was the even share
+    ((14, 10.0), (8, 10.0), False),  # 8 of 22 is within 2 sigmas (2.3) of 11
+    ((14, 10.0), (7, 20.0), True),  # per second, not per window: 7 in twice the time is a quarter the rate
+    ((0, 10.0), (0, 10.0), False),  # no online request either side: no load to have eased
+    ((3, 10.0), (0, 10.0), False),  # 3 of 3 first tokens before: within the noise of so few
+])
+def test_a_load_eased_when_its_online_first_tokens_came_at_a_lower_rate_beyond_their_noise(before, after, eased):
+    held, now = (evidence(ttft_count=count, span_s=span_s) for count, span_s in (before, after))
+    assert load_eased(held, now, GuardPolicy().rising_sigmas) is eased
 
 
 def test_only_a_first_token_p99_over_the_target_for_sure_is_a_sure_excess():

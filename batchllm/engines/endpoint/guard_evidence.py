@@ -126,6 +126,18 @@ def judge(evidence: WindowEvidence, targets: GuardTargets, policy: GuardPolicy) 
     return Verdict.HOLD
 
 
+def load_eased(before: WindowEvidence, after: WindowEvidence, sigmas: float) -> bool:
+    """The online traffic came at a lower rate in `after` than in `before`, beyond its noise: of the
+    online first tokens of both stretches (Poisson counts: one per request, whatever its length), the
+    share in `after` under its share of their time by more than `sigmas` binomial sigmas."""
+    came_before, came_after = before.latency.ttft_count, after.latency.ttft_count
+    both = came_before + came_after
+    if both <= 0 or before.span_s <= 0 or after.span_s <= 0:
+        return False
+    share = after.span_s / (before.span_s + after.span_s)
+    return came_after < both * share - sigmas * math.sqrt(both * share * (1 - share))
+
+
 class ServerHistory:
     """The snapshots of the last `max_window_s` (and one before), each with the batch's count in flight then."""
 

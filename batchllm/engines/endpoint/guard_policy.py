@@ -64,7 +64,9 @@ class GuardPolicy:
     # than this many Poisson sigmas (sqrt of the first's mean, at least 1) and 1. A saturating load fills
     # the server before anything waits: grown to 4 in (b)'s ramp (nothing queued at the scrapes it judged
     # on), the batch left its steady window at 1.28x alone's first-token p99 (coserve matrix, AVX-512 host,
-    # 2026-11-28). At 2 sigmas a light load's 0-2 online requests and a heavy one's 2-5 read as steady.
+    # 2026-11-28). At 2 sigmas a light load's 0-2 online requests and a heavy one's 2-5 read as steady. The same
+    # bound says a load eased: held back, the batch tries again sooner once the online first tokens come at a
+    # lower rate than beside the hold by more than this many binomial sigmas (`guard_evidence.load_eased`).
     rising_sigmas: float = 2.0
     # The newest scrape's online requests over the mean of the window's earlier ones by more than this many Poisson
     # sigmas (of that mean, at least 1) and 1 is a surge (`Verdict.SURGE`): 0 at once, a load no level was judged
@@ -128,8 +130,8 @@ class GuardPolicy:
 class GuardPhase(enum.Enum):
     BASELINE = "measuring baseline"  # 0 in flight: what the online traffic shows alone
     WAITING = "waiting"  # over target (or saturated) alone: 0 in flight, 1 after a quiet stretch without online requests
-    HELD = "held back"  # one batch request beside online ones broke a target: 0 until a lull, or one try beside them
-    # after a backoff
+    HELD = "held back"  # one batch request beside online ones broke a target: 0 until a lull, a lighter load, or one
+    # try beside them after a backoff
     SLOW_START = "slow start"  # guarding; growth doubles
     STEADY = "guarding"  # guarding; growth adds one, an excess eases off by one
     DRAINING = "draining a cut"  # a cut: until the batch is down to its allowance

@@ -48,7 +48,7 @@ class GuardReading:
         if self.phase == "waiting":
             return f"waiting ({self.why}; 1 in flight only in a quiet stretch without online requests); {text}"
         if self.phase == "held back":
-            return f"held back ({self.why}; none in flight until a lull or a try beside them); {text}"
+            return f"held back ({self.why}; none in flight until a lull, a lighter load or a try beside them); {text}"
         return text if self.phase in ("guarding", "slow start") else f"{self.phase}; {text}"
 
 

@@ -17,8 +17,10 @@ Phases (`GuardPhase`; the rules and their numbers in `guard_policy.py`):
   latency is no baseline).
 - HELD, when even one batch request beside online requests broke a target (a cut to 0 with online
   requests there): 0 in flight, with no trickle in quiet stretches (`_hold`), until a lull
-  (`lull_s` without online requests: nobody to harm) or a backoff
-  (`held_retry_s`, doubled at each hold in a row up to `max_held_retry_s`); then SLOW_START at 1.
+  (`lull_s` without online requests: nobody to harm), a lighter load (the online requests coming
+  at a lower rate than beside the hold's try, beyond their noise, and room at 0 as growth needs)
+  or a backoff (`held_retry_s`, doubled at each hold in a row up to `max_held_retry_s`); then
+  SLOW_START at 1.
   After a lull, when online requests come back, the level last judged beside them, 0, and one more
   try a window later. A probe a window, as at 0 otherwise, harmed every window where one batch
   request is too many (one slow core, online answers longer than the window); never trying again
@@ -51,7 +53,7 @@ import math
 from collections.abc import Sequence
 
 from batchllm.core.latency_slo import LatencySlo
-from batchllm.engines.endpoint.guard_evidence import ServerHistory, WindowEvidence, excess, judge, own_evidence
+from batchllm.engines.endpoint.guard_evidence import ServerHistory, WindowEvidence, excess, judge, load_eased, own_evidence
 from batchllm.engines.endpoint.guard_policy import GUARDING_PHASES, TRANSITIONS, GuardPhase, GuardPolicy, Levels, Verdict
 from batchllm.engines.endpoint.guard_targets import OWN_REQUESTS, SERVER_METRICS, GuardReading, GuardTargets
 from batchllm.engines.endpoint.latency_window import OwnTimings, WindowLatency, own_latency
@@ -87,6 +89,7 @@ class LatencyGuard:
         self._first_call_s = math.inf  # when the caller first asked or told anything
         self._holds_in_a_row = 0  # HELD's backoff: `held_retry_s` x 2 ** (this - 1)
         self._held_since_s = -math.inf
+        self._held_beside: WindowEvidence | None = None  # the window whose online load one batch request was too many beside
         self._fastest_pace_s = math.inf  # the server's quickest step the batch's streams saw in a window
 
     # -- what the caller tells and asks
@@ -240,7 +243,7 @@ class LatencyGuard:
 
     def _hold(self, now_s: float) -> None:
         """HELD: 0 in flight, out after a lull (the backoff's count starts again) or, to try 1 beside
-        them once more, after the backoff. No trickle in quiet stretches of their traffic, as WAITING
+        them once more, after the backoff, or sooner once the online load eased (`_eased`). No trickle in quiet stretches of their traffic, as WAITING
         has: one request was shown too many beside them, and a quiet stretch says little of the next
         arrival (Poisson arrivals have no memory) while a trickled request stays on the server a
         scrape after they come. Held with that trickle, the batch sat beside (a)'s heavy online load
@@ -249,12 +252,22 @@ class LatencyGuard:
         self._allowed = 0
         level = self._level_window(now_s)
         lull = level is not None and level.idle(self.policy)
-        if lull or now_s - self._held_since_s >= self._held_retry_s():
+        if lull or self._eased(level) or now_s - self._held_since_s >= self._held_retry_s():
             self.phase, self._why_waiting = GuardPhase.SLOW_START, None
             self._holds_in_a_row = 0 if lull else self._holds_in_a_row
             self._beside_online = 0 if lull else 1  # back to 0 when they come after a lull; a try is beside them
             self._cut_settled_s = now_s  # judged on itself, not on the hold's windows
             self._set_level(1, now_s)
+
+    def _eased(self, level: WindowEvidence | None) -> bool:
+        """The online traffic now comes at a lower rate than the one a batch request was too many beside,
+        beyond its noise (`rising_sigmas`), and the window at 0 shows positive evidence of room, as any
+        growth needs: one batch request was judged beside that load, not this one. Without it, held in
+        (a)'s heavy phase, the batch sat at 0 through the light phase after it (a try 60 s later),
+        where one request in flight kept the SLO (coserve matrix, AVX-512 host, 2026-11-29)."""
+        if level is None or self._held_beside is None or self._targets is None:
+            return False
+        return load_eased(self._held_beside, level, self.policy.rising_sigmas) and judge(level, self._targets, self.policy) is Verdict.GROW
 
     def _held_retry_s(self) -> float:
         return min(self.policy.max_held_retry_s, self.policy.held_retry_s * 2 ** max(0, self._holds_in_a_row - 1))
@@ -285,6 +298,7 @@ class LatencyGuard:
             if since_cut.queue_held:
                 self._capacity_running = since_cut.running
             self.phase, self._why_waiting, self._beside_online = GuardPhase.HELD, f"{why} beside one batch request", 0
+            self._held_beside = self._evidence(now_s, -math.inf)  # the load over the last window, whatever the level's age
             self._cut_settled_s, self._held_since_s, self._holds_in_a_row = now_s, now_s, self._holds_in_a_row + 1
             self._set_level(0, now_s)
             return
