@@ -1,7 +1,10 @@
 """LoRA adapters on the real engine and the embedded model (slow: marked `engine`): a node on an
 adapter made here (seeded random weights, tests/lora_adapters.py) gives the tokens vLLM's own
 `LLM.chat(..., lora_request=...)` gives with the same adapter at temperature 0, and other
-tokens than the base's; the base's node and two adapters' run in one engine."""
+tokens than the base's; the base's node and two adapters' run in one engine. On CPUs both run
+batchllm's LoRA ops (engines/cpu_lora_ops.py): their sums differ from vLLM's own ops' in the last
+bits (a matrix product a call, not one a token), which flips a greedy token at a near-tie; the
+ops are held to vLLM's within rounding in tests/test_cpu_lora_ops.py."""
 
 from __future__ import annotations
 
@@ -32,6 +35,8 @@ VLLM_LORA_CHAT = """
 import json, sys
 from vllm import LLM, SamplingParams
 from vllm.lora.request import LoRARequest
+from batchllm.engines.cpu_lora_ops import use_grouped_cpu_lora_ops
+use_grouped_cpu_lora_ops()  # the LoRA ops batchllm's engines run on CPUs (their sums against vLLM's: test_cpu_lora_ops.py)
 questions, adapter = json.load(sys.stdin)
 llm = LLM(model=sys.argv[1], enable_lora=True, max_loras=2, max_lora_rank=16, max_num_seqs=1, enforce_eager=True, dtype=sys.argv[2],
           seed=0)
@@ -156,7 +161,7 @@ def test_a_batch_file_naming_two_adapters_validates_against_vllms_response_model
         ChatCompletionResponse.model_validate(result["response"]["body"])
     text = {r["custom_id"]: r["response"]["body"]["choices"][0]["message"]["content"] for r in results}
     # each adapter's answers, not the base's; and the base's not an adapter's (vLLM's CPU ops gave a base request batched
-    # beside adapter ones the adapter in the last slot: engines/lora_ops_mend.py)
+    # beside adapter ones the adapter in the last slot: engines/cpu_lora_ops.py)
     for adapter in ("tuned-a", "tuned-b"):
         assert sum(text[f"{adapter}-{k}"] != text[f"base-{k}"] for k in range(ROWS)) >= ROWS - 1, (adapter, text)
     assert all(r["response"]["body"]["model"] == r["custom_id"].rsplit("-", 1)[0] for r in results)  # the line's own model name

@@ -1,0 +1,156 @@
+"""batchllm's LoRA ops for vLLM's CPU path, put in place in the engine's process before the engine starts.
+
+vLLM's CPU platform runs LoRA through its PyTorch ops (`vllm.lora.ops.torch_ops`). The three
+every other one calls (`bgmv_shrink`, `bgmv_expand`, `bgmv_expand_slice`) take each token's
+adapter matrices as `weights[index]`, a copy of them per token of the step, and multiply token
+by token. Two things follow (vLLM 0.32):
+
+- Wrong answers. Index -1 marks a token of no adapter (the base model's); in Python -1 is the
+  last slot, so a base request batched beside adapter requests runs with whichever adapter sits
+  there, without an error (vLLM pull request 48421, open). The GPU kernels skip such tokens.
+- Slow steps. The copies move tokens x rank x width numbers per module and layer where each
+  adapter's matrices are rank x width: an adapter request's prefill cost 5.35x the base's and
+  its decode 3.02x; with these ops 1.33x and 2.21x (benchmarks/results/lora-step-cost-2026-11-29-avx512.txt,
+  AVX-512 host; in decode most of what is left is vLLM's own work around the ops).
+
+These ops do the same sums in one matrix product a call, with every slot's matrices side by side
+(slots x rank columns, a few dozen: `max_loras` slots), each token keeping its own slot's part,
+and the rows of tokens of no adapter left as they were, as the GPU kernels leave them. A shape the grouped form does not cover (an output
+of another row count than the tokens', where vLLM broadcasts one row) goes to vLLM's own op,
+with the base tokens' rows still kept (`skip_base_tokens`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+GROUPED_OPS = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")  # (inputs, weights, output, indices, ...)
+
+
+def ops_apply_the_last_adapter_to_base_tokens() -> bool:
+    """One token of no adapter (index -1) beside two slots of ones: does the installed shrink op give it a delta?"""
+    import torch
+    from vllm.lora.ops.torch_ops import lora_ops
+
+    output = torch.zeros(1, 1)
+    lora_ops.bgmv_shrink(torch.ones(1, 2), torch.ones(2, 1, 2), output, torch.tensor([-1]), 1.0)
+    return bool(output.abs().sum() > 0)
+
+
+def _stacked(weights: Any, dtype: Any) -> Any:
+    """vLLM's stacked adapter matrices, (slots, out, in), from (slots, out, in) or (slots, 1, out, in)."""
+    return (weights.squeeze(1) if weights.dim() == 4 else weights).to(dtype)
+
+
+def _slot_of_each(indices: Any, width: int) -> Any:
+    """Each token's slot (a token of no adapter: slot 0, its result discarded), shaped to gather or
+    scatter `width` numbers a token along a (tokens, slots, width) tensor's slot dimension."""
+    return indices.clamp(min=0).view(-1, 1, 1).expand(-1, 1, width)
+
+
+def grouped_shrink(inputs: Any, weights: Any, output: Any, indices: Any, scaling: float = 1.0) -> None:
+    """`bgmv_shrink`: output[t, :rank] = scaling * A[slot of t] @ inputs[t], for the tokens of an adapter.
+    One product of the tokens with every slot's A (slots x rank columns: a few dozen), then each
+    token's own slot's columns."""
+    import torch
+
+    matrices = _stacked(weights, output.dtype)
+    slots, rank = matrices.shape[0], matrices.shape[1]
+    every = (inputs.to(output.dtype) @ matrices.reshape(slots * rank, -1).T).view(-1, slots, rank)
+    own = every.gather(1, _slot_of_each(indices, rank)).squeeze(1)
+    output[:, :rank] = torch.where((indices >= 0).unsqueeze(1), scaling * own, output[:, :rank])
+
+
+def _expanded(inputs: Any, weights: Any, indices: Any, dtype: Any) -> Any:
+    """B[slot of t] @ inputs[t] for every token, 0 for a token of no adapter: each token's rank numbers put in
+    its slot's block of a (tokens, slots x rank) row, zeros elsewhere, times every slot's B at once."""
+    matrices = _stacked(weights, dtype)
+    slots, width, rank = matrices.shape
+    placed = inputs.new_zeros((inputs.shape[0], slots, rank), dtype=dtype)
+    placed.scatter_(1, _slot_of_each(indices, rank), inputs[:, :rank].to(dtype).unsqueeze(1))
+    placed *= (indices >= 0).view(-1, 1, 1)
+    return placed.view(-1, slots * rank) @ matrices.permute(1, 0, 2).reshape(width, slots * rank).T
+
+
+def grouped_expand(inputs: Any, weights: Any, output: Any, indices: Any, add_inputs: bool = True) -> None:
+    """`bgmv_expand`: output[t, :width] (+)= B[slot of t] @ inputs[t], for the tokens of an adapter (the
+    width the narrower of B's and the output's: the adapter and the model may pad differently)."""
+    import torch
+
+    delta = _expanded(inputs, weights, indices, output.dtype)
+    width = min(delta.shape[1], output.shape[1])
+    if add_inputs:
+        output[:, :width] += delta[:, :width]  # a base token's delta is exactly 0
+    else:
+        output[:, :width] = torch.where((indices >= 0).unsqueeze(1), delta[:, :width], output[:, :width])
+
+
+def grouped_expand_slice(inputs: Any, weights: Any, output: Any, indices: Any, slice_offset: int, slice_size: int,
+                         add_inputs: bool = True) -> None:
+    """`bgmv_expand_slice`: output[t, offset:offset + size] (+)= B[slot of t] @ inputs[t], for the tokens of an adapter."""
+    import torch
+
+    delta = _expanded(inputs, weights, indices, output.dtype)
+    columns = slice(slice_offset, slice_offset + slice_size)
+    if add_inputs:
+        output[:, columns] += delta
+    else:
+        output[:, columns] = torch.where((indices >= 0).unsqueeze(1), delta, output[:, columns])
+
+
+GROUPED: dict[str, Callable[..., None]] = {"bgmv_shrink": grouped_shrink, "bgmv_expand": grouped_expand, "bgmv_expand_slice": grouped_expand_slice}
+
+
+def skip_base_tokens(op: Callable[..., Any]) -> Callable[..., Any]:
+    """`op` over (inputs, weights, output, indices, ...) with the rows of tokens of index < 0 left as they were."""
+
+    @functools.wraps(op)
+    def kept(inputs, weights, output, indices, *args, **kwargs):
+        base = indices < 0
+        if not bool(base.any()):
+            return op(inputs, weights, output, indices, *args, **kwargs)
+        rows = base.nonzero().flatten()
+        rows = rows[rows < output.shape[0]]
+        before = output[rows].clone()
+        result = op(inputs, weights, output, indices.clamp(min=0), *args, **kwargs)
+        output[rows] = before
+        return result
+
+    return kept
+
+
+def grouped_in_place_of(op: Callable[..., Any], grouped: Callable[..., None]) -> Callable[..., Any]:
+    """`grouped` where the tokens, their indices and the output rows are as many; else vLLM's `op`, base rows kept."""
+    fallback = skip_base_tokens(op)
+
+    @functools.wraps(op)
+    def chosen(inputs, weights, output, indices, *args, **kwargs):
+        if inputs.shape[0] == indices.shape[0] == output.shape[0]:
+            return grouped(inputs, weights, output, indices, *args, **kwargs)
+        return fallback(inputs, weights, output, indices, *args, **kwargs)
+
+    chosen.batchllm_grouped = True  # type: ignore[attr-defined]
+    return chosen
+
+
+def use_grouped_cpu_lora_ops() -> bool:
+    """On vLLM's CPU platform, put the grouped ops in place of vLLM's in every module that holds them by
+    name (the ops' module, their package, the CPU punica wrapper), once; True when they are in place."""
+    import importlib
+
+    from vllm.lora.ops.torch_ops import lora_ops
+    from vllm.platforms import current_platform
+
+    if getattr(lora_ops.bgmv_shrink, "batchllm_grouped", False):
+        return True
+    if not current_platform.is_cpu():
+        return False
+    holders = [lora_ops] + [importlib.import_module(name) for name in ("vllm.lora.ops.torch_ops", "vllm.lora.punica_wrapper.punica_cpu")]
+    for name in GROUPED_OPS:
+        chosen = grouped_in_place_of(getattr(lora_ops, name), GROUPED[name])
+        for module in holders:
+            if hasattr(module, name):
+                setattr(module, name, chosen)
+    return True
