@@ -1,18 +1,21 @@
 """What serving LoRA adapters costs an engine's steps on this machine: the same requests on vLLM
-with LoRA off, and with LoRA on (three adapters held) as base requests and as adapter requests.
+with LoRA off, and with LoRA on (three adapters held) as base requests and as adapter requests,
+with the LoRA ops batchllm's engines run (batchllm/engines/cpu_lora_ops.py on vLLM's CPU
+platform) and with vLLM's own.
 
     .venv/bin/python benchmarks/lora_step_cost.py [--requests 48] [--rounds 2] [--out FILE]
 
 The embedded smollm2-135m on cpu:2 (eager, float32 where batchllm's engines run float32), each
 engine in its own process (vLLM's `LLM`), three adapters of rank 8 on q_proj and v_proj (made as
 tests/lora_adapters.py makes them). Two workloads, each timed `--rounds` times per side after a
-warm-up: decode (real ShareGPT prompts cut to 200 characters, 96 tokens each, `ignore_eos`) and
+warm-up, prefix caching off (a round would find the last one's prompts cached): decode (real ShareGPT prompts cut to 200 characters, 96 tokens each, `ignore_eos`) and
 prefill (prompts of about 600 tokens, 1 token each). The adapter requests go round-robin over
 the three adapters, so every batch mixes them, as an engine group's do.
 
-The last line: `lora steps: adapters <d>x decode, <p>x prefill; base requests on a LoRA engine
-<b>x` (each the median time over the median time with LoRA off): the factor the cost model
-takes for an engine that serves adapters (docs/cost-model.md).
+The last lines: `lora steps (vLLM's ops): ...`, then `lora steps: adapters <d>x decode, <p>x
+prefill; base requests on a LoRA engine <b>x` with batchllm's (each the median time over the
+median time with LoRA off): the factors the cost model takes for an engine that serves adapters
+(docs/cost-model.md).
 """
 
 from __future__ import annotations
@@ -41,10 +44,13 @@ ENGINE = """
 import json, statistics, sys, time
 from vllm import LLM, SamplingParams
 from vllm.lora.request import LoRARequest
-model, dtype, lora, rounds = sys.argv[1], sys.argv[2], sys.argv[3] == "lora", int(sys.argv[4])
+model, dtype, lora, rounds, ops = sys.argv[1], sys.argv[2], sys.argv[3] == "lora", int(sys.argv[4]), sys.argv[5]
 work = json.load(sys.stdin)
+if ops == "batchllm":
+    from batchllm.engines.cpu_lora_ops import use_grouped_cpu_lora_ops
+    use_grouped_cpu_lora_ops()
 extra = dict(enable_lora=True, max_loras=len(work["adapters"]), max_lora_rank=8) if lora else {}
-llm = LLM(model=model, enforce_eager=True, dtype=dtype, seed=0, max_model_len=2048, **extra)
+llm = LLM(model=model, enforce_eager=True, dtype=dtype, seed=0, max_model_len=2048, enable_prefix_caching=False, **extra)
 adapters = [LoRARequest(f"a{k}", k + 1, path) for k, path in enumerate(work["adapters"])]
 def timed(prompts, tokens, with_adapters):
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
@@ -69,12 +75,13 @@ def workloads(count: int) -> tuple[list[str], list[str]]:
     return decode, prefill
 
 
-def run_engine(model: Path, lora: bool, work: dict, rounds: int) -> dict[str, list[float]]:
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+def run_engine(model: Path, lora: bool, work: dict, rounds: int, ops: str = "batchllm") -> dict[str, list[float]]:
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-c", ENGINE, str(model), engine_dtype("cpu") or "auto", "lora" if lora else "off",
-                           str(rounds)], input=json.dumps(work), env=env, capture_output=True, text=True, timeout=3600)
+                           str(rounds), ops], input=json.dumps(work), env=env, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
-        raise SystemExit(f"engine ({'lora' if lora else 'off'}) exited {done.returncode}:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"engine ({'lora' if lora else 'off'}, {ops}'s ops) exited {done.returncode}:\n{done.stderr[-3000:]}")
     return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("TIMES ")).removeprefix("TIMES "))
 
 
@@ -91,16 +98,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="lora-cost-") as scratch:
         adapters = [str(make_lora_adapter(Path(scratch) / f"a{k}", config, seed=k, rank=8)) for k in range(3)]
         work = {"decode": decode, "prefill": prefill, "decode_tokens": args.decode_tokens, "adapters": adapters}
-        off = run_engine(model, False, work, args.rounds)
-        on = run_engine(model, True, work, args.rounds)
-    median = {**{f"off {k}": statistics.median(v) for k, v in off.items()}, **{f"on {k}": statistics.median(v) for k, v in on.items()}}
+        every = {f"off {k}": v for k, v in run_engine(model, False, work, args.rounds).items()}
+        for ops in ("vllm", "batchllm"):
+            every.update({f"on {k} ({ops})": v for k, v in run_engine(model, True, work, args.rounds, ops).items()})
+    median = {name: statistics.median(times) for name, times in every.items()}
     lines = [f"{args.requests} requests a workload, {args.rounds} rounds, smollm2-135m on cpu:2, {host_line()}"]
-    every = {**{f"off {k}": v for k, v in off.items()}, **{f"on {k}": v for k, v in on.items()}}
-    lines += [f"LoRA {name:<22} median {s:7.2f} s  ({', '.join(f'{x:.2f}' for x in every[name])})" for name, s in median.items()]
-    decode_x = median["on decode adapters"] / median["off decode base"]
-    prefill_x = median["on prefill adapters"] / median["off prefill base"]
-    base_x = statistics.median([median["on decode base"] / median["off decode base"], median["on prefill base"] / median["off prefill base"]])
-    lines.append(f"lora steps: adapters {decode_x:.2f}x decode, {prefill_x:.2f}x prefill; base requests on a LoRA engine {base_x:.2f}x")
+    lines += [f"LoRA {name:<33} median {s:7.2f} s  ({', '.join(f'{x:.2f}' for x in every[name])})" for name, s in median.items()]
+    for ops, label in (("vllm", "lora steps (vLLM's ops)"), ("batchllm", "lora steps")):
+        decode_x = median[f"on decode adapters ({ops})"] / median["off decode base"]
+        prefill_x = median[f"on prefill adapters ({ops})"] / median["off prefill base"]
+        base_x = statistics.median([median[f"on decode base ({ops})"] / median["off decode base"],
+                                    median[f"on prefill base ({ops})"] / median["off prefill base"]])
+        lines.append(f"{label}: adapters {decode_x:.2f}x decode, {prefill_x:.2f}x prefill; base requests on a LoRA engine {base_x:.2f}x")
     publish(lines, args.out)
 
 
