@@ -47,8 +47,8 @@ from vllm.lora.request import LoRARequest
 model, dtype, lora, rounds, ops = sys.argv[1], sys.argv[2], sys.argv[3] == "lora", int(sys.argv[4]), sys.argv[5]
 work = json.load(sys.stdin)
 if ops == "batchllm":
-    from batchllm.engines.cpu_lora_ops import use_grouped_cpu_lora_ops
-    use_grouped_cpu_lora_ops()
+    from batchllm.engines.cpu_lora_ops import use_stacked_cpu_lora_ops
+    use_stacked_cpu_lora_ops()
 extra = dict(enable_lora=True, max_loras=len(work["adapters"]), max_lora_rank=8) if lora else {}
 llm = LLM(model=model, enforce_eager=True, dtype=dtype, seed=0, max_model_len=2048, enable_prefix_caching=False, **extra)
 adapters = [LoRARequest(f"a{k}", k + 1, path) for k, path in enumerate(work["adapters"])]

@@ -24,58 +24,58 @@ def _case(dtype):
 def test_a_base_token_gets_no_delta_and_adapter_tokens_get_the_sums_vllms_ops_give_them(dtype, tolerance):
     from vllm.lora.ops.torch_ops import lora_ops
 
-    from batchllm.engines.cpu_lora_ops import grouped_expand, grouped_expand_slice, grouped_shrink
+    from batchllm.engines.cpu_lora_ops import stacked_expand, stacked_expand_slice, stacked_shrink
 
     inputs, shrink_weights, expand_weights, indices = _case(dtype)
     adapter_rows, base_rows = [0, 2, 4, 5], [1, 3]
     shrunk, theirs = torch.full((6, 4), 7.0), torch.zeros(6, 4)  # float32, as vLLM's shrink buffer
-    grouped_shrink(inputs, shrink_weights, shrunk, indices, 0.5)
+    stacked_shrink(inputs, shrink_weights, shrunk, indices, 0.5)
     lora_ops.bgmv_shrink(inputs, shrink_weights, theirs, indices, 0.5)
     assert torch.equal(shrunk[base_rows], torch.full((2, 4), 7.0))  # left as they were
     assert torch.allclose(shrunk[adapter_rows], theirs[adapter_rows], rtol=tolerance, atol=tolerance)
     assert not torch.allclose(shrunk[0], shrunk[2])  # each token its own slot's matrix
     before = torch.randn(6, 10).to(dtype)
     mine, theirs_expanded = before.clone(), before.clone()
-    grouped_expand(shrunk, expand_weights, mine, indices, True)
+    stacked_expand(shrunk, expand_weights, mine, indices, True)
     lora_ops.bgmv_expand(shrunk, expand_weights, theirs_expanded, indices, True)
     assert torch.equal(mine[base_rows], before[base_rows])
     assert torch.allclose(mine[adapter_rows].float(), theirs_expanded[adapter_rows].float(), rtol=tolerance, atol=tolerance * 10)
     sliced, theirs_sliced = torch.zeros(6, 14).to(dtype), torch.zeros(6, 14).to(dtype)
-    grouped_expand_slice(shrunk, expand_weights, sliced, indices, 2, 10, True)
+    stacked_expand_slice(shrunk, expand_weights, sliced, indices, 2, 10, True)
     lora_ops.bgmv_expand_slice(shrunk, expand_weights, theirs_sliced, indices, 2, 10, True)
     assert torch.equal(sliced[base_rows], torch.zeros(2, 14)) and torch.equal(sliced[:, :2], torch.zeros(6, 2))
     assert torch.allclose(sliced[adapter_rows].float(), theirs_sliced[adapter_rows].float(), rtol=tolerance, atol=tolerance * 10)
 
 
-def test_tokens_all_of_one_adapter_and_a_shape_the_grouped_form_does_not_cover_get_vllms_sums():
+def test_tokens_all_of_one_adapter_and_a_shape_the_stacked_form_does_not_cover_get_vllms_sums():
     from vllm.lora.ops.torch_ops import lora_ops
 
-    from batchllm.engines.cpu_lora_ops import grouped_in_place_of, grouped_shrink
+    from batchllm.engines.cpu_lora_ops import stacked_in_place_of, stacked_shrink
 
     inputs, shrink_weights, _, _ = _case(torch.float32)
     one = torch.tensor([1] * 6)
     mine, theirs = torch.zeros(6, 4), torch.zeros(6, 4)
-    grouped_in_place_of(lora_ops.bgmv_shrink, grouped_shrink)(inputs, shrink_weights, mine, one, 1.0)
+    stacked_in_place_of(lora_ops.bgmv_shrink, stacked_shrink)(inputs, shrink_weights, mine, one, 1.0)
     lora_ops.bgmv_shrink(inputs, shrink_weights, theirs, one, 1.0)
     assert torch.allclose(mine, theirs, atol=1e-5)
     calls = []
     stock = lambda *args: calls.append(args)  # noqa: E731  (vLLM's op, for a shape of one input row and six output rows)
-    grouped_in_place_of(stock, grouped_shrink)(inputs[:1], shrink_weights, torch.zeros(6, 4), torch.tensor([-1]), 1.0)
+    stacked_in_place_of(stock, stacked_shrink)(inputs[:1], shrink_weights, torch.zeros(6, 4), torch.tensor([-1]), 1.0)
     assert len(calls) == 1 and torch.equal(calls[0][3], torch.tensor([0]))  # its base token clamped to a slot, its row kept
 
 
-def test_the_grouped_ops_are_put_in_place_once_wherever_vllm_holds_them_and_leave_no_fault():
+def test_the_stacked_ops_are_put_in_place_once_wherever_vllm_holds_them_and_leave_no_fault():
     from vllm.lora.ops.torch_ops import lora_ops
     from vllm.lora.punica_wrapper import punica_cpu
 
-    from batchllm.engines.cpu_lora_ops import GROUPED_OPS, ops_apply_the_last_adapter_to_base_tokens, use_grouped_cpu_lora_ops
+    from batchllm.engines.cpu_lora_ops import REPLACED_OPS, ops_apply_the_last_adapter_to_base_tokens, use_stacked_cpu_lora_ops
 
-    originals = {name: getattr(lora_ops, name) for name in GROUPED_OPS}
+    originals = {name: getattr(lora_ops, name) for name in REPLACED_OPS}
     try:
-        assert use_grouped_cpu_lora_ops()  # these machines run vLLM's CPU platform
+        assert use_stacked_cpu_lora_ops()  # these machines run vLLM's CPU platform
         assert not ops_apply_the_last_adapter_to_base_tokens()
-        assert all(getattr(punica_cpu, name) is getattr(lora_ops, name) is not originals[name] for name in GROUPED_OPS)
-        assert use_grouped_cpu_lora_ops() and getattr(lora_ops, "bgmv_shrink").__wrapped__ is originals["bgmv_shrink"]
+        assert all(getattr(punica_cpu, name) is getattr(lora_ops, name) is not originals[name] for name in REPLACED_OPS)
+        assert use_stacked_cpu_lora_ops() and getattr(lora_ops, "bgmv_shrink").__wrapped__ is originals["bgmv_shrink"]
     finally:
         import vllm.lora.ops.torch_ops as package
 

@@ -35,8 +35,8 @@ VLLM_LORA_CHAT = """
 import json, sys
 from vllm import LLM, SamplingParams
 from vllm.lora.request import LoRARequest
-from batchllm.engines.cpu_lora_ops import use_grouped_cpu_lora_ops
-use_grouped_cpu_lora_ops()  # the LoRA ops batchllm's engines run on CPUs (their sums against vLLM's: test_cpu_lora_ops.py)
+from batchllm.engines.cpu_lora_ops import use_stacked_cpu_lora_ops
+use_stacked_cpu_lora_ops()  # the LoRA ops batchllm's engines run on CPUs (their sums against vLLM's: test_cpu_lora_ops.py)
 questions, adapter = json.load(sys.stdin)
 llm = LLM(model=sys.argv[1], enable_lora=True, max_loras=2, max_lora_rank=16, max_num_seqs=1, enforce_eager=True, dtype=sys.argv[2],
           seed=0)

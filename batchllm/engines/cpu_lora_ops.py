@@ -11,13 +11,15 @@ by token. Two things follow (vLLM 0.32):
 - Slow steps. The copies move tokens x rank x width numbers per module and layer where each
   adapter's matrices are rank x width: an adapter request's prefill cost 5.35x the base's and
   its decode 3.02x; with these ops 1.33x and 2.21x (benchmarks/results/lora-step-cost-2026-11-29-avx512.txt,
-  AVX-512 host; in decode most of what is left is vLLM's own work around the ops).
+  AVX-512 host; in decode, what is left is mostly these ops' own small tensor calls, about 200 us
+  a call and 14 calls a layer a step).
 
 These ops do the same sums in one matrix product a call, with every slot's matrices side by side
 (slots x rank columns, a few dozen: `max_loras` slots), each token keeping its own slot's part,
-and the rows of tokens of no adapter left as they were, as the GPU kernels leave them. A shape the grouped form does not cover (an output
-of another row count than the tokens', where vLLM broadcasts one row) goes to vLLM's own op,
-with the base tokens' rows still kept (`skip_base_tokens`).
+and the rows of tokens of no adapter left as they were, as the GPU kernels leave them. A shape
+the stacked form does not cover (an output of another row count than the tokens', where vLLM
+broadcasts one row) goes to vLLM's own op, with the base tokens' rows still kept
+(`skip_base_tokens`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-GROUPED_OPS = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")  # (inputs, weights, output, indices, ...)
+REPLACED_OPS = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")  # (inputs, weights, output, indices, ...)
 
 
 def ops_apply_the_last_adapter_to_base_tokens() -> bool:
@@ -50,7 +52,7 @@ def _slot_of_each(indices: Any, width: int) -> Any:
     return indices.clamp(min=0).view(-1, 1, 1).expand(-1, 1, width)
 
 
-def grouped_shrink(inputs: Any, weights: Any, output: Any, indices: Any, scaling: float = 1.0) -> None:
+def stacked_shrink(inputs: Any, weights: Any, output: Any, indices: Any, scaling: float = 1.0) -> None:
     """`bgmv_shrink`: output[t, :rank] = scaling * A[slot of t] @ inputs[t], for the tokens of an adapter.
     One product of the tokens with every slot's A (slots x rank columns: a few dozen), then each
     token's own slot's columns."""
@@ -74,7 +76,7 @@ def _expanded(inputs: Any, weights: Any, indices: Any, dtype: Any) -> Any:
     return placed.view(-1, slots * rank) @ matrices.permute(1, 0, 2).reshape(width, slots * rank).T
 
 
-def grouped_expand(inputs: Any, weights: Any, output: Any, indices: Any, add_inputs: bool = True) -> None:
+def stacked_expand(inputs: Any, weights: Any, output: Any, indices: Any, add_inputs: bool = True) -> None:
     """`bgmv_expand`: output[t, :width] (+)= B[slot of t] @ inputs[t], for the tokens of an adapter (the
     width the narrower of B's and the output's: the adapter and the model may pad differently)."""
     import torch
@@ -87,7 +89,7 @@ def grouped_expand(inputs: Any, weights: Any, output: Any, indices: Any, add_inp
         output[:, :width] = torch.where((indices >= 0).unsqueeze(1), delta[:, :width], output[:, :width])
 
 
-def grouped_expand_slice(inputs: Any, weights: Any, output: Any, indices: Any, slice_offset: int, slice_size: int,
+def stacked_expand_slice(inputs: Any, weights: Any, output: Any, indices: Any, slice_offset: int, slice_size: int,
                          add_inputs: bool = True) -> None:
     """`bgmv_expand_slice`: output[t, offset:offset + size] (+)= B[slot of t] @ inputs[t], for the tokens of an adapter."""
     import torch
@@ -100,7 +102,7 @@ def grouped_expand_slice(inputs: Any, weights: Any, output: Any, indices: Any, s
         output[:, columns] = torch.where((indices >= 0).unsqueeze(1), delta, output[:, columns])
 
 
-GROUPED: dict[str, Callable[..., None]] = {"bgmv_shrink": grouped_shrink, "bgmv_expand": grouped_expand, "bgmv_expand_slice": grouped_expand_slice}
+STACKED: dict[str, Callable[..., None]] = {"bgmv_shrink": stacked_shrink, "bgmv_expand": stacked_expand, "bgmv_expand_slice": stacked_expand_slice}
 
 
 def skip_base_tokens(op: Callable[..., Any]) -> Callable[..., Any]:
@@ -121,35 +123,35 @@ def skip_base_tokens(op: Callable[..., Any]) -> Callable[..., Any]:
     return kept
 
 
-def grouped_in_place_of(op: Callable[..., Any], grouped: Callable[..., None]) -> Callable[..., Any]:
-    """`grouped` where the tokens, their indices and the output rows are as many; else vLLM's `op`, base rows kept."""
+def stacked_in_place_of(op: Callable[..., Any], stacked: Callable[..., None]) -> Callable[..., Any]:
+    """`stacked` where the tokens, their indices and the output rows are as many; else vLLM's `op`, base rows kept."""
     fallback = skip_base_tokens(op)
 
     @functools.wraps(op)
     def chosen(inputs, weights, output, indices, *args, **kwargs):
         if inputs.shape[0] == indices.shape[0] == output.shape[0]:
-            return grouped(inputs, weights, output, indices, *args, **kwargs)
+            return stacked(inputs, weights, output, indices, *args, **kwargs)
         return fallback(inputs, weights, output, indices, *args, **kwargs)
 
-    chosen.batchllm_grouped = True  # type: ignore[attr-defined]
+    chosen.batchllm_stacked = True  # type: ignore[attr-defined]
     return chosen
 
 
-def use_grouped_cpu_lora_ops() -> bool:
-    """On vLLM's CPU platform, put the grouped ops in place of vLLM's in every module that holds them by
+def use_stacked_cpu_lora_ops() -> bool:
+    """On vLLM's CPU platform, put the stacked ops in place of vLLM's in every module that holds them by
     name (the ops' module, their package, the CPU punica wrapper), once; True when they are in place."""
     import importlib
 
     from vllm.lora.ops.torch_ops import lora_ops
     from vllm.platforms import current_platform
 
-    if getattr(lora_ops.bgmv_shrink, "batchllm_grouped", False):
+    if getattr(lora_ops.bgmv_shrink, "batchllm_stacked", False):
         return True
     if not current_platform.is_cpu():
         return False
     holders = [lora_ops] + [importlib.import_module(name) for name in ("vllm.lora.ops.torch_ops", "vllm.lora.punica_wrapper.punica_cpu")]
-    for name in GROUPED_OPS:
-        chosen = grouped_in_place_of(getattr(lora_ops, name), GROUPED[name])
+    for name in REPLACED_OPS:
+        chosen = stacked_in_place_of(getattr(lora_ops, name), STACKED[name])
         for module in holders:
             if hasattr(module, name):
                 setattr(module, name, chosen)

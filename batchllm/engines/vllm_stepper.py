@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 from batchllm.core.images import ImageSource, ImageUnreadable, image_bytes
 from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, ModelTask, RequestId, TokenLogprob
 from batchllm.core.sampling import SamplingSpec, request_seed
-from batchllm.engines.cpu_lora_ops import use_grouped_cpu_lora_ops
+from batchllm.engines.cpu_lora_ops import use_stacked_cpu_lora_ops
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 from batchllm.engines.score_pairs import PAIR_HALF, ScorePairs
 from batchllm.models.model_kind import ModelKind
@@ -162,7 +162,7 @@ class VllmStepper:
         if self._pooling:
             options["runner"] = "pooling"
         if config.max_loras:  # the base's requests and its adapters' in one engine, batched together
-            use_grouped_cpu_lora_ops()  # vLLM's CPU ops give a base request beside adapter ones an adapter, and run slowly
+            use_stacked_cpu_lora_ops()  # vLLM's CPU ops give a base request beside adapter ones an adapter, and run slowly
             options.update(enable_lora=True, max_loras=config.max_loras, max_cpu_loras=config.max_loras,
                            max_lora_rank=config.max_lora_rank)
         self._adapters: dict[str, Any] = {}  # adapter directory -> its LoRARequest (ids from 1, in order of first use)
