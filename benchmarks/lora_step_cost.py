@@ -7,9 +7,10 @@ platform) and with vLLM's own.
 
 The embedded smollm2-135m on cpu:2 (eager, float32 where batchllm's engines run float32), each
 engine in its own process (vLLM's `LLM`), three adapters of rank 8 on q_proj and v_proj (made as
-tests/lora_adapters.py makes them). Two workloads, each timed `--rounds` times per side after a
-warm-up, prefix caching off (a round would find the last one's prompts cached): decode (real ShareGPT prompts cut to 200 characters, 96 tokens each, `ignore_eos`) and
-prefill (prompts of about 600 tokens, 1 token each). The adapter requests go round-robin over
+tests/lora_adapters.py makes them), prefix caching off (a round would find the last one's prompts
+cached). Two workloads, each timed `--rounds` times per side after a warm-up: decode (real
+ShareGPT prompts cut to 200 characters, 96 tokens each, `ignore_eos`) and prefill (prompts of
+about 600 tokens, 1 token each). The adapter requests go round-robin over
 the three adapters, so every batch mixes them, as an engine group's do.
 
 The last lines: `lora steps (vLLM's ops): ...`, then `lora steps: adapters <d>x decode, <p>x

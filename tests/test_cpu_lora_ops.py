@@ -64,16 +64,25 @@ def test_tokens_all_of_one_adapter_and_a_shape_the_stacked_form_does_not_cover_g
     assert len(calls) == 1 and torch.equal(calls[0][3], torch.tensor([0]))  # its base token clamped to a slot, its row kept
 
 
+def _base_token_gets_a_delta() -> bool:
+    """One token of no adapter (index -1) beside two slots of ones: does the installed shrink op give it a delta?"""
+    from vllm.lora.ops.torch_ops import lora_ops
+
+    output = torch.zeros(1, 1)
+    lora_ops.bgmv_shrink(torch.ones(1, 2), torch.ones(2, 1, 2), output, torch.tensor([-1]), 1.0)
+    return bool(output.abs().sum() > 0)
+
+
 def test_the_stacked_ops_are_put_in_place_once_wherever_vllm_holds_them_and_leave_no_fault():
     from vllm.lora.ops.torch_ops import lora_ops
     from vllm.lora.punica_wrapper import punica_cpu
 
-    from batchllm.engines.cpu_lora_ops import REPLACED_OPS, ops_apply_the_last_adapter_to_base_tokens, use_stacked_cpu_lora_ops
+    from batchllm.engines.cpu_lora_ops import REPLACED_OPS, use_stacked_cpu_lora_ops
 
     originals = {name: getattr(lora_ops, name) for name in REPLACED_OPS}
     try:
         assert use_stacked_cpu_lora_ops()  # these machines run vLLM's CPU platform
-        assert not ops_apply_the_last_adapter_to_base_tokens()
+        assert not _base_token_gets_a_delta()
         assert all(getattr(punica_cpu, name) is getattr(lora_ops, name) is not originals[name] for name in REPLACED_OPS)
         assert use_stacked_cpu_lora_ops() and getattr(lora_ops, "bgmv_shrink").__wrapped__ is originals["bgmv_shrink"]
     finally:

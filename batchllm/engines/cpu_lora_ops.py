@@ -31,16 +31,6 @@ from typing import Any
 REPLACED_OPS = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")  # (inputs, weights, output, indices, ...)
 
 
-def ops_apply_the_last_adapter_to_base_tokens() -> bool:
-    """One token of no adapter (index -1) beside two slots of ones: does the installed shrink op give it a delta?"""
-    import torch
-    from vllm.lora.ops.torch_ops import lora_ops
-
-    output = torch.zeros(1, 1)
-    lora_ops.bgmv_shrink(torch.ones(1, 2), torch.ones(2, 1, 2), output, torch.tensor([-1]), 1.0)
-    return bool(output.abs().sum() > 0)
-
-
 def _stacked(weights: Any, dtype: Any) -> Any:
     """vLLM's stacked adapter matrices, (slots, out, in), from (slots, out, in) or (slots, 1, out, in)."""
     return (weights.squeeze(1) if weights.dim() == 4 else weights).to(dtype)
@@ -76,30 +66,28 @@ def _expanded(inputs: Any, weights: Any, indices: Any, dtype: Any) -> Any:
     return placed.view(-1, slots * rank) @ matrices.permute(1, 0, 2).reshape(width, slots * rank).T
 
 
+def _put(output: Any, columns: slice, delta: Any, indices: Any, add_inputs: bool) -> None:
+    """output[:, columns] (+)= delta, the rows of tokens of no adapter left as they were (added: their delta is exactly 0)."""
+    import torch
+
+    if add_inputs:
+        output[:, columns] += delta
+    else:
+        output[:, columns] = torch.where((indices >= 0).unsqueeze(1), delta, output[:, columns])
+
+
 def stacked_expand(inputs: Any, weights: Any, output: Any, indices: Any, add_inputs: bool = True) -> None:
     """`bgmv_expand`: output[t, :width] (+)= B[slot of t] @ inputs[t], for the tokens of an adapter (the
     width the narrower of B's and the output's: the adapter and the model may pad differently)."""
-    import torch
-
     delta = _expanded(inputs, weights, indices, output.dtype)
     width = min(delta.shape[1], output.shape[1])
-    if add_inputs:
-        output[:, :width] += delta[:, :width]  # a base token's delta is exactly 0
-    else:
-        output[:, :width] = torch.where((indices >= 0).unsqueeze(1), delta[:, :width], output[:, :width])
+    _put(output, slice(0, width), delta[:, :width], indices, add_inputs)
 
 
 def stacked_expand_slice(inputs: Any, weights: Any, output: Any, indices: Any, slice_offset: int, slice_size: int,
                          add_inputs: bool = True) -> None:
     """`bgmv_expand_slice`: output[t, offset:offset + size] (+)= B[slot of t] @ inputs[t], for the tokens of an adapter."""
-    import torch
-
-    delta = _expanded(inputs, weights, indices, output.dtype)
-    columns = slice(slice_offset, slice_offset + slice_size)
-    if add_inputs:
-        output[:, columns] += delta
-    else:
-        output[:, columns] = torch.where((indices >= 0).unsqueeze(1), delta, output[:, columns])
+    _put(output, slice(slice_offset, slice_offset + slice_size), _expanded(inputs, weights, indices, output.dtype), indices, add_inputs)
 
 
 STACKED: dict[str, Callable[..., None]] = {"bgmv_shrink": stacked_shrink, "bgmv_expand": stacked_expand, "bgmv_expand_slice": stacked_expand_slice}
