@@ -123,9 +123,11 @@ def children_of(pid: int) -> list[int]:
 
 
 def alive(pid: int) -> bool:
+    """Whether the process runs: gone, or a zombie, is not alive. A process can be reaped
+    between opening its /proc file and reading it (ProcessLookupError)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().split()[2]
-    except FileNotFoundError:
+    except OSError:  # gone: no file (FileNotFoundError), or reaped mid-read (ProcessLookupError)
         return False
     return state != "Z"
 
