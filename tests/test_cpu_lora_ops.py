@@ -80,6 +80,7 @@ def test_the_stacked_ops_are_put_in_place_once_wherever_vllm_holds_them_and_leav
     from batchllm.engines.cpu_lora_ops import REPLACED_OPS, use_stacked_cpu_lora_ops
 
     originals = {name: getattr(lora_ops, name) for name in REPLACED_OPS}
+    wrapper_calls = {name: getattr(punica_cpu.PunicaWrapperCPU, name) for name in ("add_lora_linear", "add_lora_logits", "add_lora_embedding")}
     try:
         assert use_stacked_cpu_lora_ops()  # these machines run vLLM's CPU platform
         assert not _base_token_gets_a_delta()
@@ -91,4 +92,50 @@ def test_the_stacked_ops_are_put_in_place_once_wherever_vllm_holds_them_and_leav
         for module in (lora_ops, package, punica_cpu):
             for name, op in originals.items():
                 setattr(module, name, op)
+        for name, call in wrapper_calls.items():
+            setattr(punica_cpu.PunicaWrapperCPU, name, call)
 
+
+
+def _decode_wrapper(indices):
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+
+    wrapper = PunicaWrapperCPU(16, 4, "cpu")
+    wrapper._token_lora_indices[: len(indices)] = indices
+    wrapper.indices_len = [len(indices)] * 4  # a decode step (bgmv ops) over these tokens
+    return wrapper
+
+
+def test_slices_no_held_adapter_targets_are_skipped_and_the_sums_stay_vllms_until_a_slot_is_written():
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+
+    from batchllm.engines.cpu_lora_ops import AllZeros, skipping_empty_slices
+
+    generator = torch.Generator().manual_seed(1)
+    indices = torch.tensor([0, -1, 2, 1, 0, 2])
+    a = tuple(torch.randn(3, 1, 4, 16, generator=generator) for _ in range(3))  # three slices (q, k, v), three slots of rank 4
+    b = tuple(torch.randn(3, 1, 8, 4, generator=generator) for _ in range(3))
+    a[1].zero_()  # no adapter targets the middle slice (k_proj)
+    b[2][:, :, :, :] = 0  # nor, by its B, the last one
+    x = torch.randn(6, 16, generator=generator)
+    before = torch.randn(6, 24, generator=generator)
+    stock, skipping = PunicaWrapperCPU.add_lora_linear, skipping_empty_slices(PunicaWrapperCPU.add_lora_linear, AllZeros())
+    shrinks = []
+    wrapper = _decode_wrapper(indices)
+    wrapper.add_shrink = lambda *args, **kwargs: shrinks.append(1) or PunicaWrapperCPU.add_shrink(wrapper, *args, **kwargs)
+
+    def both():
+        theirs, mine = before.clone(), before.clone()
+        stock(_decode_wrapper(indices), theirs, x, a, b, 0.5, (8, 8, 8))
+        shrinks.clear()
+        skipping(wrapper, mine, x, a, b, 0.5, (8, 8, 8))
+        return theirs, mine
+
+    theirs, mine = both()
+    assert len(shrinks) == 1  # the first slice only
+    assert torch.allclose(mine, theirs, atol=1e-5) and not torch.equal(mine[:, :8], before[:, :8])
+    assert torch.equal(mine[:, 8:], before[:, 8:])
+    a[1][2] = torch.randn(1, 4, 16, generator=generator)  # an adapter on k_proj loaded into slot 2, in place
+    theirs, mine = both()
+    assert len(shrinks) == 2 and not torch.equal(mine[:, 8:16], before[:, 8:16])
+    assert torch.allclose(mine, theirs, atol=1e-5)
