@@ -7,7 +7,8 @@ seeded random weights, B not zero: made here as tests/lora_adapters.py makes the
 adapter merged into a full model of its own (W + alpha/r B A on the base's weights, saved in
 the base's dtype: what PEFT's merge_and_unload gives). The questions are real ShareGPT prompts
 (profiles/prompts: 1,000 first turns and 400 multi-turn chats, each cut at 1,000 characters),
-routed by row to one of the three variants (`where:` on a `route` column, 0-2 in turn).
+routed by row to one of the three variants (`where:` on a `route` column, 0-2 in turn); past
+1,400 rows the prompts come again, each to another variant than before (up to 4,200 rows).
 
 Two sides, each one process timed from outside (imports, checks, pilots, engine starts and
 all), on the same cores (cpu:2), one after the other:
@@ -56,10 +57,16 @@ RANK = 8
 MAX_CHARS = 1000
 
 
-def questions(count: int) -> list[str]:
+def questions(count: int) -> tuple[list[str], list[int]]:
+    """`count` rows (at most 3 x the 1,400 prompts) and each one's variant: the prompts in turn, each
+    to the next variant on each pass over them, so no variant is asked one question twice (no prefix
+    cached from an earlier row on either side)."""
     prompts = [p[:MAX_CHARS] for name in ("first_turns", "multi_turn")
                for p in pq.read_table(REPO / "profiles" / "prompts" / f"{name}.parquet").column("prompt").to_pylist()]
-    return prompts[:count]
+    if not 1 <= count <= len(VARIANTS) * len(prompts):
+        raise SystemExit(f"--questions must be 1-{len(VARIANTS) * len(prompts)} (each of {len(prompts)} prompts once per variant), got {count}")
+    rows = range(count)
+    return [prompts[k % len(prompts)] for k in rows], [(k % len(prompts) + k // len(prompts)) % len(VARIANTS) for k in rows]
 
 
 def merge_adapter(base: Path, adapter: Path, into: Path) -> Path:
@@ -128,19 +135,19 @@ def run_side(dag: Path, out: Path, profiles: Path, env: dict[str, str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--questions", type=int, default=1400, help="at most this many (the prompts folder holds 1,400)")
+    parser.add_argument("--questions", type=int, default=1400, help="rows: 1,400 prompts, then again each to another variant (at most 4,200)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=None, help="also write the report to this file")
     args = parser.parse_args()
     home = batchllm_home()
     base = SMOLLM2_135M.prepare(home)
-    items = questions(args.questions)
+    items, routes = questions(args.questions)
     env = {**os.environ, "BATCHLLM_HOME": str(home), "PYTHONPATH": str(REPO)}
     sides: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="adapters-bench-") as scratch:
         folder = Path(scratch)
         pq.write_table(pa.table({"id": [f"q{k}" for k in range(len(items))], "question": items,
-                                 "route": [k % len(VARIANTS) for k in range(len(items))]}), folder / "questions.parquet")
+                                 "route": routes}), folder / "questions.parquet")
         config = json.loads((base / "config.json").read_text())
         profiles = folder / "profiles"
         shutil.copytree(REPO / "profiles", profiles)

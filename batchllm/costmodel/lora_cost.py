@@ -22,11 +22,12 @@ __all__ = ["LORA_DECODE_FACTOR_PRIOR", "LORA_PREFILL_FACTOR_PRIOR", "LORA_SETTIN
 
 # Adapter requests' steps over the base's on one engine, measured by benchmarks/lora_step_cost.py (smollm2-135m,
 # rank 8 on q_proj and v_proj, cpu:2, bfloat16 on an AVX-512 host, 2026-11-29, with the LoRA ops batchllm's engines
-# run on CPUs (engines/cpu_lora_ops.py): decode 2.21x, prefill 1.33x; the base's own requests on a LoRA engine
-# 1.08x. vLLM's own CPU ops there: 3.02x and 5.35x; on an AVX2-only host 2.00x and 3.28x). On GPUs (punica's
-# kernels) far less; a run there learns its own.
-LORA_DECODE_FACTOR_PRIOR = 2.21
-LORA_PREFILL_FACTOR_PRIOR = 1.33
+# run on CPUs (engines/cpu_lora_ops.py, which also skip the modules no held adapter targets): decode 1.30x, prefill
+# 1.04x; the base's own requests on a LoRA engine 1.02x. vLLM's own CPU ops there: 3.38x and 5.16x; on an AVX2-only
+# host 2.00x and 3.28x). Adapters on every linear module cost more (no module skipped: 2.21x decode, 1.33x prefill
+# before the skip); on GPUs (punica's kernels) far less; a run learns its own.
+LORA_DECODE_FACTOR_PRIOR = 1.30
+LORA_PREFILL_FACTOR_PRIOR = 1.04
 
 
 def with_adapters(profile: Profile, decode: float = LORA_DECODE_FACTOR_PRIOR, prefill: float = LORA_PREFILL_FACTOR_PRIOR) -> Profile:

@@ -11,15 +11,18 @@ by token. Two things follow (vLLM 0.32):
 - Slow steps. The copies move tokens x rank x width numbers per module and layer where each
   adapter's matrices are rank x width: an adapter request's prefill cost 5.35x the base's and
   its decode 3.02x; with these ops 1.33x and 2.21x (benchmarks/results/lora-step-cost-2026-11-29-avx512.txt,
-  AVX-512 host; in decode, what is left is mostly these ops' own small tensor calls, about 200 us
-  a call and 14 calls a layer a step).
+  AVX-512 host; in decode, what was left was mostly these ops' own small tensor calls, about 200 us
+  a call and 14 calls a layer a step), and 1.04x and 1.30x with the skip below
+  (lora-step-cost-2026-11-29-avx512-skipped-slices.txt).
 
 These ops do the same sums in one matrix product a call, with every slot's matrices side by side
 (slots x rank columns, a few dozen: `max_loras` slots), each token keeping its own slot's part,
 and the rows of tokens of no adapter left as they were, as the GPU kernels leave them. A shape
 the stacked form does not cover (an output of another row count than the tokens', where vLLM
 broadcasts one row) goes to vLLM's own op, with the base tokens' rows still kept
-(`skip_base_tokens`).
+(`skip_base_tokens`). The CPU punica wrapper's calls skip the modules (and slices of a merged
+module) whose matrices are zeros in every slot (`AllZeros`): vLLM wraps every linear module
+for LoRA, whichever the loaded adapters target.
 """
 
 from __future__ import annotations
