@@ -11,7 +11,9 @@ routed by row to one of the three variants (`where:` on a `route` column, 0-2 in
 1,400 rows the prompts come again, each to another variant than before (up to 4,200 rows).
 
 Two sides, each one process timed from outside (imports, checks, pilots, engine starts and
-all), on the same cores (cpu:2), one after the other:
+all), on the same cores (cpu:2), one after the other, as a first run: in a batchllm home where
+nothing was learnt yet (lengths, profiles, settings checks; the prepared models shared), so the
+result does not hang on what earlier runs left there:
 
     adapters  three nodes on smollm2-135m with `adapter:`: one engine group, one engine
     merged    three nodes on the three merged models (today's only way): three models
@@ -139,13 +141,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=None, help="also write the report to this file")
     args = parser.parse_args()
-    home = batchllm_home()
-    base = SMOLLM2_135M.prepare(home)
+    base = SMOLLM2_135M.prepare(batchllm_home())
     items, routes = questions(args.questions)
-    env = {**os.environ, "BATCHLLM_HOME": str(home), "PYTHONPATH": str(REPO)}
     sides: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="adapters-bench-") as scratch:
         folder = Path(scratch)
+        home = folder / "home"  # a first run's: nothing learnt (lengths, profiles, checks), the prepared models shared
+        home.mkdir()
+        (home / "models").symlink_to(batchllm_home() / "models")
+        env = {**os.environ, "BATCHLLM_HOME": str(home), "PYTHONPATH": str(REPO)}
         pq.write_table(pa.table({"id": [f"q{k}" for k in range(len(items))], "question": items,
                                  "route": routes}), folder / "questions.parquet")
         config = json.loads((base / "config.json").read_text())

@@ -187,7 +187,7 @@ ADAPTER_DAG = ENSEMBLE_DAG.replace('prompt: "B {{ question }}"', 'adapter: adapt
 
 
 def test_an_engine_with_adapters_is_learnt_apart_from_the_base_and_planned_from_it_until_then(tmp_path, workspace, monkeypatch):
-    from batchllm.costmodel.calibration.store import LORA_SETTING
+    from batchllm.costmodel.calibration.store import LORA_REVISION, LORA_SETTING
     from batchllm.costmodel.lora_cost import LORA_DECODE_FACTOR_PRIOR, LORA_PREFILL_FACTOR_PRIOR, with_adapters
     from batchllm.dag.loader import load_dag
     from tests.lora_adapters import TINY_BASE, make_lora_adapter
@@ -210,7 +210,7 @@ def test_an_engine_with_adapters_is_learnt_apart_from_the_base_and_planned_from_
 
     run(ENSEMBLE_DAG, scaled(prior, 2.0), "base-run")
     base = store.load(identity, "smollm2-135m", settings)
-    assert base is not None and store.load(identity, "smollm2-135m", {**settings, LORA_SETTING: True}) is None
+    assert base is not None and store.load(identity, "smollm2-135m", {**settings, LORA_SETTING: LORA_REVISION}) is None
     # before any run with adapters: the base's learnt steps, as long as adapters make them
     planned = plan_dag_file(workspace.dag(ADAPTER_DAG), "cpu:2", profiles_root=root)
     [group] = [node for node in planned.problem.nodes.values() if node.members]
@@ -218,8 +218,9 @@ def test_an_engine_with_adapters_is_learnt_apart_from_the_base_and_planned_from_
     assert any(note.startswith("./tiny-model serves LoRA adapters: its steps are taken") for note in planned.problem.notes)
     # an engine with adapters: its steps as the prior shapes them (prefill and decode terms apart), 1.5x slower still
     run(ADAPTER_DAG, scaled(with_adapters(prior_profile).shapes["w1-tp1"].latency, 3.0), "adapter-run")
-    with_lora = store.load(identity, "smollm2-135m", {**settings, LORA_SETTING: True})
-    assert with_lora is not None and with_lora.profile.engine[LORA_SETTING] is True
+    with_lora = store.load(identity, "smollm2-135m", {**settings, LORA_SETTING: LORA_REVISION})
+    assert with_lora is not None and with_lora.profile.engine[LORA_SETTING] == LORA_REVISION
+    assert store.load(identity, "smollm2-135m", {**settings, LORA_SETTING: True}) is None  # learnt on older LoRA ops: not these
     again = store.load(identity, "smollm2-135m", settings)
     assert again is not None and again.record == base.record  # the base's entry untouched by the run with adapters
     [shape] = with_lora.record["evidence"]["shapes_measured"]
@@ -231,6 +232,7 @@ def test_an_engine_with_adapters_is_learnt_apart_from_the_base_and_planned_from_
 
 
 def test_the_prior_of_an_engine_with_adapters_scales_prefill_and_decode_apart():
+    from batchllm.costmodel.calibration.store import LORA_REVISION
     from batchllm.costmodel.lora_cost import with_adapters
 
     base = Profile.load(REPO / "profiles" / "cpu-intel-xeon" / "smollm2-135m")
@@ -240,7 +242,7 @@ def test_the_prior_of_an_engine_with_adapters_scales_prefill_and_decode_apart():
         assert after.step_s(StepFeatures(100, 100 * 100, 0, 0)) - after.base_s == pytest.approx(
             3.0 * (before.step_s(StepFeatures(100, 100 * 100, 0, 0)) - before.base_s))
         assert after.step_s(StepFeatures(0, 0, 8, 8 * 300)) == pytest.approx(2.0 * before.step_s(StepFeatures(0, 0, 8, 8 * 300)))
-    assert adapted.engine["lora_adapters"] is True and adapted.lengths is base.lengths
+    assert adapted.engine["lora_adapters"] == LORA_REVISION and adapted.lengths is base.lengths
 
 
 def test_step_features_match_the_profile_builders():

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from batchllm.costmodel.calibration.store import LORA_SETTING
+from batchllm.costmodel.calibration.store import LORA_REVISION, LORA_SETTING
 from batchllm.costmodel.latency import StepLatencyModel
 from batchllm.costmodel.profile import Profile
 
-__all__ = ["LORA_DECODE_FACTOR_PRIOR", "LORA_PREFILL_FACTOR_PRIOR", "LORA_SETTING", "with_adapters"]
+__all__ = ["LORA_DECODE_FACTOR_PRIOR", "LORA_PREFILL_FACTOR_PRIOR", "LORA_REVISION", "LORA_SETTING", "with_adapters"]
 
 # Adapter requests' steps over the base's on one engine, measured by benchmarks/lora_step_cost.py (smollm2-135m,
 # rank 8 on q_proj and v_proj, cpu:2, bfloat16 on an AVX-512 host, 2026-11-29, with the LoRA ops batchllm's engines
@@ -37,4 +37,4 @@ def with_adapters(profile: Profile, decode: float = LORA_DECODE_FACTOR_PRIOR, pr
         base_s=shape.latency.base_s * decode, per_prefill_token_s=shape.latency.per_prefill_token_s * prefill,
         per_attention_unit_s=shape.latency.per_attention_unit_s * prefill, per_decode_seq_s=shape.latency.per_decode_seq_s * decode,
         per_context_token_s=shape.latency.per_context_token_s * decode)) for key, shape in profile.shapes.items()}
-    return replace(profile, shapes=shapes, engine={**profile.engine, LORA_SETTING: True})
+    return replace(profile, shapes=shapes, engine={**profile.engine, LORA_SETTING: LORA_REVISION})

@@ -24,7 +24,13 @@ import numpy as np
 from batchllm.core.errors import UserError
 from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.estimator import Workload
-from batchllm.costmodel.lora_cost import LORA_DECODE_FACTOR_PRIOR, LORA_PREFILL_FACTOR_PRIOR, LORA_SETTING, with_adapters
+from batchllm.costmodel.lora_cost import (
+    LORA_DECODE_FACTOR_PRIOR,
+    LORA_PREFILL_FACTOR_PRIOR,
+    LORA_REVISION,
+    LORA_SETTING,
+    with_adapters,
+)
 from batchllm.costmodel.profile import Profile
 from batchllm.costmodel.server_pace import ServerPace, ServerPaceStore
 from batchllm.dag.model import DagSpec
@@ -95,7 +101,7 @@ def dag_workloads(dag: DagSpec, sources: Sources, cluster: Cluster, profiles_roo
     profiles: dict[str, Profile] = {}
     profile_notes: dict[str, tuple[str, ...]] = {}
     settings = run_settings(dag.engine, cluster)
-    with_lora = {**settings, LORA_SETTING: True}
+    with_lora = {**settings, LORA_SETTING: LORA_REVISION}
     adapter_models = {node.model for node in dag.nodes.values() if node.adapter is not None}
     for name in dag.topological_order():
         node = dag.nodes[name]

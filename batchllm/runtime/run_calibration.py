@@ -34,7 +34,7 @@ from batchllm.costmodel.calibration.batch_tail import batch_left_s
 from batchllm.costmodel.calibration.model import SHAPES_MEASURED_HERE, ModelCalibration, SpeedFactors
 from batchllm.costmodel.calibration.node_lengths import NodeLengths, output_length
 from batchllm.costmodel.calibration.output_forecast import LogShift
-from batchllm.costmodel.calibration.store import LORA_SETTING, ProfileStore
+from batchllm.costmodel.calibration.store import LORA_REVISION, LORA_SETTING, ProfileStore
 from batchllm.costmodel.estimator import Workload
 from batchllm.costmodel.latency import step_features
 from batchllm.costmodel.profile import ReplicaShape
@@ -225,7 +225,7 @@ class RunCalibration(RunObserver):
                 lines.append(f"learnt profile of {name} not saved: its engines reported {ran!r}, not "
                              f"{self.settings['engine_version']!r} (a stand-in engine teaches nothing about the real one)")
                 continue
-            settings = {**self.settings, LORA_SETTING: True} if model.engine.get(LORA_SETTING) else self.settings  # kept apart
+            settings = {**self.settings, LORA_SETTING: LORA_REVISION} if model.engine.get(LORA_SETTING) else self.settings  # kept apart
             calibrated = model.profile_to_keep(fallback=self.machine_factors())
             here = model.shapes_measured_here()
             learnt = replace(calibrated, kind="learnt", hardware=cluster.identity.folder_name, identity=cluster.identity,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from batchllm.costmodel.calibration.latency import PRIOR_STEPS, LatencyCalibration, scaled
 from batchllm.costmodel.calibration.lengths import LengthCalibration
 from batchllm.costmodel.calibration.loads import LoadCalibration
-from batchllm.costmodel.calibration.store import LORA_SETTING
+from batchllm.costmodel.calibration.store import LORA_REVISION, LORA_SETTING
 from batchllm.costmodel.latency import StepFeatures
 from batchllm.costmodel.lengths import LengthDistribution
 from batchllm.costmodel.profile import Profile
@@ -65,7 +65,7 @@ class ModelCalibration:
                                         "block_size_tokens": ready.block_size_tokens, "max_model_len": ready.max_model_len,
                                         "enforce_eager": config.enforce_eager,
                                         "kv_cache_memory_bytes": config.kv_cache_memory_bytes,
-                                        LORA_SETTING: config.max_loras > 0}, kv_capacity_tokens(config, ready))
+                                        LORA_SETTING: LORA_REVISION if config.max_loras > 0 else False}, kv_capacity_tokens(config, ready))
 
     def observe_engine(self, shape_key: str, settings: dict[str, object], kv_capacity_tokens: int) -> None:
         """What a started engine reported about itself: its scheduler settings and KV cache."""

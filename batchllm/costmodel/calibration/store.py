@@ -29,6 +29,11 @@ from batchllm.engines.hardware import HardwareIdentity
 STORE_FOLDER = "profiles"
 RECORD_FILE = "store.json"
 LORA_SETTING = "lora_adapters"  # an engine that serves LoRA adapters: learnt apart from the base's (costmodel.lora_cost)
+# LORA_SETTING's value for such an engine: the revision of the LoRA path batchllm's engines run (on CPUs its own
+# ops, engines/cpu_lora_ops.py), so that a profile learnt on older ops is not taken for these: skipping the modules
+# no adapter targets made adapter steps 1.7x faster in decode (lora-step-cost-2026-11-29-avx512-skipped-slices.txt),
+# and the profile learnt before it then over-estimated a 300-question run 3.3x (57 s ran, 189 s estimated).
+LORA_REVISION = "cpu-ops-2"
 KEY_SETTINGS = ("engine_version", "dtype", "enforce_eager", "max_num_seqs", LORA_SETTING)
 
 
