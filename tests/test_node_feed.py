@@ -91,6 +91,21 @@ def test_units_lost_with_an_engine_are_found_again_behind_the_cursor(tmp_path, m
     assert len(feed.take_ready(4)) == 0
 
 
+def test_a_pilots_units_stopped_with_its_engine_ahead_of_the_cursor_are_taken_once(tmp_path):
+    world = World(tmp_path, producers=())
+    feed = world.feed(node("gen", "{{ text }}", where="text != 'x2'"), tmp_path, {})
+    ledger = Ledger({"gen": feed.ledger})
+    pilot = feed.take_rows(np.array([1, 2, 4]))  # a pilot's sample: taken without moving the cursor
+    assert list(pilot) == [1, 4] and feed.cursor == 0
+    ledger.send("gen", pilot, slot=2)
+    feed.requeue(ledger.release(2)["gen"])  # its engine stopped at a stage's end: READY again
+    feed.requeue(np.array([4]))  # and found again another way before it was taken
+    units = feed.take_ready(10)
+    assert sorted(units.tolist()) == [0, 1, 3, 4, 5] and len(set(units.tolist())) == len(units)  # 2 skipped by where:
+    assert list(units[:2]) == [1, 4]  # the retried first
+    assert (feed.ledger.status[units] == UnitStatus.QUEUED).all() and len(feed.take_ready(10)) == 0
+
+
 def test_one_call_passes_every_decided_window_and_decides_a_bounded_number(tmp_path, monkeypatch):
     monkeypatch.setattr(node_feed, "ADMIT_WINDOW_ROWS", 1)
     monkeypatch.setattr(node_feed, "DECIDING_WINDOWS", 1)

@@ -118,7 +118,7 @@ class NodeFeed:
 
     # -- finding ready units -----------------------------------------------------------
     def requeue(self, units: np.ndarray) -> None:
-        """READY units behind the cursor: lost with an engine, or an iterating row's next step."""
+        """READY units to take before the scan's: lost with (or stopped on) an engine, or an iterating row's next step."""
         if len(units):
             self.retry.append(np.asarray(units, np.int64))
 
@@ -127,15 +127,18 @@ class NodeFeed:
         return bool(self.retry) or self.cursor < self.ledger.rows
 
     def take_ready(self, limit: int) -> np.ndarray:
-        """Up to `limit` READY units, marked QUEUED: retried ones first, then in row order."""
+        """Up to `limit` READY units, marked QUEUED as they are taken (so none is taken twice):
+        retried ones first, then in row order. A retried unit can sit ahead of the cursor (a
+        pilot's rows are taken without moving it), where the scan passes it again."""
         taken: list[np.ndarray] = []
         count = 0
         while self.retry and count < limit:
             units = self.retry.popleft()
-            units = units[self.ledger.status[units] == UnitStatus.READY]
+            units = np.unique(units[self.ledger.status[units] == UnitStatus.READY])
             if len(units) > limit - count:
                 self.retry.appendleft(units[limit - count:])
                 units = units[:limit - count]
+            self.ledger.queue(units)
             taken.append(units)
             count += len(units)
         start, deciding = self.cursor, 0
@@ -145,15 +148,14 @@ class NodeFeed:
             first, last = self.ledger.unit_range(start, stop)
             ready = first + np.flatnonzero(self.ledger.status[first:last] == UnitStatus.READY)
             take = min(len(ready), limit - count)
+            self.ledger.queue(ready[:take])
             taken.append(ready[:take])
             count += take
             decided = not (self.ledger.row_state[start:stop] == RowState.PENDING).any()
             if start == self.cursor and decided and take == len(ready):
                 self.cursor = stop
             start = stop
-        units = np.concatenate(taken) if taken else np.zeros(0, np.int64)
-        self.ledger.queue(units)
-        return units
+        return np.concatenate(taken) if taken else np.zeros(0, np.int64)
 
     def take_rows(self, rows: np.ndarray) -> np.ndarray:
         """The READY first units of these rows (a pilot's sample), marked QUEUED; rows not
