@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 from pathlib import Path
 
 import pyarrow as pa
@@ -442,6 +443,42 @@ def test_pilots_only_over_more_models_than_devices_runs_every_pilot_and_ends(wor
             for k, name in enumerate(sorted(routed))}
     assert all(sent[name] and all(row % 3 == route for row in sent[name]) for name, route in routed.items())
     assert {e.config.model.rsplit("/", 1)[-1] for e in factory.started} == {"m_a", "m_b", "m_c"}
+
+
+def test_pilots_only_ends_when_a_node_fails_in_its_pilot(workspace, profiles):
+    """A pilot whose node fails never ends: a run of pilots only waited for it for ever, its engines
+    stopped, where the other nodes' pilots were done."""
+    import shutil
+
+    from batchllm.engines.devices import hardware_name
+    from batchllm.engines.protocol import EngineConfig
+
+    rows = 600
+    pq.write_table(pa.table({"id": [f"r{i:03d}" for i in range(rows)], "question": [f"Question {i}?" for i in range(rows)],
+                             "route": [i % 3 for i in range(rows)]}), workspace.root / "questions.parquet")
+    for name in ("m_a", "m_b", "m_c"):
+        make_model_dir(workspace.root / name)
+        shutil.copytree(profiles / hardware_name("cpu") / "tiny-model", profiles / hardware_name("cpu") / name)
+
+    class MCDies(FakeEngineFactory):
+        def __call__(self, config: EngineConfig):
+            self._die_after = [1] if config.model.endswith("m_c") else []  # its engines die after one answer
+            return super().__call__(config)
+
+    def waited_for_ever(signum, frame):
+        raise TimeoutError("the run of pilots only did not end within 60 s")
+
+    factory = MCDies()
+    signal.signal(signal.SIGALRM, waited_for_ever)
+    signal.alarm(60)  # it ends in a few seconds; before the fix it never did
+    try:
+        with pytest.raises(RunIncomplete, match="node tuned_c: fake engine: died"):
+            run_dag_file(workspace.dag(ROUTER_DAG), workspace.out, CPU2, console=Console(quiet=True), engine_factory=factory,
+                         prefix_order=False, schedule="plan", profiles_root=profiles, pilots_only=True)
+    finally:
+        signal.alarm(0)
+    answered = {e.config.model.rsplit("/", 1)[-1] for e in factory.started if e.seen}
+    assert answered == {"m_a", "m_b", "m_c"}  # every pilot went out; tuned_c's engines died, twice restarted
 
 
 def test_a_run_files_answer_lengths_and_a_prompt_set_the_store_has_seen_gets_no_pilot(workspace, profiles, isolated_home,

@@ -271,6 +271,7 @@ class Executor:
 
     def _fail(self, run: NodeRun, cause: str) -> None:
         run.fail()
+        self.pilots.drop(run.name)  # it will not end: a run of pilots only would wait for it for ever
         self.report.failed[run.name] = cause
         if run.name in self.progress.stats:
             self.progress.node_failed(run.name, cause)

@@ -108,6 +108,10 @@ class Pilots:
         self._running[node.name] = NodePilot(node.name, rows, ledger.rows)
         return self._running[node.name]
 
+    def drop(self, node: str) -> None:
+        """The node failed: its pilot is not running any more (it never ends)."""
+        self._running.pop(node, None)
+
     def end(self, nodes: Iterable[str], ledgers: Mapping[str, NodeLedger]) -> list[NodePilot]:
         """The pilots of these nodes that have every result now (no longer running)."""
         ended = [p for n in nodes if (p := self._running.get(n)) is not None and p.taken
