@@ -106,6 +106,17 @@ def test_a_pilots_units_stopped_with_its_engine_ahead_of_the_cursor_are_taken_on
     assert (feed.ledger.status[units] == UnitStatus.QUEUED).all() and len(feed.take_ready(10)) == 0
 
 
+def test_while_its_pilot_runs_a_node_takes_back_only_the_pilots_units_its_engine_lost(tmp_path):
+    world = World(tmp_path, producers=())
+    feed = world.feed(node("gen", "{{ text }}"), tmp_path, {})
+    ledger = Ledger({"gen": feed.ledger})
+    pilot = feed.take_rows(np.array([1, 4]))
+    ledger.send("gen", pilot, slot=2)
+    feed.requeue(ledger.release(2)["gen"])
+    assert list(feed.take_retried(10)) == [1, 4] and len(feed.take_retried(10)) == 0  # not the rows after the cursor
+    assert list(feed.take_ready(10)) == [0, 2, 3, 5]
+
+
 def test_one_call_passes_every_decided_window_and_decides_a_bounded_number(tmp_path, monkeypatch):
     monkeypatch.setattr(node_feed, "ADMIT_WINDOW_ROWS", 1)
     monkeypatch.setattr(node_feed, "DECIDING_WINDOWS", 1)

@@ -84,7 +84,7 @@ class EngineFeeding:
             pilot.taken = True
             return run.feed.take_rows(pilot.rows)
         # while the pilot runs, only its own units lost with an engine
-        return run.feed.take_ready(len(pilot.rows)) if run.feed.retry else None
+        return run.feed.take_retried(len(pilot.rows)) if run.feed.retry else None
 
     def submit(self, run: NodeRun) -> int:
         """Hand each of the node's engines waiting requests up to what it runs at once. Returns

@@ -126,10 +126,8 @@ class NodeFeed:
         """Something may still become ready here (rows undecided or units ready)."""
         return bool(self.retry) or self.cursor < self.ledger.rows
 
-    def take_ready(self, limit: int) -> np.ndarray:
-        """Up to `limit` READY units, marked QUEUED as they are taken (so none is taken twice):
-        retried ones first, then in row order. A retried unit can sit ahead of the cursor (a
-        pilot's rows are taken without moving it), where the scan passes it again."""
+    def take_retried(self, limit: int) -> np.ndarray:
+        """Up to `limit` of the retried units (`requeue`) that are READY, marked QUEUED."""
         taken: list[np.ndarray] = []
         count = 0
         while self.retry and count < limit:
@@ -141,6 +139,14 @@ class NodeFeed:
             self.ledger.queue(units)
             taken.append(units)
             count += len(units)
+        return np.concatenate(taken) if taken else np.zeros(0, np.int64)
+
+    def take_ready(self, limit: int) -> np.ndarray:
+        """Up to `limit` READY units, marked QUEUED as they are taken (so none is taken twice):
+        retried ones first, then in row order. A retried unit can sit ahead of the cursor (a
+        pilot's rows are taken without moving it), where the scan passes it again."""
+        taken = [self.take_retried(limit)]
+        count = len(taken[0])
         start, deciding = self.cursor, 0
         while count < limit and start < self.ledger.rows and deciding < DECIDING_WINDOWS:
             stop = min(start + ADMIT_WINDOW_ROWS, self.ledger.rows)
