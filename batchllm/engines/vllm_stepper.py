@@ -255,14 +255,18 @@ class VllmStepper:
         return self._cross_tokenizer
 
     def _adapter(self, path: str | None):
-        """The LoRARequest of an adapter directory (None: the base model)."""
+        """The LoRARequest of an adapter directory (None: the base model), loaded into the engine at
+        its first use, before the request: read from disk in the step that first runs it, its load
+        counted as that step's time, and the cost model took it for the step's."""
         if path is None:
             return None
         if path not in self._adapters:
             from vllm.lora.request import LoRARequest
 
             number = len(self._adapters) + 1
-            self._adapters[path] = LoRARequest(f"adapter-{number}", number, path)
+            adapter = LoRARequest(f"adapter-{number}", number, path)
+            self._engine.add_lora(adapter)
+            self._adapters[path] = adapter
         return self._adapters[path]
 
     @staticmethod

@@ -25,10 +25,11 @@ from batchllm.core.errors import UserError
 from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.estimator import Workload
 from batchllm.costmodel.lora_cost import (
-    LORA_DECODE_FACTOR_PRIOR,
+    LORA_DECODE_SEQ_FACTOR_PRIOR,
     LORA_PREFILL_FACTOR_PRIOR,
     LORA_REVISION,
     LORA_SETTING,
+    LORA_STEP_OVERHEAD_PRIOR,
     with_adapters,
 )
 from batchllm.costmodel.profile import Profile
@@ -67,8 +68,9 @@ def _profile_for(model: str, cluster: Cluster, profiles_root: Path, where: str,
     serves adapters (`LORA_SETTING` in the settings) with no such profile learnt yet takes the
     base's, its steps as long as adapters make them (`costmodel.lora_cost`)."""
     adapters = bool(settings.get(LORA_SETTING))
-    adapter_note = (f"{model} serves LoRA adapters: its steps are taken {LORA_PREFILL_FACTOR_PRIOR:.2f}x the base's in prefill and "
-                    f"{LORA_DECODE_FACTOR_PRIOR:.2f}x in decode until a run with adapters measures them here",)
+    adapter_note = (f"{model} serves LoRA adapters: its steps are taken as the base's plus the LoRA ops' own time ({LORA_STEP_OVERHEAD_PRIOR:.2f}x "
+                    f"the base's one-sequence step a step, prefill {LORA_PREFILL_FACTOR_PRIOR:.2f}x, each decoding sequence "
+                    f"{LORA_DECODE_SEQ_FACTOR_PRIOR:.2f}x) until a run with adapters measures them here",)
     for name in profile_names(model):
         try:
             shipped, notes = cluster_profile(cluster, name, profiles_root, settings)
