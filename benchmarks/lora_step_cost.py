@@ -13,10 +13,13 @@ ShareGPT prompts cut to 200 characters, 96 tokens each, `ignore_eos`) and prefil
 about 600 tokens, 1 token each). The adapter requests go round-robin over
 the three adapters, so every batch mixes them, as an engine group's do.
 
-The last lines: `lora steps (vLLM's ops): ...`, then `lora steps: adapters <d>x decode, <p>x
-prefill; base requests on a LoRA engine <b>x` with batchllm's (each the median time over the
-median time with LoRA off): the factors the cost model takes for an engine that serves adapters
-(docs/cost-model.md).
+Then one decode step at 1, 8 and 48 sequences, apart ((65 tokens - 1 token) / 64, the adapter
+requests with batchllm's ops against the base with LoRA off): whether LoRA adds a time a step or a
+share of the step, which the cost model's prior takes (costmodel/lora_cost.py).
+
+The last lines: `decode step at <n> sequences: ...` per batch, `lora steps (vLLM's ops): ...`, then
+`lora steps: adapters <d>x decode, <p>x prefill; base requests on a LoRA engine <b>x` with
+batchllm's (each the median time over the median time with LoRA off; docs/cost-model.md).
 """
 
 from __future__ import annotations
@@ -64,8 +67,14 @@ result = {}
 for kind, tokens in (("decode", work["decode_tokens"]), ("prefill", 1)):
     for with_adapters in ((False, True) if lora else (False,)):
         result[f"{kind} {'adapters' if with_adapters else 'base'}"] = [timed(work[kind], tokens, with_adapters) for _ in range(rounds)]
+for seqs in (work["sweep"] if ops == "batchllm" else []):  # one decode step at this many sequences: (65 tokens - 1 token) / 64
+    result[f"step {seqs} {'adapters' if lora else 'base'}"] = [
+        (timed(work["decode"][:seqs], 65, lora) - timed(work["decode"][:seqs], 1, lora)) / 64 for _ in range(rounds)]
 print("TIMES " + json.dumps(result))
 """
+
+
+SWEEP = (1, 8, 48)  # decode batches whose one step is timed apart: what LoRA adds a step, against what it adds a sequence
 
 
 def workloads(count: int) -> tuple[list[str], list[str]]:
@@ -98,13 +107,18 @@ def main() -> None:
     decode, prefill = workloads(args.requests)
     with tempfile.TemporaryDirectory(prefix="lora-cost-") as scratch:
         adapters = [str(make_lora_adapter(Path(scratch) / f"a{k}", config, seed=k, rank=8)) for k in range(3)]
-        work = {"decode": decode, "prefill": prefill, "decode_tokens": args.decode_tokens, "adapters": adapters}
+        work = {"decode": decode, "prefill": prefill, "decode_tokens": args.decode_tokens, "adapters": adapters,
+                "sweep": [n for n in SWEEP if n <= args.requests]}
         every = {f"off {k}": v for k, v in run_engine(model, False, work, args.rounds).items()}
         for ops in ("vllm", "batchllm"):
             every.update({f"on {k} ({ops})": v for k, v in run_engine(model, True, work, args.rounds, ops).items()})
     median = {name: statistics.median(times) for name, times in every.items()}
     lines = [f"{args.requests} requests a workload, {args.rounds} rounds, smollm2-135m on cpu:2, {host_line()}"]
     lines += [f"LoRA {name:<33} median {s:7.2f} s  ({', '.join(f'{x:.2f}' for x in every[name])})" for name, s in median.items()]
+    for seqs in [n for n in SWEEP if n <= args.requests]:
+        base_s, adapters_s = median[f"off step {seqs} base"], median[f"on step {seqs} adapters (batchllm)"]
+        lines.append(f"decode step at {seqs:>2} sequences: base {base_s * 1000:6.1f} ms, adapters {adapters_s * 1000:6.1f} ms "
+                     f"(+{(adapters_s - base_s) * 1000:.1f} ms, {adapters_s / base_s:.2f}x)")
     for ops, label in (("vllm", "lora steps (vLLM's ops)"), ("batchllm", "lora steps")):
         decode_x = median[f"on decode adapters ({ops})"] / median["off decode base"]
         prefill_x = median[f"on prefill adapters ({ops})"] / median["off prefill base"]
