@@ -420,20 +420,24 @@ ROUTER_DAG = """
 """
 
 
-def test_pilots_only_over_more_models_than_devices_runs_every_pilot_and_ends(workspace, profiles):
-    """Three models routed by row on two cores: a stage holds two of them, and once their pilots
-    end the next stage must hold the third one's, not the pilots' models again with nothing left
-    to run (`plan --pilot` waited for ever there)."""
+def three_routed_models(workspace, profiles) -> None:
+    """ROUTER_DAG's 600 questions (routed in turn) and its three models, each with the tiny model's profile."""
     import shutil
 
     from batchllm.engines.devices import hardware_name
 
-    rows = 600
-    pq.write_table(pa.table({"id": [f"r{i:03d}" for i in range(rows)], "question": [f"Question {i}?" for i in range(rows)],
-                             "route": [i % 3 for i in range(rows)]}), workspace.root / "questions.parquet")
+    pq.write_table(pa.table({"id": [f"r{i:03d}" for i in range(600)], "question": [f"Question {i}?" for i in range(600)],
+                             "route": [i % 3 for i in range(600)]}), workspace.root / "questions.parquet")
     for name in ("m_a", "m_b", "m_c"):
         make_model_dir(workspace.root / name)
         shutil.copytree(profiles / hardware_name("cpu") / "tiny-model", profiles / hardware_name("cpu") / name)
+
+
+def test_pilots_only_over_more_models_than_devices_runs_every_pilot_and_ends(workspace, profiles):
+    """Three models routed by row on two cores: a stage holds two of them, and once their pilots
+    end the next stage must hold the third one's, not the pilots' models again with nothing left
+    to run (`plan --pilot` waited for ever there)."""
+    three_routed_models(workspace, profiles)
     factory = FakeEngineFactory()
     result, _ = run_dag_file(workspace.dag(ROUTER_DAG), workspace.out, CPU2, console=Console(quiet=True), engine_factory=factory,
                              prefix_order=False, schedule="plan", profiles_root=profiles, pilots_only=True)
@@ -448,17 +452,9 @@ def test_pilots_only_over_more_models_than_devices_runs_every_pilot_and_ends(wor
 def test_pilots_only_ends_when_a_node_fails_in_its_pilot(workspace, profiles):
     """A pilot whose node fails never ends: a run of pilots only waited for it for ever, its engines
     stopped, where the other nodes' pilots were done."""
-    import shutil
-
-    from batchllm.engines.devices import hardware_name
     from batchllm.engines.protocol import EngineConfig
 
-    rows = 600
-    pq.write_table(pa.table({"id": [f"r{i:03d}" for i in range(rows)], "question": [f"Question {i}?" for i in range(rows)],
-                             "route": [i % 3 for i in range(rows)]}), workspace.root / "questions.parquet")
-    for name in ("m_a", "m_b", "m_c"):
-        make_model_dir(workspace.root / name)
-        shutil.copytree(profiles / hardware_name("cpu") / "tiny-model", profiles / hardware_name("cpu") / name)
+    three_routed_models(workspace, profiles)
 
     class MCDies(FakeEngineFactory):
         def __call__(self, config: EngineConfig):
