@@ -256,8 +256,8 @@ class VllmStepper:
 
     def _adapter(self, path: str | None):
         """The LoRARequest of an adapter directory (None: the base model), loaded into the engine at
-        its first use, before the request: read from disk in the step that first runs it, its load
-        counted as that step's time, and the cost model took it for the step's."""
+        its first use, before its request is added: left to vLLM, it is read from disk inside the
+        step that first runs it, and the cost model would take that load for step time."""
         if path is None:
             return None
         if path not in self._adapters:
