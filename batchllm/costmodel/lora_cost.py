@@ -26,8 +26,9 @@ __all__ = ["LORA_DECODE_SEQ_FACTOR_PRIOR", "LORA_PREFILL_FACTOR_PRIOR", "LORA_RE
 # and v_proj, cpu:2, bfloat16, AVX-512 host, 2026-11-29, with the LoRA ops batchllm's engines run on CPUs,
 # engines/cpu_lora_ops.py). A decode step took 22.3, 25.5 and 29.6 ms more than the base's at 1, 8 and 48 sequences
 # (the base's: 26.6, 30.3, 77.2 ms; benchmarks/lora_step_cost.py's sweep another time: +21.6, +31.8, +26.7 ms over
-# 23.6, 28.3, 71.8): the ops' own calls, a fixed number a step whatever its batch, and little per sequence. A prior of one factor on the decode terms (1.30x, right at 48) made a pilot's small batches read 1.8x
-# and carried that level to the run's large ones: its rest estimated 10-13 % long (benchmarks/adapters.py).
+# 23.6, 28.3, 71.8): the ops' own calls, a fixed number a step whatever its batch, and little per sequence.
+# A prior of one factor on the decode terms (1.30x, right at 48) made a pilot's small batches read 1.8x and
+# carried that level to the run's large ones: its rest estimated 10-13 % long (benchmarks/adapters.py).
 # So: every step the base's one-sequence decode step x LORA_STEP_OVERHEAD_PRIOR longer, each decoding sequence
 # LORA_DECODE_SEQ_FACTOR_PRIOR x, prefill terms LORA_PREFILL_FACTOR_PRIOR x (600-token prompts: 1.04x,
 # benchmarks/lora_step_cost.py). Adapters on more modules cost more (all seven linear ones: about twice the calls);

@@ -148,16 +148,16 @@ class AllZeros:
 
 def skipping_empty_slices(add_lora_linear: Callable[..., Any], all_zeros: AllZeros) -> Callable[..., Any]:
     """The punica wrapper's `add_lora_linear` (y[:, slice i] += x @ A_i @ B_i per token's slot) over only the
-    slices whose A and B hold some adapter's numbers: the others add exactly 0."""
+    slices whose A and B hold some adapter's numbers (the others add exactly 0), each as it does them: its
+    float32 shrink buffer (or the caller's), then the expand into the slice's columns."""
 
     @functools.wraps(add_lora_linear)
     def kept(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, *, buffer=None, **kwargs):
-        held = [i for i in range(len(output_slices)) if not (all_zeros(lora_a_stacked[i]) or all_zeros(lora_b_stacked[i]))]
-        if len(held) == len(output_slices):
-            return add_lora_linear(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer, **kwargs)
         import torch
 
-        for i in held:
+        for i in range(len(output_slices)):
+            if all_zeros(lora_a_stacked[i]) or all_zeros(lora_b_stacked[i]):
+                continue
             shrunk = buffer[i] if buffer is not None else torch.zeros((x.view(-1, x.shape[-1]).size(0), lora_b_stacked[i].size(-1)),
                                                                       dtype=torch.float32, device=x.device)
             self.add_shrink((shrunk,), x, (lora_a_stacked[i],), scale, **kwargs)

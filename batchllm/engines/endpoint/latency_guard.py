@@ -244,9 +244,9 @@ class LatencyGuard:
     def _hold(self, now_s: float) -> None:
         """HELD: 0 in flight, out after a lull (the backoff's count starts again) or, to try 1 beside
         them once more, after the backoff, or sooner once the online load eased (`_eased`). No trickle
-        in quiet stretches of their traffic, as WAITING has: one request was shown too many beside them, and a quiet stretch says little of the next
-        arrival (Poisson arrivals have no memory) while a trickled request stays on the server a
-        scrape after they come. Held with that trickle, the batch sat beside (a)'s heavy online load
+        in quiet stretches of their traffic, as WAITING has: one request was shown too many beside
+        them, and a quiet stretch says little of the next arrival (Poisson arrivals have no memory)
+        while a trickled request stays on the server a scrape after they come. Held with that trickle, the batch sat beside (a)'s heavy online load
         at 0.2 requests on average and left its window at 1.29x alone's inter-token p99 (coserve
         matrix, AVX-512 host, 2026-11-29)."""
         self._allowed = 0
