@@ -4,6 +4,7 @@ own error, the server's fault."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 import time
@@ -14,6 +15,7 @@ import pytest
 from batchllm.core.endpoint import Endpoint
 from batchllm.core.requests import EngineRequest, FinishReason
 from batchllm.engines.endpoint import http_engine
+from batchllm.engines.endpoint.guard_targets import GuardChange, GuardReading
 from batchllm.engines.endpoint.http_engine import EndpointEngine, endpoint_config
 from batchllm.engines.engine import EngineFailed
 
@@ -167,8 +169,13 @@ def test_a_refused_key_is_the_servers_fault_and_fails_the_engine(server):
 class SetGuard:
     """The test's stand-in for the latency guard: allows what the test set, sees nothing."""
 
-    def __init__(self, allowed: int):
+    def __init__(self, allowed: int, changes: list | None = None):
         self.value, self.told, self.silences = allowed, [], []  # told: the in-flight counts it was given
+        self.pending = list(changes or [])  # what `changes` gives, once
+
+    def changes(self) -> list:
+        taken, self.pending = self.pending, []
+        return taken
 
     def allowed(self, now_s: float, in_flight: int) -> int:
         self.told.append(in_flight)
@@ -182,6 +189,21 @@ class SetGuard:
 
     def observe_silence(self, now_s: float, silent_s: float) -> None:
         self.silences.append(silent_s)
+
+
+def test_the_guards_changes_go_to_the_engines_log_one_line_each_with_the_time_in_utc(server, tmp_path):
+    url, _ = server({})
+    reading = GuardReading(2, 0.21, 0.031, 0.25, 0.04, "server metrics", "slow start")
+    log = tmp_path / "logs" / "engine-m-endpoint0.log"
+    config = endpoint_config("", Endpoint(url, "m", None, None, 8, "openai", None, None), 0, str(log))
+    engine = EndpointEngine(config, guard=SetGuard(2, [GuardChange(time.monotonic() - 1.0, 1, reading, "grow", 1, 0.0)]))
+    engine.stop()
+    header, line = log.read_text().splitlines()
+    assert header == f"the latency guard of {url}: each change of its phase or allowance"
+    at, text = line.split(" UTC  ")
+    assert abs(dt.datetime.strptime(at, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=dt.UTC) - dt.datetime.now(dt.UTC)) < dt.timedelta(seconds=30)
+    assert text == ("slow start: in flight <= 1 -> 2 (grow); on the server 1 batch, 0 online; "
+                    "online p99 TTFT 0.21 s (target 0.25), inter-token 31 ms (target 40)")
 
 
 def wait_until(condition, timeout_s: float = 20.0) -> None:

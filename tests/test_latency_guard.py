@@ -12,7 +12,7 @@ import pytest
 from batchllm.core.latency_slo import LatencySlo
 from batchllm.engines.endpoint.guard_evidence import WindowEvidence, excess, judge, load_eased
 from batchllm.engines.endpoint.guard_policy import TRANSITIONS, GuardPhase, GuardPolicy, Levels, Verdict
-from batchllm.engines.endpoint.guard_targets import SERVER_METRICS, GuardReading, GuardTargets
+from batchllm.engines.endpoint.guard_targets import SERVER_METRICS, GuardChange, GuardReading, GuardTargets
 from batchllm.engines.endpoint.latency_guard import LatencyGuard
 from batchllm.engines.endpoint.latency_window import WindowLatency, exactly
 from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
@@ -524,6 +524,32 @@ def test_describe():
     waiting = GuardReading(0, 7.47, 0.5, 3.1, 0.6, "server metrics", "waiting", why="online p99 TTFT 7.47 s over its ease bound 2.79 s with no batch")
     assert waiting.describe() == ("waiting (online p99 TTFT 7.47 s over its ease bound 2.79 s with no batch; 1 in flight only in a quiet "
                                   "stretch without online requests); in flight <= 0; online p99 TTFT 7.47 s (target 3.10), inter-token 500 ms (target 600)")
+
+
+def test_a_change_reads_as_one_line_with_the_verdict_that_made_it_and_why_it_waits():
+    grown = GuardReading(2, 0.2104, 0.0312, 0.25, 0.04, "server metrics", "slow start")
+    assert GuardChange(12.0, 1, grown, "grow", 1, 0.0).describe() == (
+        "slow start: in flight <= 1 -> 2 (grow); on the server 1 batch, 0 online; "
+        "online p99 TTFT 0.21 s (target 0.25), inter-token 31 ms (target 40)")
+    held = GuardReading(0, 0.2, 0.249, 0.51, 0.165, "server metrics", "held back", why="online p99 inter-token 249 ms over its target 165 ms beside one batch request")
+    assert GuardChange(30.0, 1, held, "cut", 1, 2.5).describe() == (
+        "held back (online p99 inter-token 249 ms over its target 165 ms beside one batch request): in flight <= 1 -> 0 (cut); "
+        "on the server 1 batch, 2.5 online; online p99 TTFT 0.20 s (target 0.51), inter-token 249 ms (target 165)")
+    assert GuardChange(0.0, 0, GuardReading(0, None, None, None, None, "server metrics", "measuring baseline"), None, 0, None).describe() == (
+        "measuring baseline: in flight <= 0 -> 0; on the server 0 batch, unknown online; online p99 TTFT unknown, inter-token unknown")
+
+
+def test_the_guard_keeps_each_change_of_its_phase_or_allowance_until_taken():
+    guard = LatencyGuard(None, 16)
+    run(IDLE, guard, 60.0)
+    changes = guard.changes()
+    # the baseline's own rules (1 to time the batch's own requests on a server with no online ones, then slow
+    # start), then decisions on evidence, each doubling
+    assert [(c.reading.phase, c.allowed_before, c.reading.allowed, c.verdict) for c in changes] == [
+        ("measuring baseline", 0, 1, None), ("slow start", 1, 1, None), ("slow start", 1, 2, "grow"), ("slow start", 2, 4, "grow"),
+        ("slow start", 4, 8, "grow"), ("slow start", 8, 16, "grow")]
+    assert [c.at_s for c in changes] == sorted(c.at_s for c in changes) and all(c.online_on_server == 0 for c in changes)
+    assert guard.changes() == []  # taken
 
 
 @pytest.mark.parametrize("options, quoted", [

@@ -58,11 +58,13 @@ def stage_configs(dag: DagSpec, choice: StageChoice, devices: DeviceSet, run_dir
     return configs
 
 
-def endpoint_configs(dag: DagSpec, model: str, servers: tuple[Endpoint, ...], home: Path) -> list[EngineConfig]:
+def endpoint_configs(dag: DagSpec, model: str, servers: tuple[Endpoint, ...], run_dir: RunDir, home: Path) -> list[EngineConfig]:
     """One config per server of a model; with the model's files here when it has them (its
-    tokenizer gives the prefix order), else none (requests go in the order given)."""
+    tokenizer gives the prefix order), else none (requests go in the order given). Its log is
+    the server's latency guard's."""
     try:
         model_dir = resolve_model(model, dag_dir=dag.path.parent, home=home, where=f"model {model!r}").materialise(home)
     except UserError:
         model_dir = ""
-    return [endpoint_config(model_dir, server, index) for index, server in enumerate(servers)]
+    return [endpoint_config(model_dir, server, index, str(run_dir.log_path(f"engine-{model.replace('/', '_')}-endpoint{index}")))
+            for index, server in enumerate(servers)]

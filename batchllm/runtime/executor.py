@@ -58,7 +58,7 @@ class Executor:
         self.device_ids = devices.ids  # every device the run started with (run.html draws a row for each)
         self.replanner = replanner  # on a cluster: a new planning on the devices left when nodes are gone
         self.engines = EngineSet(engine_factory)
-        self._endpoint_configs = {model: endpoint_configs(dag, model, servers, spec.home) for model, servers in inputs.endpoints.items()}
+        self._endpoint_configs = {model: endpoint_configs(dag, model, servers, run_dir, spec.home) for model, servers in inputs.endpoints.items()}
         self.progress, self.planning, self.preparer = progress, planning, preparer
         self.pilots, self.pilots_only, self.length_sampler = Pilots(spec.pilot, inputs.known_prompt_sets), spec.pilots_only, length_sampler
         self.nodes, self.ledger = NodeRuns([]), Ledger({})

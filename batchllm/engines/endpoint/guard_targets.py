@@ -35,6 +35,15 @@ class GuardReading:
     def describe(self) -> str:
         """`in flight <= 12; online p99 TTFT 0.21 s (target 0.25), inter-token 31 ms (target 40)`, the
         phase in front unless it is plain guarding."""
+        text = f"in flight <= {self.allowed}; {self.latencies()}"
+        if self.phase == "waiting":
+            return f"waiting ({self.why}; 1 in flight only in a quiet stretch without online requests); {text}"
+        if self.phase == "held back":
+            return f"held back ({self.why}; none in flight until a lull, a lighter load or a try beside them); {text}"
+        return text if self.phase in ("guarding", "slow start") else f"{self.phase}; {text}"
+
+    def latencies(self) -> str:
+        """`online p99 TTFT 0.21 s (target 0.25), inter-token 31 ms (target 40)`."""
         def target(value: float | None, scale: float, digits: int) -> str:
             if self.phase == "measuring baseline" and self.ttft_target_s is None and self.itl_target_s is None:
                 return ""
@@ -43,13 +52,30 @@ class GuardReading:
         ttft = "unknown" if self.online_ttft_p99_s is None else f"{self.online_ttft_p99_s:.2f} s"
         itl = "unknown" if self.online_itl_p99_s is None else f"{self.online_itl_p99_s * 1000:.0f} ms"
         who = "online" if self.basis == SERVER_METRICS else "own"
-        text = (f"in flight <= {self.allowed}; {who} p99 TTFT {ttft}{target(self.ttft_target_s, 1, 2)}, "
-                f"inter-token {itl}{target(self.itl_target_s, 1000, 0)}")
-        if self.phase == "waiting":
-            return f"waiting ({self.why}; 1 in flight only in a quiet stretch without online requests); {text}"
-        if self.phase == "held back":
-            return f"held back ({self.why}; none in flight until a lull, a lighter load or a try beside them); {text}"
-        return text if self.phase in ("guarding", "slow start") else f"{self.phase}; {text}"
+        return f"{who} p99 TTFT {ttft}{target(self.ttft_target_s, 1, 2)}, inter-token {itl}{target(self.itl_target_s, 1000, 0)}"
+
+
+@dataclass(frozen=True)
+class GuardChange:
+    """One change of the guard's phase or allowance and what it read then: a line of its log, so that
+    why the batch ran as it did can be read after the run."""
+
+    at_s: float  # the guard's clock
+    allowed_before: int
+    reading: GuardReading  # after the change
+    verdict: str | None  # the verdict that made it (a Verdict's value); None: a phase's own rule (baseline, waiting, held back, draining)
+    in_flight: int  # the batch's requests on the server then
+    online_on_server: float | None  # requests on the server that were not the batch's, in the newest scrape (None: no fresh scrape)
+
+    def describe(self) -> str:
+        """`slow start: in flight <= 1 -> 2 (grow); on the server 1 batch, 0 online; online p99 TTFT 0.21 s
+        (target 0.25), inter-token 31 ms (target 40)`, why it waits after the phase where it does."""
+        r = self.reading
+        because = f" ({self.verdict})" if self.verdict else ""
+        why = f" ({r.why})" if r.why and r.phase in ("waiting", "held back") else ""
+        online = "unknown" if self.online_on_server is None else f"{self.online_on_server:g}"
+        return (f"{r.phase}{why}: in flight <= {self.allowed_before} -> {r.allowed}{because}; on the server {self.in_flight} batch, "
+                f"{online} online; {r.latencies()}")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import datetime as dt
 import queue
 import threading
 import time
@@ -34,6 +35,7 @@ import openai
 
 from batchllm.core.endpoint import Endpoint
 from batchllm.core.requests import EngineRequest, EngineResult
+from batchllm.engines.endpoint.guard_log import GuardLog
 from batchllm.engines.endpoint.latency_guard import LatencyGuard
 from batchllm.engines.endpoint.request_body import StreamedAnswer, request_body
 from batchllm.engines.endpoint.server_metrics import metrics_url, scrape
@@ -72,6 +74,7 @@ class EndpointEngine:
         self._last_token_at: dict[int | str, float] = {}  # request id -> when its stream last brought tokens; loop thread only
         self._lock = threading.Lock()
         self._guard = guard or LatencyGuard(self.endpoint.slo, self.endpoint.max_in_flight)
+        self._guard_log = GuardLog(config.log_path, self.endpoint.url)  # written by the loop thread
         self._ready = WorkerReady(load_time_s=0.0, kv_capacity_tokens=0, block_size_tokens=16,
                                   max_num_seqs=self.endpoint.max_in_flight, max_num_batched_tokens=0,
                                   max_model_len=self.endpoint.max_model_len or 0,
@@ -142,6 +145,9 @@ class EndpointEngine:
         if not self._thread.is_alive() and not self._loop.is_closed():
             self._loop.close()
         self._metrics.close()
+        with self._lock:
+            self._log_guard_changes()
+        self._guard_log.close()
 
     # -- one request ------------------------------------------------------------------------
     async def _answer(self, request: EngineRequest) -> None:
@@ -244,6 +250,10 @@ class EndpointEngine:
             with self._lock:
                 self._held -= 1
 
+    def _log_guard_changes(self) -> None:
+        """The guard's changes since the last call into its log (the caller holds the lock)."""
+        self._guard_log.write(self._guard.changes(), time.monotonic(), dt.datetime.now(dt.UTC))
+
     def _on_server(self) -> int:
         """Submitted and not held back by a cut (the caller holds the lock)."""
         return self._in_flight - self._held
@@ -315,6 +325,7 @@ class EndpointEngine:
                 if snapshot is not None:
                     self._guard.observe_server(snapshot)
                 self._guard.observe_silence(now, silent_s)
+                self._log_guard_changes()
             self._cut_back_youngest()
             await asyncio.sleep(SCRAPE_S)
 
@@ -368,9 +379,9 @@ def with_endpoints(factory: EngineFactory) -> EngineFactory:
     return start
 
 
-def endpoint_config(model_dir: str, endpoint: Endpoint, index: int) -> EngineConfig:
+def endpoint_config(model_dir: str, endpoint: Endpoint, index: int, log_path: str | None = None) -> EngineConfig:
     """The config of a model's `index`-th server (`model_dir`: its files here, for the
-    tokenizer of the prefix order; "" when there are none)."""
+    tokenizer of the prefix order; "" when there are none; `log_path`: its latency guard's log)."""
     from batchllm.engines.devices import Replica
 
-    return replace(EngineConfig(model=model_dir, replica=Replica("endpoint", (index,))), endpoint=endpoint)
+    return replace(EngineConfig(model=model_dir, replica=Replica("endpoint", (index,)), log_path=log_path), endpoint=endpoint)

@@ -50,15 +50,17 @@ youngest over a cut or an ease-off (the endpoint engine sends them again once al
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 
 from batchllm.core.latency_slo import LatencySlo
 from batchllm.engines.endpoint.guard_evidence import ServerHistory, WindowEvidence, excess, judge, load_eased, own_evidence
 from batchllm.engines.endpoint.guard_policy import GUARDING_PHASES, TRANSITIONS, GuardPhase, GuardPolicy, Levels, Verdict
-from batchllm.engines.endpoint.guard_targets import OWN_REQUESTS, SERVER_METRICS, GuardReading, GuardTargets
+from batchllm.engines.endpoint.guard_targets import OWN_REQUESTS, SERVER_METRICS, GuardChange, GuardReading, GuardTargets
 from batchllm.engines.endpoint.latency_window import OwnTimings, WindowLatency, own_latency
 from batchllm.engines.endpoint.server_metrics import MetricsSnapshot
 
+CHANGES_KEPT = 1000  # changes a caller that never takes them leaves in memory
 
 class LatencyGuard:
     """One per server. The caller scrapes every 1-2 s and passes each snapshot (the first before its
@@ -91,6 +93,8 @@ class LatencyGuard:
         self._held_since_s = -math.inf
         self._held_beside: WindowEvidence | None = None  # the window whose online load one batch request was too many beside
         self._fastest_pace_s = math.inf  # the server's quickest step the batch's streams saw in a window
+        self._verdict: Verdict | None = None  # the verdict of this step's decision, if it made one
+        self._changes: deque[GuardChange] = deque(maxlen=CHANGES_KEPT)  # not yet taken by `changes`
 
     # -- what the caller tells and asks
 
@@ -122,6 +126,15 @@ class LatencyGuard:
 
     def reading(self, now_s: float) -> GuardReading:
         self._step(now_s)
+        return self._reading(now_s)
+
+    def changes(self) -> list[GuardChange]:
+        """The changes of phase or allowance since the last call (the newest CHANGES_KEPT), oldest first."""
+        taken = list(self._changes)
+        self._changes.clear()
+        return taken
+
+    def _reading(self, now_s: float) -> GuardReading:
         evidence = self._evidence(now_s, -math.inf)
         if evidence is not None:
             latency: WindowLatency | None = evidence.latency
@@ -140,6 +153,13 @@ class LatencyGuard:
     # -- the state machine
 
     def _step(self, now_s: float) -> None:
+        before, self._verdict = (self.phase, self._allowed), None
+        self._take_step(now_s)
+        if (self.phase, self._allowed) != before:
+            self._changes.append(GuardChange(now_s, before[1], self._reading(now_s), None if self._verdict is None else self._verdict.value,
+                                             self._in_flight, self._history.others_now(now_s, self._own)))
+
+    def _take_step(self, now_s: float) -> None:
         if self.phase is GuardPhase.BASELINE:
             self._measure_baseline(now_s)
         elif self.phase is GuardPhase.WAITING:
@@ -291,6 +311,7 @@ class LatencyGuard:
             if verdict is Verdict.GROW and not (self._may_grow(level) and (self._allowed > 0 or self._may_probe(now_s))):
                 verdict = Verdict.HOLD
         phase, change = TRANSITIONS[(self.phase, verdict)]
+        self._verdict = verdict
         allowed = min(self.max_in_flight, change(Levels(self._allowed, self._beside_online), self.policy))
         if verdict is Verdict.CUT and online_now:
             allowed = min(allowed, self._beside_online)  # a level grown in a lull is no level to halve beside them
