@@ -10,11 +10,11 @@ import bisect
 import pytest
 
 from batchllm.core.latency_slo import LatencySlo
-from batchllm.engines.endpoint.guard_evidence import WindowEvidence, excess, judge, load_eased
+from batchllm.engines.endpoint.guard_evidence import ServerHistory, WindowEvidence, excess, judge, load_eased
 from batchllm.engines.endpoint.guard_policy import TRANSITIONS, GuardPhase, GuardPolicy, Levels, Verdict
 from batchllm.engines.endpoint.guard_targets import SERVER_METRICS, GuardChange, GuardReading, GuardTargets
 from batchllm.engines.endpoint.latency_guard import LatencyGuard
-from batchllm.engines.endpoint.latency_window import WindowLatency, exactly
+from batchllm.engines.endpoint.latency_window import OwnTimings, WindowLatency, exactly
 from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
 from tests.scripted_server import ITL_BOUNDS, TTFT_BOUNDS, Scenario, ScriptedServer, Trace, poisson, run
 
@@ -365,6 +365,10 @@ def evidence(ttft_s: float | None = 0.5, itl_s: float | None = 0.05, *, ttft_cou
     (evidence(silent_s=2.0), Verdict.CUT),  # a stream silent for 2 s beside online requests: a gap of 2 s at least
     (evidence(silent_s=0.095), Verdict.EASE),
     (evidence(silent_s=0.08), Verdict.HOLD),
+    # the silence one of the gaps of an exact inter-token p99 under the growth bound (right-censored, see below): one stall
+    # among hundreds of gaps is no excess, and holds growth while it lasts; over the first-token target it cuts by itself
+    (evidence(silent_s=0.3, silence_in_p99=True), Verdict.HOLD),
+    (evidence(silent_s=1.2, silence_in_p99=True), Verdict.CUT),
     (evidence(online_seen=False, silent_s=2.0, ttft_s=None, ttft_count=0, itl_s=None, itl_count=0), Verdict.HOLD),  # a lull < a window
     (evidence(online_seen=False, silent_s=2.0, ttft_s=None, ttft_count=0, itl_s=None, itl_count=0, idle_s=10.0), Verdict.GROW),
     (evidence(preempted=True), Verdict.CUT),
@@ -387,6 +391,33 @@ def test_verdicts_on_exact_evidence(case, verdict):
     assert judge(case, TARGETS, GuardPolicy()) is verdict
 
 
+def test_a_silence_is_one_more_gap_of_the_inter_token_p99_at_least_as_long_and_alone_only_with_few_gaps():
+    """A batch stream silent for 0.2 s beside online requests (an online prompt's prefill in one step on a
+    server with no prefill chunk: coserve (e), AVX-512 host, 2026-11-29, held the batch back for a minute in a
+    light phase): one gap of 0.2 s among a window's hundreds is no p99 over 154 ms; among fewer than 100, it is.
+    With too few of the batch's own gaps, it is one more of the server's histogram's."""
+    def window(own_gaps_a_s: int, server_gaps_a_s: int = 0) -> WindowEvidence:
+        history, own = ServerHistory(GuardPolicy()), OwnTimings()
+        itl = [0.0] * len(ITL_BOUNDS)
+        for k in range(11):  # a scrape a second, 1 online request and 1 batch request on the server
+            itl[2] += server_gaps_a_s if k else 0  # (0.025, 0.05]
+            history.add(MetricsSnapshot(at_s=float(k), server_kind="vllm", running=2.0, waiting=0.0, kv_usage=0.1, preemptions=0.0,
+                                        generation_tokens=None, ttft=Histogram.from_bucket_counts(TTFT_BOUNDS, [0.0] * len(TTFT_BOUNDS)),
+                                        itl=Histogram.from_bucket_counts(ITL_BOUNDS, itl)), 1)
+            if k:
+                own.add(float(k), None, [0.033] * own_gaps_a_s)
+        found = history.evidence(10.0, 0.0, own, 0.2)
+        assert found is not None and found.silence_in_p99
+        return found
+
+    many, few, histogram = window(30), window(6), window(1, server_gaps_a_s=60)  # 300 own gaps of 33 ms; 60; 10 and 600 the server's
+    assert (many.latency.itl_p99_s, few.latency.itl_p99_s) == (0.033, 0.2)  # the p99 of 61 is their largest
+    assert histogram.latency.itl_p99_bucket_s == (0.025, 0.05)
+    targets = GuardTargets.from_slo(LatencySlo(ttft_p99_s=0.51, itl_p99_s=0.154), 0.75, 0.9)
+    assert excess(many, targets, GuardPolicy()) is None and excess(histogram, targets, GuardPolicy()) is None
+    assert excess(few, targets, GuardPolicy()) == "online p99 inter-token 200 ms over its target 154 ms"
+
+
 @pytest.mark.parametrize("before, after, eased", [
     ((14, 10.0), (4, 10.0), True),  # a rate a third of the held load's: 4 of 18, where 9 was the even share
     ((14, 10.0), (8, 10.0), False),  # 8 of 22 is within 2 sigmas (2.3) of 11
@@ -406,6 +437,14 @@ def test_only_a_first_token_p99_over_the_target_for_sure_is_a_sure_excess():
     assert excess(guess, TARGETS, GuardPolicy()) == "online p99 TTFT 2.46 s over its target 1.00 s"
     assert excess(guess, TARGETS, GuardPolicy(), sure=True) is None
     assert excess(sure, TARGETS, GuardPolicy(), sure=True) == "online p99 TTFT 2.60 s over its target 1.00 s"
+
+
+def test_an_inter_token_p99_is_a_sure_excess_only_of_100_gaps_or_more():
+    """The nearest-rank p99 of 60 exact gaps is their largest: over the target it cuts, but holds nothing back for long."""
+    largest, p99 = evidence(itl_s=0.217, itl_count=60), evidence(itl_s=0.217, itl_count=100)
+    assert excess(largest, TARGETS, GuardPolicy()) == "online p99 inter-token 217 ms over its target 100 ms"
+    assert excess(largest, TARGETS, GuardPolicy(), sure=True) is None
+    assert excess(p99, TARGETS, GuardPolicy(), sure=True) == "online p99 inter-token 217 ms over its target 100 ms"
 
 
 def test_every_guarding_phase_has_a_rule_for_every_verdict_and_the_rules_change_levels_as_named():
@@ -451,9 +490,6 @@ def test_an_online_request_the_batchs_own_count_hides_is_seen_by_its_first_token
     """8 batch requests counted in flight, 8 requests on the server: one of the batch's on the wire and
     an online one running read as no online request from the gauges; the first token the server
     counted beyond the batch's own says one is there."""
-    from batchllm.engines.endpoint.guard_evidence import ServerHistory
-    from batchllm.engines.endpoint.latency_window import OwnTimings
-
     history, own = ServerHistory(GuardPolicy()), OwnTimings()
     ttft = [0.0] * len(TTFT_BOUNDS)
 
@@ -477,9 +513,6 @@ def test_requests_waiting_beside_online_ones_in_two_scrapes_or_online_requests_r
     lax target, but online requests queue. Waiting in one scrape (a batch request just sent) or
     with only the batch's requests there (a lull) holds nothing back; in two scrapes beside online
     requests the window is no room: HOLD, not GROW."""
-    from batchllm.engines.endpoint.guard_evidence import ServerHistory
-    from batchllm.engines.endpoint.latency_window import OwnTimings
-
     def window(gauges: list[tuple[float, float]], batch: int, since_s: float = 0.0) -> WindowEvidence:
         history, ttft = ServerHistory(GuardPolicy()), [0.0] * len(TTFT_BOUNDS)
         for k, (running, waiting) in enumerate(gauges):

@@ -16,8 +16,9 @@ under a lax target is no room on a server at its capacity) or their number on it
 the last window beyond its noise (a load still building). The window also gives the server's
 step as the batch's streams saw it (`pace_s`), which the guard holds against the fastest seen. Silence is not room: online
 requests on the server with too few observations of them hold the level, and the batch's own
-streams going without a token while online requests are there count as a gap at least that
-long (right-censored), which cuts.
+streams going without a token while online requests are there count as one more gap at least
+that long (right-censored) in the inter-token p99 their gaps make (with too few gaps for one, or
+over the first-token target, it cuts by itself).
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ from batchllm.engines.endpoint.latency_window import (
 )
 from batchllm.engines.endpoint.server_metrics import MetricsSnapshot
 
+# Observations a p99 is a p99 of: of fewer, the nearest rank is their largest. A sure inter-token excess needs
+# them: held back on the largest of 60 gaps (one online prompt's prefill, 217 ms against a 143 ms target) 2 s
+# after a cut to 1 in a heavy phase, the batch sat at 0 through the light phase after it (coserve (a), AVX-512
+# host, 2026-11-29), where the probe a window after a plain cut to 0 would have run 1.
+P99_OF_AT_LEAST = 100
+
 
 @dataclass(frozen=True)
 class WindowEvidence:
@@ -53,6 +60,7 @@ class WindowEvidence:
     online_queued: bool  # requests waited, online ones on the server, in `queued_scrapes` of the window's snapshots
     running: float | None
     silent_s: float  # the longest any of the batch's decoding streams has now gone without a token
+    silence_in_p99: bool = False  # that silence is one of the gaps the inter-token p99 is of (right-censored), not a verdict of its own
     idle_s: float = 0.0  # how long, up to now, the server held nothing but the batch's requests (whatever `since_s`)
     online_rising: bool = False  # online requests on the server rose through the window beyond their noise: a load still building
     online_surging: bool = False  # the newest scrape's online requests over the window's earlier ones beyond their noise
@@ -77,7 +85,8 @@ def excess(evidence: WindowEvidence, targets: GuardTargets, policy: GuardPolicy,
     """What in the evidence is over its target (`ease`: over its ease bound), in words; None: nothing.
     A first-token p99 counts as interpolated in its bucket (`sure`: only when its whole bucket is
     over), an inter-token one only when it is over for sure, a silence of the batch's streams beside
-    online requests as a gap at least that long; the server's preemptions, queue and KV use count too."""
+    online requests as a gap at least that long (in the p99 where it is one of its gaps; over the
+    first-token bound, by itself); the server's preemptions, queue and KV use count too."""
     latency, t = evidence.latency, targets
     ttft_bound, itl_bound = (t.ttft_ease_over_s, t.itl_ease_over_s) if ease else (t.ttft_target_s, t.itl_target_s)
     silent_s = evidence.silent_s if evidence.online_seen else None
@@ -87,11 +96,13 @@ def excess(evidence: WindowEvidence, targets: GuardTargets, policy: GuardPolicy,
     if ttft_over:
         assert latency.ttft_p99_s is not None and ttft_bound is not None
         return f"online p99 TTFT {latency.ttft_p99_s:.2f} s over its {bound} {ttft_bound:.2f} s"
-    if _surely_above(latency.itl_p99_s, latency.itl_p99_bucket_s, itl_bound):
+    if _surely_above(latency.itl_p99_s, latency.itl_p99_bucket_s, itl_bound) and (not sure or latency.itl_count >= P99_OF_AT_LEAST):
         assert latency.itl_p99_s is not None and itl_bound is not None
         return f"online p99 inter-token {latency.itl_p99_s * 1000:.0f} ms over its {bound} {itl_bound * 1000:.0f} ms"
-    if silent_s is not None and itl_bound is not None and silent_s > itl_bound:
+    if silent_s is not None and itl_bound is not None and silent_s > itl_bound and not evidence.silence_in_p99:
         return f"a batch stream silent for {silent_s:.1f} s beside online requests, over the inter-token {bound} {itl_bound * 1000:.0f} ms"
+    if silent_s is not None and ttft_bound is not None and silent_s > ttft_bound:
+        return f"a batch stream silent for {silent_s:.1f} s beside online requests, over the first-token {bound} {ttft_bound:.2f} s"
     if evidence.preempted:
         return "the server preempted requests"
     if evidence.queue_held:
@@ -212,10 +223,10 @@ class ServerHistory:
         start, wider = standard, [s for s in earlier if s.at_s < standard.at_s]
         while wider and self._online_first_tokens(start, newest, own) < self.policy.min_observations:
             start = wider.pop()
-        latency, online_seen = self._online(start, newest, own)
+        latency, online_seen, silence_in_p99 = self._online(start, newest, own, silent_s)
         if not online_seen and start is not standard:  # widened for nothing: no online request
             start = standard
-            latency, online_seen = self._online(start, newest, own)
+            latency, online_seen, silence_in_p99 = self._online(start, newest, own, silent_s)
         before_newest = self._kept[-2][0] if len(self._kept) > 1 else None
         previous = before_newest if before_newest is not None and before_newest.at_s >= start.at_s else None  # in the window
         preempted = newest.preemptions is not None and start.preemptions is not None and newest.preemptions > start.preemptions
@@ -227,7 +238,8 @@ class ServerHistory:
         return WindowEvidence(SERVER_METRICS, newest.at_s - start.at_s, latency, online_seen, preempted, newest.kv_usage, newest.waiting,
                               queue_held=newest.waiting > 0 and previous is not None and previous.waiting > 0,
                               online_queued=queued >= self.policy.queued_scrapes, running=newest.running,
-                              silent_s=silent_s, idle_s=self._idle_s(own), online_ever=self.online_ever or online_seen,
+                              silent_s=silent_s, silence_in_p99=silence_in_p99, idle_s=self._idle_s(own),
+                              online_ever=self.online_ever or online_seen,
                               online_rising=self._rising(trend), online_surging=self._surging(trend),
                               pace_s=self._pace(start, newest, own))
 
@@ -286,7 +298,7 @@ class ServerHistory:
             return 0.0  # a histogram missing, or a server restarted with other buckets
         return end.ttft.minus(start.ttft).count - len(own.ttfts_s(start.at_s, end.at_s))  # since a restart, if there was one
 
-    def _online(self, start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings) -> tuple[WindowLatency, bool]:
+    def _online(self, start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings, silent_s: float) -> tuple[WindowLatency, bool, bool]:
         """The online p99s of the window and whether online requests were there. TTFT: the server's
         minus the batch's own (one each per request). Inter-token: the batch's own gaps in the
         stretches between snapshots that showed online requests, when there are `own_gaps_min` of
@@ -294,21 +306,29 @@ class ServerHistory:
         vLLM's histogram has one bucket from 100 to 150 ms, often around a target. Each gap weighs
         the online requests per batch request in its stretch: a step is one gap to each request in
         it, and a burst of online work gives the online traffic many gaps where the batch's few
-        requests see each step once. Else the server's over all requests."""
+        requests see each step once. Else the server's over all requests. Either way the gap the
+        silentest of the batch's streams is in now counts as one more, at least as long as its silence
+        (right-censored; among its own gaps with the newest stretch's weight): a stall is a gap to each
+        request it holds, one among the hundreds of a window, not a p99 by itself. Also whether online
+        requests were there, and whether the silence is in the p99 (not without an inter-token histogram)."""
         online = online_latency(start, end, own)
         shown = [(s.at_s, _others(s, batch), batch) for s, batch in self._within(start.at_s, end.at_s)]
         online_seen = online.ttft_count > 0 or any(others > 0 for _, others, _ in shown)
         if not online_seen:
-            return replace(online, itl_p99_s=None, itl_count=0, itl_p99_bucket_s=None), False
+            return replace(online, itl_p99_s=None, itl_count=0, itl_p99_bucket_s=None), False, False
         beside = [(before_s, after_s, (others_before + others_after) / 2 / max(1.0, (batch_before + batch_after) / 2))
                   for (before_s, others_before, batch_before), (after_s, others_after, batch_after) in zip(shown, shown[1:])
                   if others_before > 0 or others_after > 0]
         gaps = own.gaps_within(beside)
         if len(gaps) >= self.policy.own_gaps_min:
-            p99_s = weighted_p99(gaps)
-            return replace(online, itl_p99_s=p99_s, itl_count=len(gaps), itl_p99_bucket_s=exactly(p99_s)), True
-        everyone = server_latency(start, end)
-        return replace(online, itl_p99_s=everyone.itl_p99_s, itl_count=everyone.itl_count, itl_p99_bucket_s=everyone.itl_p99_bucket_s), True
+            silence = [(silent_s, beside[-1][2] if beside else 1.0)] if silent_s > 0 else []
+            p99_s = weighted_p99(gaps + silence)
+            return replace(online, itl_p99_s=p99_s, itl_count=len(gaps), itl_p99_bucket_s=exactly(p99_s)), True, True
+        everyone = server_latency(start, end, [silent_s] if silent_s > 0 else [])
+        if everyone.itl_p99_s is None:  # no histogram to count the silence in
+            return online, True, False
+        return (replace(online, itl_p99_s=everyone.itl_p99_s, itl_count=everyone.itl_count, itl_p99_bucket_s=everyone.itl_p99_bucket_s),
+                True, True)
 
 
 def own_evidence(own: OwnTimings, now_s: float, since_s: float, window_s: float, silent_s: float) -> WindowEvidence:

@@ -140,9 +140,11 @@ def _latency(ttft: Histogram | None, itl: Histogram | None) -> WindowLatency:
                          itl_p99_bucket_s=None if itl is None else itl.quantile_bucket(P99))
 
 
-def server_latency(start: MetricsSnapshot, end: MetricsSnapshot) -> WindowLatency:
-    """Every request's latency between two snapshots, the batch's included."""
-    return _latency(_delta(end.ttft, start.ttft), _delta(end.itl, start.itl))
+def server_latency(start: MetricsSnapshot, end: MetricsSnapshot, more_gaps_s: Sequence[float] = ()) -> WindowLatency:
+    """Every request's latency between two snapshots, the batch's included, with `more_gaps_s` among
+    the inter-token ones (the gaps streams are in now, each at least as long as its silence so far)."""
+    itl = _delta(end.itl, start.itl)
+    return _latency(_delta(end.ttft, start.ttft), None if itl is None else itl.plus_samples(more_gaps_s))
 
 
 def online_latency(start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings) -> WindowLatency:

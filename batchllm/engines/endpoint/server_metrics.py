@@ -86,6 +86,13 @@ class Histogram:
                 counts[i] -= 1
         return Histogram.from_bucket_counts(self.upper_bounds_s, counts)
 
+    def plus_samples(self, values_s: Sequence[float]) -> Histogram:
+        """With more observations of known values, each in its bucket."""
+        counts = self.bucket_counts()
+        for value in values_s:
+            counts[bisect.bisect_left(self.upper_bounds_s, value)] += 1
+        return Histogram.from_bucket_counts(self.upper_bounds_s, counts)
+
     def quantile(self, q: float) -> float | None:
         """The q-quantile as Prometheus' histogram_quantile computes it: linear inside the bucket
         holding rank q * count (from 0 for the first bucket); the last finite bound when that bucket
