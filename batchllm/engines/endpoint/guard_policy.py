@@ -143,8 +143,9 @@ GUARDING_PHASES = frozenset({GuardPhase.SLOW_START, GuardPhase.STEADY, GuardPhas
 class Verdict(enum.Enum):
     """What a window of evidence says of the level the batch runs at."""
 
-    CUT = "cut"  # a p99 over its target, a silence over the inter-token target, a preemption, a queue, KV nearly full
-    EASE = "ease off"  # a p99 (or a silence) over its ease bound
+    CUT = "cut"  # a p99 over its target (a silence counted in as a gap; by itself over the first-token target), a preemption,
+    # a queue, KV nearly full
+    EASE = "ease off"  # a p99 over its ease bound
     GROW = "grow"  # positive evidence of room: enough online observations under the growth bounds, or a lull (no online traffic)
     HOLD = "hold"  # inside the band, or too little evidence to say
     # online requests are on the server again after a lull the batch grew in: back at once to the
