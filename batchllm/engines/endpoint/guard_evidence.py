@@ -321,7 +321,7 @@ class ServerHistory:
                   if others_before > 0 or others_after > 0]
         gaps = own.gaps_within(beside)
         if len(gaps) >= self.policy.own_gaps_min:
-            silence = [(silent_s, beside[-1][2] if beside else 1.0)] if silent_s > 0 else []
+            silence = [(silent_s, beside[-1][2])] if silent_s > 0 else []  # gaps came from stretches: there is a newest
             p99_s = weighted_p99(gaps + silence)
             return replace(online, itl_p99_s=p99_s, itl_count=len(gaps), itl_p99_bucket_s=exactly(p99_s)), True, True
         everyone = server_latency(start, end, [silent_s] if silent_s > 0 else [])

@@ -74,7 +74,7 @@ class EndpointEngine:
         self._last_token_at: dict[int | str, float] = {}  # request id -> when its stream last brought tokens; loop thread only
         self._lock = threading.Lock()
         self._guard = guard or LatencyGuard(self.endpoint.slo, self.endpoint.max_in_flight)
-        self._guard_log = GuardLog(config.log_path, self.endpoint.url)  # written by the loop thread
+        self._guard_log = GuardLog(config.log_path, self.endpoint.url)  # written under the lock: by the loop thread, last at stop
         self._ready = WorkerReady(load_time_s=0.0, kv_capacity_tokens=0, block_size_tokens=16,
                                   max_num_seqs=self.endpoint.max_in_flight, max_num_batched_tokens=0,
                                   max_model_len=self.endpoint.max_model_len or 0,
