@@ -186,6 +186,11 @@ def test_a_dag_through_the_server_gives_the_local_runs_units_and_texts(server, t
         assert sorted(served) == sorted(local) and len(served) == COMPARED_QUESTIONS
         assert served == local, node  # temperature 0, one request at a time on both sides: the same tokens
     assert progress.stats["answer"].output_tokens > 0
+    guard_logs = list((tmp_path / "served" / ".batchllm" / "logs").glob("engine-*-endpoint0.log"))
+    assert len(guard_logs) == 1, guard_logs  # the server's guard log, in the run folder
+    header, *changes = guard_logs[0].read_text().splitlines()
+    assert header.startswith("the latency guard of http://127.0.0.1:") and header.endswith(": each change of its phase or allowance")
+    assert any(" UTC  " in line and "in flight <= 0 -> 1" in line for line in changes)  # nothing ran before the guard allowed one
 
 
 def test_a_driver_killed_mid_run_resumes_and_commits_every_unit_once(server, tmp_path, model_home):
