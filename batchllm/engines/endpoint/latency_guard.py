@@ -62,6 +62,7 @@ from batchllm.engines.endpoint.server_metrics import MetricsSnapshot
 
 CHANGES_KEPT = 1000  # changes a caller that never takes them leaves in memory
 
+
 class LatencyGuard:
     """One per server. The caller scrapes every 1-2 s and passes each snapshot (the first before its
     first `allowed`), reports its requests' timings as they stream in and how long its quietest
@@ -266,9 +267,9 @@ class LatencyGuard:
         them once more, after the backoff, or sooner once the online load eased (`_eased`). No trickle
         in quiet stretches of their traffic, as WAITING has: one request was shown too many beside
         them, and a quiet stretch says little of the next arrival (Poisson arrivals have no memory)
-        while a trickled request stays on the server a scrape after they come. Held with that trickle, the batch sat beside (a)'s heavy online load
-        at 0.2 requests on average and left its window at 1.29x alone's inter-token p99 (coserve
-        matrix, AVX-512 host, 2026-11-29)."""
+        while a trickled request stays on the server a scrape after they come. Held with that
+        trickle, the batch sat beside (a)'s heavy online load at 0.2 requests on average and left its
+        window at 1.29x alone's inter-token p99 (coserve matrix, AVX-512 host, 2026-11-29)."""
         self._allowed = 0
         level = self._level_window(now_s)
         lull = level is not None and level.idle(self.policy)
