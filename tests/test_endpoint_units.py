@@ -120,6 +120,10 @@ def test_a_chunk_of_several_tokens_counts_them_by_the_servers_running_usage():
     assert answer.add({"choices": [{"index": 0, "delta": {"content": "a"}}], "usage": usage(1)}) == 1
     assert answer.add({"choices": [{"index": 0, "delta": {"content": "bcd"}}], "usage": usage(4)}) == 3
     assert answer.add({"choices": [], "usage": usage(4)}) == 0
+    # a token that decodes to no text yet (half of a character) is counted when it comes, not in the next chunk's gap
+    assert answer.add({"choices": [{"index": 0, "delta": {"content": ""}}], "usage": usage(5)}) == 1
+    assert answer.add({"choices": [{"index": 0, "delta": {"content": "é"}}], "usage": usage(6)}) == 1
+    assert answer.add({"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "stop"}], "usage": usage(7)}) == 1
     assert request_body(EngineRequest(1, "x"), "m", "vllm", None)["stream_options"] == {"include_usage": True,
                                                                                           "continuous_usage_stats": True}
     assert request_body(EngineRequest(1, "x"), "m", "sglang", None)["stream_options"] == {"include_usage": True}
@@ -132,7 +136,7 @@ def test_streamed_chunks_add_up_to_the_result():
     assert answer.add({"choices": [{"index": 0, "delta": {"content": "Hel"}}, {"index": 1, "delta": {"content": "Yo"}}]}) == 1
     answer.add({"choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "length"},
                             {"index": 1, "delta": {}, "finish_reason": "stop"}]})
-    assert answer.add({"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 7}}) == 0
+    assert answer.add({"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 7}}) == 0  # the only count: not a token
     result = answer.result(request)
     assert result.texts == ("Hello", "Yo") and result.finish_reason is FinishReason.LENGTH
     assert (result.num_prompt_tokens, result.num_output_tokens, result.logprobs) == (11, 7, None)
