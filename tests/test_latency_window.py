@@ -13,7 +13,7 @@ from batchllm.core.latency_slo import LatencySlo
 from batchllm.engines.endpoint.guard_evidence import ServerHistory
 from batchllm.engines.endpoint.guard_policy import GuardPolicy
 from batchllm.engines.endpoint.guard_targets import GuardTargets
-from batchllm.engines.endpoint.latency_window import OwnTimings, WindowLatency, online_latency, p99_of, weighted_p99
+from batchllm.engines.endpoint.latency_window import OwnTimings, TimedValues, WindowLatency, online_latency, p99_of, weighted_p99
 from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
 
 TTFT_BOUNDS = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, math.inf)
@@ -50,6 +50,17 @@ def test_own_timings_are_placed_when_the_client_saw_them():
     assert own.ttfts_s(0.0, 10.0) == [0.2] and own.gaps_s(0.0, 10.0) == [1.0, 2.0, 3.0]
     with pytest.raises(ValueError, match="-0.1"):
         own.add(11.0, None, [-0.1])
+
+
+def test_timed_values_keep_the_order_of_their_moments_and_a_stretch_is_open_below_and_closed_above():
+    values = TimedValues()
+    for at_s, value in [(3.0, 30.0), (1.0, 10.0), (2.0, 20.0), (2.0, 21.0), (5.0, 50.0)]:
+        values.add(at_s, value)
+    assert values.between(1.0, 3.0) == [20.0, 21.0, 30.0]  # (1, 3]; the two at 2 s in the order they came
+    assert values.between(0.0, 0.5) == [] and values.between(4.0, 2.0) == []
+    assert list(values.items_after(2.0)) == [(3.0, 30.0), (5.0, 50.0)]
+    values.forget_before(2.0)  # those seen at 2 s stay
+    assert len(values) == 4 and values.between(-math.inf, math.inf) == [20.0, 21.0, 30.0, 50.0]
 
 
 def test_own_gaps_within_stretches_are_those_seen_inside_any_of_them_with_the_stretchs_weight():

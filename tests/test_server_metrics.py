@@ -4,7 +4,9 @@ the latency guard relies on."""
 
 from __future__ import annotations
 
+import bisect
 import math
+import random
 
 import httpx
 import pytest
@@ -223,6 +225,36 @@ def test_minus_samples_takes_from_the_bucket_below_when_its_own_is_empty_and_nev
     assert histogram.minus_samples([0.3]).bucket_counts() == [1, 0, 1, 0]  # (0.1, 0.5] is empty: from below
     assert histogram.minus_samples([0.05, 0.05, 0.05]).bucket_counts() == [0, 0, 1, 0]  # the third finds nothing below
     assert histogram.minus_samples([7.0, 7.0, 7.0, 7.0]).bucket_counts() == [0, 0, 0, 0]
+
+
+def _minus_one_at_a_time(histogram: Histogram, values_s: list[float]) -> list[float]:
+    """The rule `minus_samples` keeps, a value at a time in the order given."""
+    counts = histogram.bucket_counts()
+    for value in values_s:
+        i = bisect.bisect_left(histogram.upper_bounds_s, value)
+        while i >= 0 and counts[i] < 1:
+            i -= 1
+        if i >= 0:
+            counts[i] -= 1
+    return counts
+
+
+def test_minus_samples_counted_a_bucket_at_a_time_leaves_what_taking_them_one_at_a_time_in_any_order_does():
+    rng = random.Random(7)
+    bounds = (0.01, 0.025, 0.05, 0.1, 0.15, 0.3, 1.0, math.inf)
+    for _ in range(3000):
+        histogram = Histogram.from_bucket_counts(bounds, [rng.choice([0, 0, 1, 2, 5, 0.5, 1.5]) for _ in bounds])
+        values = [rng.choice([0.005, 0.01, 0.02, 0.05, 0.07, 0.1, 0.12, 0.3, 0.9, 4.0]) for _ in range(rng.randint(0, 25))]
+        assert histogram.minus_samples(values).bucket_counts() == _minus_one_at_a_time(histogram, values), (histogram, values)
+
+
+def test_count_since_is_the_count_of_minus_and_the_newer_count_after_a_restart():
+    older, newer = Histogram(BOUNDS, (5, 7, 7, 8)), Histogram(BOUNDS, (9, 12, 13, 14))
+    assert newer.count_since(older) == newer.minus(older).count == 6
+    restarted = Histogram(BOUNDS, (2, 3, 3, 3))
+    assert restarted.count_since(older) == restarted.minus(older).count == 3
+    with pytest.raises(ValueError, match="bounds"):
+        newer.count_since(Histogram((0.2, math.inf), (0, 0)))
 
 
 def test_metrics_url():

@@ -296,7 +296,7 @@ class ServerHistory:
         """First tokens the server counted between the two, less the batch's own."""
         if start.ttft is None or end.ttft is None or start.ttft.upper_bounds_s != end.ttft.upper_bounds_s:
             return 0.0  # a histogram missing, or a server restarted with other buckets
-        return end.ttft.minus(start.ttft).count - len(own.ttfts_s(start.at_s, end.at_s))  # since a restart, if there was one
+        return end.ttft.count_since(start.ttft) - len(own.ttfts_s(start.at_s, end.at_s))  # since a restart, if there was one
 
     def _online(self, start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings, silent_s: float) -> tuple[WindowLatency, bool, bool]:
         """The online p99s of the window and whether online requests were there. TTFT: the server's

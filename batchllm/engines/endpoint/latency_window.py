@@ -14,8 +14,8 @@ the same clock as the snapshots' `at_s`.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Sequence
+import bisect
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
@@ -62,13 +62,47 @@ class WindowLatency:
     itl_p99_bucket_s: tuple[float, float] | None
 
 
+class TimedValues:
+    """Values each seen at a moment, kept in order of the moment: the values of a stretch are found by
+    bisection, not by a scan (the guard reads several stretches of a minute of tokens every scrape,
+    on the thread that reads the streams: scanned, its step took 9-25 ms a scrape and inflated the
+    very token gaps it reads, `benchmarks/results/guard-step-cost-2026-11-29-avx512.txt`)."""
+
+    def __init__(self) -> None:
+        self._at_s: list[float] = []
+        self._values: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self._at_s)
+
+    def add(self, at_s: float, value: float) -> None:
+        """In order of `at_s`; after those seen at the same moment (a request's first token can come
+        before the gaps of another reported earlier)."""
+        i = bisect.bisect_right(self._at_s, at_s)
+        self._at_s.insert(i, at_s)
+        self._values.insert(i, value)
+
+    def between(self, after_s: float, until_s: float) -> list[float]:
+        """The values seen in (after_s, until_s]."""
+        return self._values[bisect.bisect_right(self._at_s, after_s):bisect.bisect_right(self._at_s, until_s)]
+
+    def items_after(self, after_s: float) -> Iterator[tuple[float, float]]:
+        """(seen at_s, value) of those seen after `after_s`, in order."""
+        for i in range(bisect.bisect_right(self._at_s, after_s), len(self._at_s)):
+            yield self._at_s[i], self._values[i]
+
+    def forget_before(self, at_s: float) -> None:
+        i = bisect.bisect_left(self._at_s, at_s)
+        del self._at_s[:i], self._values[:i]
+
+
 class OwnTimings:
     """The batch's own requests' timings: times to first token and gaps between streamed tokens,
     each at the moment the client saw it."""
 
     def __init__(self) -> None:
-        self._ttfts: deque[tuple[float, float]] = deque()  # (seen at_s, ttft_s), in order of at_s
-        self._gaps: deque[tuple[float, float]] = deque()
+        self._ttfts = TimedValues()
+        self._gaps = TimedValues()
         self.reports = 0  # calls to `add` so far: tells a caller that new timings came
 
     def add(self, now_s: float, ttft_s: float | None, token_gaps_s: Sequence[float]) -> None:
@@ -83,24 +117,26 @@ class OwnTimings:
             ended.append((at_s, gap_s))
             at_s -= gap_s
         if ttft_s is not None:
-            _insert(self._ttfts, (at_s, ttft_s))
+            self._ttfts.add(at_s, ttft_s)
         for item in reversed(ended):
-            _insert(self._gaps, item)
+            self._gaps.add(*item)
         self.reports += 1
 
     def ttfts_s(self, after_s: float, until_s: float) -> list[float]:
-        return [value for at_s, value in self._ttfts if after_s < at_s <= until_s]
+        return self._ttfts.between(after_s, until_s)
 
     def gaps_s(self, after_s: float, until_s: float) -> list[float]:
-        return [value for at_s, value in self._gaps if after_s < at_s <= until_s]
+        return self._gaps.between(after_s, until_s)
 
     def gaps_within(self, stretches: Sequence[tuple[float, float, float]]) -> list[tuple[float, float]]:
         """The gaps seen inside any of the stretches (after_s, until_s, weight], given in order of time
-        and not overlapping, each with its stretch's weight: one pass over the gaps kept."""
+        and not overlapping, each with its stretch's weight: one pass over the gaps from the first."""
         found: list[tuple[float, float]] = []
+        if not stretches:
+            return found
         stretch = iter(stretches)
         current = next(stretch, None)
-        for at_s, value in self._gaps:
+        for at_s, value in self._gaps.items_after(stretches[0][0]):
             while current is not None and at_s > current[1]:
                 current = next(stretch, None)
             if current is None:
@@ -110,21 +146,8 @@ class OwnTimings:
         return found
 
     def forget_before(self, at_s: float) -> None:
-        for timings in (self._ttfts, self._gaps):
-            while timings and timings[0][0] < at_s:
-                timings.popleft()
-
-
-def _insert(timings: deque[tuple[float, float]], item: tuple[float, float]) -> None:
-    """Keep the deque in order of `at_s` (a request's first token can come before the gaps of
-    another request reported earlier)."""
-    if not timings or timings[-1][0] <= item[0]:
-        timings.append(item)
-        return
-    position = len(timings)
-    while position > 0 and timings[position - 1][0] > item[0]:
-        position -= 1
-    timings.insert(position, item)
+        self._ttfts.forget_before(at_s)
+        self._gaps.forget_before(at_s)
 
 
 def _delta(new: Histogram | None, old: Histogram | None) -> Histogram | None:
