@@ -130,7 +130,7 @@ class OwnTimings:
 
     def gaps_within(self, stretches: Sequence[tuple[float, float, float]]) -> list[tuple[float, float]]:
         """The gaps seen inside any of the stretches (after_s, until_s, weight], given in order of time
-        and not overlapping, each with its stretch's weight: one pass over the gaps from the first."""
+        and not overlapping, each with its stretch's weight: one pass over the gaps from the first stretch on."""
         found: list[tuple[float, float]] = []
         if not stretches:
             return found
