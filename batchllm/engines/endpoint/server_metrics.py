@@ -65,25 +65,23 @@ class Histogram:
         """The observations made since `older`, bucket by bucket (clamped at 0). When this one holds
         fewer observations than `older`, the server restarted in between (its counters began anew):
         this one is then the observations since the restart."""
-        if older.upper_bounds_s != self.upper_bounds_s:
-            raise ValueError(f"cannot subtract a histogram with bounds {older.upper_bounds_s!r} from one with {self.upper_bounds_s!r}")
-        if self.count < older.count:
-            return self
-        counts = [max(0.0, new - old) for new, old in zip(self.bucket_counts(), older.bucket_counts())]
-        return Histogram.from_bucket_counts(self.upper_bounds_s, counts)
+        counts = self._counts_since(older)
+        return self if counts is None else Histogram.from_bucket_counts(self.upper_bounds_s, counts)
 
     def count_since(self, older: Histogram) -> float:
         """`self.minus(older).count` without building that histogram (the guard asks it for every pair of
         snapshots it walks, many times a scrape)."""
+        counts = self._counts_since(older)
+        return self.count if counts is None else sum(counts, 0.0)
+
+    def _counts_since(self, older: Histogram) -> list[float] | None:
+        """Per bucket, the observations made since `older` (clamped at 0); None after a restart (this one
+        holds fewer observations than `older`: all of its own are since)."""
         if older.upper_bounds_s != self.upper_bounds_s:
             raise ValueError(f"cannot subtract a histogram with bounds {older.upper_bounds_s!r} from one with {self.upper_bounds_s!r}")
         if self.count < older.count:
-            return self.count
-        total, new_below, old_below = 0.0, 0.0, 0.0
-        for new, old in zip(self.cumulative, older.cumulative):
-            total += max(0.0, (new - new_below) - (old - old_below))
-            new_below, old_below = new, old
-        return total
+            return None
+        return [max(0.0, new - old) for new, old in zip(self.bucket_counts(), older.bucket_counts())]
 
     def minus_samples(self, values_s: Sequence[float]) -> Histogram:
         """Without observations of known values (e.g. the batch's own requests'), each taken from its
