@@ -186,6 +186,21 @@ def test_a_load_that_saturates_the_server_after_the_batch_started_sees_at_most_o
     assert worst_ratio(alone, beside, 30.0, 180.0) <= 1.1
 
 
+def test_at_zero_in_flight_a_server_whose_own_step_shows_it_saturated_gets_no_batch_request():
+    """As above at 7 online requests a second: the server fills to its 64 places and its step is 9x the
+    lone one, while a window's first tokens sit under the lax target (alone's p99 x 1.25 is 8 s here).
+    Surged to 0, the batch has no gaps of its own to read the step from: the server's inter-token
+    histogram gives it (its median's bucket wholly over `saturated_pace` x the fastest seen). Read
+    from the batch's gaps only, the guard grew from 0 to 1 a window after each cut, beside online
+    requests in 82 of their 698 steps after the ramp (as coserve (b) did, at 1.26x first-token)."""
+    scenario = Scenario(lambda n: 0.02 + 0.004 * n, poisson(7.0, 240, seed=5, from_s=20.0), online_tokens=32, max_num_seqs=64)
+    alone = run(scenario, None, 240.0)
+    beside = run(scenario, LatencyGuard(slo_of(alone, 60.0, 240.0), 64), 240.0)
+    after_ramp = [batch for at, batch in zip(beside.online_steps_at, beside.batch_while_online) if at >= 60.0]
+    assert len(after_ramp) > 500 and max(after_ramp) == 0
+    assert max(allowed for _, allowed in beside.allowed) == 32  # it grew while the server was the batch's alone
+
+
 def test_where_one_batch_request_beside_online_ones_is_too_many_the_batch_keeps_off_them_and_tries_again_ever_later():
     """A cut from 1 to 0 on the level's own evidence, the batch at exactly 1 beside online requests:
     held back. No try a window later (each broke a window: the old guard ran beside online requests

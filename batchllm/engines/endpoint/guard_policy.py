@@ -88,7 +88,8 @@ class GuardPolicy:
     # lax target. Alone, the online traffic's inter-token p50 over idle was 1.0x in coserve's heavy phases
     # ((a), (e)), 1.9x in its bursts (d), 10-14x under (b)'s saturating load; there the batch grew to 4-8 in
     # flight through the ramp, every level's first tokens far under the target (2.3 s against 10.2 s), and left
-    # the steady window at 1.9x alone's first-token p99 (coserve (b), AVX-512 host, 2026-11-28).
+    # the steady window at 1.9x alone's first-token p99 (coserve (b), AVX-512 host, 2026-11-28). At 0 in flight
+    # the batch has no gaps: the server's inter-token histogram's median, its bucket wholly over this bound.
     saturated_pace: float = 3.0
     # KV use: a server at 95 % preempts soon; growth stops at 90 %.
     kv_usage_cut: float = 0.95

@@ -33,7 +33,8 @@ Phases (`GuardPhase`; the rules and their numbers in `guard_policy.py`):
   no online request on a server that never had one, `lull_s` once it had, since the gaps between
   light online arrivals are longer than a window), the batch using all it was allowed during the level, room under the
   server's capacity as last seen full, and beside online requests a server not saturated (its step, the batch's
-  median token gap, at most `saturated_pace` x the fastest seen). Online requests back after a lull the batch grew in:
+  median token gap, at most `saturated_pace` x the fastest seen; at 0 in flight, the server's median gap surely
+  not over it). Online requests back after a lull the batch grew in:
   RETURN to the level last judged beside them. Online requests on the server jumping beyond
   their noise at a scrape (a burst, a load turning heavy): SURGE to 0 at once, a load no level
   was judged beside. At 0: 1 again once a whole window at 0 gave positive evidence of room, as
@@ -362,14 +363,27 @@ class LatencyGuard:
         (as last seen full, at least 1) free."""
         if level is None or self._blind(level):
             return False
-        unknown_pace = level.pace_s is None and self._allowed > 0 and level.basis == SERVER_METRICS
-        if level.online_seen and (unknown_pace or (level.pace_s or 0.0) > self.policy.saturated_pace * self._fastest_pace_s):
-            return False  # beside online requests, the server's step as the batch's streams saw it is evidence too
+        if level.online_seen and self._saturated(level):
+            return False  # beside online requests, the server's step is evidence too
         if self._peak_in_flight < self._allowed or self._allowed >= self.max_in_flight:
             return False
         if self._capacity_running is None or level.running is None:
             return True
         return level.running + 1 <= self._capacity_running - max(1, math.ceil(0.1 * self._capacity_running))
+
+    def _saturated(self, level: WindowEvidence) -> bool:
+        """The server's step over `saturated_pace` x the fastest the batch's streams saw: read from their
+        own gaps, unknown (so saturated) without them while the batch is on the server; at 0 in flight,
+        from the server's own histogram, its median gap's bucket wholly over. At 0 the batch has no gaps,
+        and a probe grew it to 1 on a window's first tokens under target beside 68 online requests in
+        a saturating ramp (online median step 12x idle), breaking the steady window at 1.26x first-token
+        (coserve (b), AVX-512 host, 2026-11-29)."""
+        bound_s = self.policy.saturated_pace * self._fastest_pace_s
+        if level.pace_s is not None:
+            return level.pace_s > bound_s
+        if self._allowed > 0:
+            return level.basis == SERVER_METRICS
+        return level.server_pace_at_least_s is not None and level.server_pace_at_least_s > bound_s
 
     def _may_probe(self, now_s: float) -> bool:
         """From 0, growth (on positive evidence, as any) waits out a whole window at 0 too. On
