@@ -10,12 +10,13 @@ from dataclasses import replace
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import scipy.sparse as sp
 from sklearn.linear_model import Ridge
 
 from batchllm.core.length_prompt import LengthPrompt
 from batchllm.core.requests import EngineRequest
 from batchllm.costmodel.length_model import observations
-from batchllm.costmodel.length_model.censored_fit import fit_censored
+from batchllm.costmodel.length_model.censored_fit import CachedRidge, fit_censored
 from batchllm.costmodel.length_model.features import DENSE, dense_row, features, width
 from batchllm.costmodel.length_model.gate import gate
 from batchllm.costmodel.length_model.model import HISTORY_MARGIN, LengthModel
@@ -67,6 +68,24 @@ def test_a_request_on_an_adapter_reads_as_its_own_template_apart_from_its_bases(
     assert (base.template, tuned.template) == ("route", "route+sql")
     assert LengthPrompt.of(request._replace(adapter="sql"), "route").template == "route+sql"  # its name on a server
     assert (features([base]) != features([tuned])).nnz > 0
+
+
+@pytest.mark.parametrize("shape", [(60, 400), (300, 6)], ids=["more-columns-than-rows", "more-rows-than-columns"])
+@pytest.mark.parametrize("kind", ["sparse", "dense"])
+def test_the_cached_ridge_is_sklearns_ridge_on_any_rows_in_either_space(shape, kind):
+    """The dual (hashed features: more columns than rows) and the normal equations give the ridge
+    minimiser with an unpenalised intercept: the coefficients, intercept and predictions of
+    sklearn's exact solver, on a subset of the rows, and again from the kept factor with new targets."""
+    rng = np.random.default_rng(7)
+    rows, columns = shape
+    dense = rng.normal(0, 1, shape) * (rng.random(shape) < 0.1) + (np.arange(columns) == 0) * 3.0  # a column with a mean
+    matrix = sp.csr_matrix(dense) if kind == "sparse" else dense
+    ridge, train, others = CachedRidge(matrix), np.arange(0, rows, 3), np.arange(1, rows, 3)
+    for targets in (rng.normal(2, 1, rows), rng.normal(-1, 3, rows)):
+        expected = Ridge(alpha=3.0, solver="svd").fit(dense[train], targets[train])
+        coef, intercept = ridge.fit(train, targets[train], 3.0)
+        assert np.allclose(coef, expected.coef_, atol=1e-8) and intercept == pytest.approx(expected.intercept_, abs=1e-8)
+        assert np.allclose(ridge.predict_out(train, targets[train], 3.0, others), expected.predict(dense[others]), atol=1e-8)
 
 
 def test_censored_fit_recovers_the_coefficients_and_beats_exact_and_dropped():
