@@ -63,8 +63,10 @@ def shared_engines():
         return Shared(engines[key])
 
     yield factory
-    for engine in engines.values():
-        engine.stop()
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, len(engines))) as stopping:  # each waits on its own process's exit
+        list(stopping.map(lambda engine: engine.stop(), engines.values()))
 
 
 QUESTIONS = [

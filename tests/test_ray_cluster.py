@@ -35,7 +35,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster():
     started = LocalRayCluster.start([(0,), (1,)], port=free_port())
     yield started

@@ -219,10 +219,14 @@ def test_a_prompt_longer_than_the_context_fails_its_row_only(tmp_path, model_hom
     assert rows["long"]["finish_reason"].startswith("error: prompt has ") and "max_model_len is 2048" in rows["long"]["finish_reason"]
 
 
-def test_an_engine_vllm_refuses_at_start_fails_its_node_with_vllms_words_everywhere(tmp_path, model_home):
+def test_an_engine_vllm_refuses_at_start_fails_its_node_with_vllms_words_everywhere(tmp_path, model_home, monkeypatch):
     """The settings check before the run would refuse this DAG (tests/test_model_checks.py); a
-    caller that brings its own engine factory skips it, so the real engine meets the setting."""
+    caller that brings its own engine factory skips it, so the real engine meets the setting. One
+    start, no restart: restarts up to the limit, then the node's failure, are
+    tests/test_executor.py's (two more refusals here cost two engine starts)."""
     import json
+
+    monkeypatch.setattr("batchllm.runtime.stage_engines.MAX_ENGINE_RESTARTS", 0)
 
     import pyarrow as pa
     from typer.testing import CliRunner
