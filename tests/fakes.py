@@ -194,8 +194,12 @@ class FakeStepper:
 
 
 class FakeStepperFactory:
-    def __init__(self, fail_at_step: int | None = None):
-        self.fail_at_step = fail_at_step
+    def __init__(self, fail_at_step: int | None = None, makes_a_lock: bool = False):
+        self.fail_at_step, self.makes_a_lock = fail_at_step, makes_a_lock
 
     def __call__(self, config: EngineConfig) -> FakeStepper:
+        if self.makes_a_lock:  # as vLLM's progress bars (tqdm) do in the worker: a named semaphore the worker must unlink
+            import multiprocessing
+
+            self.lock = multiprocessing.get_context("spawn").RLock()
         return FakeStepper(config, self.fail_at_step)

@@ -45,6 +45,38 @@ def test_results_and_step_records_cross_the_process_boundary():
     assert not engine.is_alive()
 
 
+STOPPED_WORKER_SCRIPT = """
+from batchllm.core.requests import EngineRequest
+from batchllm.engines.process_engine import ProcessEngine
+from tests.fakes import FakeStepperFactory
+from tests.test_process_engine import CONFIG, collect
+
+if __name__ == "__main__":
+    engine = ProcessEngine(CONFIG, FakeStepperFactory(makes_a_lock=True))
+    engine.submit([EngineRequest(f"r{i}", f"p{i}") for i in range(3)])
+    print(len(collect(engine, 3)), "results")
+    engine.stop()
+    print("alive" if engine.is_alive() else "stopped")
+"""
+
+
+def test_a_stopped_worker_ends_at_once_leaving_nothing_for_the_resource_tracker(tmp_path):
+    """The worker skips the interpreter's teardown (3 s with vLLM loaded) but still runs
+    multiprocessing's exit handler: a semaphore it made (tqdm's lock, in vLLM) is unlinked, so the
+    driver's process ends without the resource tracker's warning of a leak."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "driver.py"
+    script.write_text(STOPPED_WORKER_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "3 results\nstopped\n"
+    assert "leaked" not in done.stderr and "resource_tracker" not in done.stderr, done.stderr
+
+
 def test_a_failing_engine_hands_over_finished_results_before_raising():
     engine = ProcessEngine(CONFIG, FakeStepperFactory(fail_at_step=3))
     try:

@@ -28,46 +28,30 @@ REPO = Path(__file__).resolve().parent.parent
 MODEL_HOME = REPO / ".batchllm-home"  # the prepared models, shared with the other real-engine tests
 ROWS = 8  # of the 24 example questions
 
-VLLM_EMBED = """
+VLLM_POOLING = """
 import json, sys
 from vllm import LLM
-texts = json.load(sys.stdin)
+calls = json.load(sys.stdin)
 llm = LLM(model=sys.argv[1], runner="pooling", enforce_eager=True, dtype=sys.argv[2], seed=0)
-print("VECTORS " + json.dumps([output.outputs.embedding for output in llm.embed(texts)]))
+for call, argument in calls:
+    if call == "embed":
+        print("embed " + json.dumps([output.outputs.embedding for output in llm.embed(argument)]))
+    elif call == "classify":
+        print("classify " + json.dumps([output.outputs.probs for output in llm.classify(argument)]))
+    else:
+        print("score " + json.dumps([output.outputs.score for output in llm.score(*argument)]))
 """
 
 
-VLLM_CLASSIFY = """
-import json, sys
-from vllm import LLM
-texts = json.load(sys.stdin)
-llm = LLM(model=sys.argv[1], runner="pooling", enforce_eager=True, dtype=sys.argv[2], seed=0)
-print("PROBS " + json.dumps([output.outputs.probs for output in llm.classify(texts)]))
-"""
-
-
-VLLM_SCORE = """
-import json, sys
-from vllm import LLM
-first, second = json.load(sys.stdin)
-llm = LLM(model=sys.argv[1], runner="pooling", enforce_eager=True, dtype=sys.argv[2], seed=0)
-print("SCORES " + json.dumps([output.outputs.score for output in llm.score(first, second)]))
-"""
-
-
-def vllm_script(script: str, model_dir: Path, stdin: object, marker: str) -> list:
-    """What a script of vLLM's own API prints after `marker`, run in a process of its own as a user's script runs it."""
+def vllm_pooling(model_dir: Path, calls: list[tuple[str, object]]) -> dict[str, list]:
+    """What vLLM's own `LLM.embed`, `.classify` or `.score` (the calls' names) gives for each call's
+    argument, in one process of its own as a user's script runs it: one engine start for them all."""
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    done = subprocess.run([sys.executable, "-c", script, str(model_dir), engine_dtype("cpu") or "auto"], input=json.dumps(stdin),
+    done = subprocess.run([sys.executable, "-c", VLLM_POOLING, str(model_dir), engine_dtype("cpu") or "auto"], input=json.dumps(calls),
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    line = next(line for line in done.stdout.splitlines() if line.startswith(marker + " "))
-    return json.loads(line.removeprefix(marker + " "))
-
-
-def vllm_embeddings(model_dir: Path, texts: list[str]) -> np.ndarray:
-    """vLLM's own `LLM.embed` of `texts`."""
-    return np.array(vllm_script(VLLM_EMBED, model_dir, texts, "VECTORS"), np.float32)
+    printed = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.split(" ", 1)[0] in ("embed", "classify", "score"))
+    return {call: json.loads(printed[call]) for call, _ in calls}
 
 
 def cosines(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
@@ -80,8 +64,19 @@ def questions() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def vllms_vectors(questions) -> np.ndarray:
-    return vllm_embeddings(MINILM_L6.prepare(MODEL_HOME), questions)
+def passages() -> list[str]:
+    return pq.read_table(REPO / "examples" / "passages.parquet").column("passage").to_pylist()[:ROWS]
+
+
+@pytest.fixture(scope="module")
+def minilm_by_vllm(questions, passages) -> dict[str, list]:
+    """vLLM's own embeddings of the questions and scores of (question, passage) pairs, from one engine."""
+    return vllm_pooling(MINILM_L6.prepare(MODEL_HOME), [("embed", questions), ("score", [questions, passages])])
+
+
+@pytest.fixture(scope="module")
+def vllms_vectors(minilm_by_vllm) -> np.ndarray:
+    return np.array(minilm_by_vllm["embed"], np.float32)
 
 
 def test_an_embed_node_gives_the_vectors_of_vllms_own_embed(tmp_path, monkeypatch, shared_engines, vllms_vectors):
@@ -190,9 +185,8 @@ def test_the_retrieval_example_answers_from_passages_its_questions_own_answers_a
     assert all(passage in found for (_, passage), found in zip(own, nearest)), (own, nearest)
 
 
-def test_a_score_node_gives_the_scores_of_vllms_own_score(tmp_path, monkeypatch, shared_engines, questions):
+def test_a_score_node_gives_the_scores_of_vllms_own_score(tmp_path, monkeypatch, shared_engines, questions, passages, minilm_by_vllm):
     monkeypatch.setenv("BATCHLLM_HOME", str(MODEL_HOME))
-    passages = pq.read_table(REPO / "examples" / "passages.parquet").column("passage").to_pylist()[:ROWS]
     pq.write_table(pa.table({"id": [f"r{k}" for k in range(ROWS)], "question": questions, "passage": passages}), tmp_path / "pairs.parquet")
     dag = tmp_path / "dag.yaml"
     dag.write_text("inputs:\n  pairs: {path: pairs.parquet, id_column: id}\n"
@@ -200,7 +194,7 @@ def test_a_score_node_gives_the_scores_of_vllms_own_score(tmp_path, monkeypatch,
     result, _ = run_dag_file(dag, tmp_path / "out", parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
     assert result.nodes_failed == {}
     ours = pq.read_table(tmp_path / "out" / "results.parquet").column("relevance").to_pylist()
-    theirs = vllm_script(VLLM_SCORE, MINILM_L6.prepare(MODEL_HOME), [questions, passages], "SCORES")
+    theirs = minilm_by_vllm["score"]
     assert np.allclose(ours, theirs, atol=1e-4, rtol=0), (ours, theirs)
     assert len(set(np.round(ours, 3))) == ROWS  # eight pairs, eight scores: not one value for all
 
@@ -220,7 +214,7 @@ def test_a_classify_node_gives_the_probabilities_of_vllms_own_classify(tmp_path,
     assert result.nodes_failed == {}
     table = pq.read_table(tmp_path / "out" / "moods.parquet")
     ours = np.array(table.column("probs").to_pylist(), np.float64)
-    theirs = np.array(vllm_script(VLLM_CLASSIFY, classifier, questions, "PROBS"), np.float64)
+    theirs = np.array(vllm_pooling(classifier, [("classify", questions)])["classify"], np.float64)
     assert ours.shape == theirs.shape == (ROWS, len(LABELS))
     assert np.allclose(ours, theirs, atol=1e-5, rtol=0), (ours, theirs)
     assert np.allclose(ours.sum(axis=1), 1.0, atol=1e-4)  # probabilities
@@ -228,10 +222,9 @@ def test_a_classify_node_gives_the_probabilities_of_vllms_own_classify(tmp_path,
     assert len({tuple(np.round(p, 3)) for p in ours}) == ROWS  # the head tells the questions apart
 
 
-def test_a_score_node_on_a_cross_encoder_gives_the_scores_of_vllms_own_score(tmp_path, monkeypatch, shared_engines, questions):
+def test_a_score_node_on_a_cross_encoder_gives_the_scores_of_vllms_own_score(tmp_path, monkeypatch, shared_engines, questions, passages):
     monkeypatch.setenv("BATCHLLM_HOME", str(MODEL_HOME))
     make_classifier(tmp_path / "cross-encoder", MINILM_L6.prepare(MODEL_HOME), ("LABEL_0",), seed=4)
-    passages = pq.read_table(REPO / "examples" / "passages.parquet").column("passage").to_pylist()[:ROWS]
     pq.write_table(pa.table({"id": [f"r{k}" for k in range(ROWS)], "question": questions, "passage": passages}), tmp_path / "pairs.parquet")
     dag = tmp_path / "dag.yaml"
     dag.write_text("inputs:\n  pairs: {path: pairs.parquet, id_column: id}\n"
@@ -239,6 +232,6 @@ def test_a_score_node_on_a_cross_encoder_gives_the_scores_of_vllms_own_score(tmp
     result, _ = run_dag_file(dag, tmp_path / "out", parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
     assert result.nodes_failed == {}
     ours = pq.read_table(tmp_path / "out" / "results.parquet").column("relevance").to_pylist()
-    theirs = vllm_script(VLLM_SCORE, tmp_path / "cross-encoder", [questions, passages], "SCORES")
+    theirs = vllm_pooling(tmp_path / "cross-encoder", [("score", [questions, passages])])["score"]
     assert np.allclose(ours, theirs, atol=1e-5, rtol=0), (ours, theirs)
     assert len(set(np.round(ours, 4))) == ROWS  # eight pairs, eight scores
