@@ -36,6 +36,7 @@ from batchllm.engines.endpoint.latency_window import (
     online_latency,
     own_latency,
     server_latency,
+    server_median_gap_at_least,
     weighted_p99,
 )
 from batchllm.engines.endpoint.server_metrics import MetricsSnapshot
@@ -66,7 +67,9 @@ class WindowEvidence:
     online_surging: bool = False  # the newest scrape's online requests over the window's earlier ones beyond their noise
     online_ever: bool = False  # online requests have been on the server since the guard began
     pace_s: float | None = None  # the median of the batch's own token gaps in the window: the server's step as it ran
-    server_pace_at_least_s: float | None = None  # the lower bound of the bucket the server's median token gap (all requests) lies in
+    # the lower bound of the bucket the server's median token gap (all requests: one step of a decoding batch, whoever's)
+    # lies in: a bound, not a value, it can show a server saturated, never one with room
+    server_pace_at_least_s: float | None = None
 
     def idle(self, policy: GuardPolicy) -> bool:
         """A lull: the server held nothing but the batch's requests for a whole window, or, once online
@@ -242,7 +245,7 @@ class ServerHistory:
                               silent_s=silent_s, silence_in_p99=silence_in_p99, idle_s=self._idle_s(own),
                               online_ever=self.online_ever or online_seen,
                               online_rising=self._rising(trend), online_surging=self._surging(trend),
-                              pace_s=self._pace(start, newest, own), server_pace_at_least_s=self._server_pace_at_least(start, newest))
+                              pace_s=self._pace(start, newest, own), server_pace_at_least_s=server_median_gap_at_least(start, newest, self.policy.own_gaps_min))
 
     def _pace(self, start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings) -> float | None:
         """The median of the batch's own token gaps between the two: the server's step time as its
@@ -250,17 +253,6 @@ class ServerHistory:
         `own_gaps_min` gaps."""
         gaps = sorted(own.gaps_s(start.at_s, end.at_s))
         return gaps[len(gaps) // 2] if len(gaps) >= self.policy.own_gaps_min else None
-
-    def _server_pace_at_least(self, start: MetricsSnapshot, end: MetricsSnapshot) -> float | None:
-        """How long the server's step was at least, from its own inter-token histogram between the two:
-        the lower bound of the bucket its median gap lies in (the median over all requests, the batch's
-        included, is one step of a decoding batch whoever's it is); None with fewer than `own_gaps_min`
-        gaps or no histogram. A bound, not a value: it can show a server saturated, never one with room."""
-        if start.itl is None or end.itl is None or start.itl.upper_bounds_s != end.itl.upper_bounds_s:
-            return None
-        gaps = end.itl.minus(start.itl)
-        bucket = gaps.quantile_bucket(0.5) if gaps.count >= self.policy.own_gaps_min else None
-        return None if bucket is None else bucket[0]
 
     def _rising(self, within: list[tuple[MetricsSnapshot, int]]) -> bool:
         """The online requests on the server in the window's second half (by time) over those in its

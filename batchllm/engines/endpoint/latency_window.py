@@ -170,6 +170,14 @@ def server_latency(start: MetricsSnapshot, end: MetricsSnapshot, more_gaps_s: Se
     return _latency(_delta(end.ttft, start.ttft), None if itl is None else itl.plus_samples(more_gaps_s))
 
 
+def server_median_gap_at_least(start: MetricsSnapshot, end: MetricsSnapshot, min_gaps: int) -> float | None:
+    """The lower bound of the bucket the median of every request's token gaps between two snapshots
+    lies in: a step at least that long; None with fewer than `min_gaps` gaps or no histogram."""
+    itl = _delta(end.itl, start.itl)
+    bucket = itl.quantile_bucket(0.5) if itl is not None and itl.count >= min_gaps else None
+    return None if bucket is None else bucket[0]
+
+
 def online_latency(start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings) -> WindowLatency:
     """The online traffic's latency between two snapshots: the server's minus the batch's own."""
     ttft, itl = _delta(end.ttft, start.ttft), _delta(end.itl, start.itl)
