@@ -75,8 +75,6 @@ def concordance(predicted: np.ndarray, targets: np.ndarray, censored: np.ndarray
 @dataclass(frozen=True)
 class _Factor:
     cholesky: tuple  # scipy's cho_factor of the system
-    column_means: np.ndarray  # the rows' mean per feature column
-    chosen: Any  # the rows' features
     inner_means: np.ndarray | None  # in the dual, each row's mean inner product with the rows
 
 
@@ -86,7 +84,8 @@ class CachedRidge:
     (K the training rows' centred inner products, a = (K + alpha I)^-1 (y - mean y), coef = the
     centred rows' features times a), else the normal equations over the columns. Either is the one
     minimiser of the ridge objective. The Cholesky factors of the last penalty are kept per rows (the
-    EM refits the same folds on new targets); a new penalty drops them (2,000 rows: 18 MB a fold)."""
+    EM refits the same folds on new targets); a new penalty drops them (2,000 rows: 18 MB a fold).
+    The rows' features and column means, the same whatever the penalty, are kept per rows."""
 
     def __init__(self, features):
         self.features = features
@@ -96,17 +95,18 @@ class CachedRidge:
             self._inner = np.asarray(product.toarray() if sp.issparse(product) else product, float)
         self._alpha: float | None = None
         self._factors: dict[bytes, _Factor] = {}  # of `_alpha`, per rows
+        self._chosen: dict[bytes, tuple[Any, np.ndarray]] = {}  # per rows: their features, their mean per column
 
     def fit(self, rows: np.ndarray, targets: np.ndarray, alpha: float) -> tuple[np.ndarray, float]:
         """The weight per feature column and the intercept of a fit on `rows` with these targets."""
-        factor = self._factor(rows, alpha)
+        factor, (chosen, column_means) = self._factor(rows, alpha), self._rows(rows)
         mean = float(np.mean(targets))
         if self.dual:
             weights = cho_solve(factor.cholesky, targets - mean)
-            coef = np.asarray(factor.chosen.T @ weights, float).ravel() - factor.column_means * float(weights.sum())
+            coef = np.asarray(chosen.T @ weights, float).ravel() - column_means * float(weights.sum())
         else:
-            coef = cho_solve(factor.cholesky, np.asarray(factor.chosen.T @ (targets - mean), float).ravel())
-        return coef, mean - float(factor.column_means @ coef)
+            coef = cho_solve(factor.cholesky, np.asarray(chosen.T @ (targets - mean), float).ravel())
+        return coef, mean - float(column_means @ coef)
 
     def predict_out(self, rows: np.ndarray, targets: np.ndarray, alpha: float, others: np.ndarray) -> np.ndarray:
         """The predictions for `others` of a fit on `rows` with these targets (in the dual, from the
@@ -121,24 +121,30 @@ class CachedRidge:
         intercept = mean - float(factor.inner_means @ weights) + float(factor.inner_means.mean()) * total
         return across @ weights - across.mean(axis=1) * total + intercept
 
+    def _rows(self, rows: np.ndarray) -> tuple[Any, np.ndarray]:
+        key = rows.tobytes()
+        if key not in self._chosen:
+            chosen = self.features[rows]
+            self._chosen[key] = chosen, np.asarray(chosen.mean(axis=0), float).ravel()
+        return self._chosen[key]
+
     def _factor(self, rows: np.ndarray, alpha: float) -> _Factor:
         if alpha != self._alpha:
             self._alpha, self._factors = alpha, {}
         key = rows.tobytes()
         if key in self._factors:
             return self._factors[key]
-        chosen = self.features[rows]
-        column_means = np.asarray(chosen.mean(axis=0), float).ravel()
         inner_means = None
         if self.dual:
             system = self._inner[np.ix_(rows, rows)]
             inner_means = system.mean(axis=1)
             system -= inner_means[:, None] + inner_means[None, :] - inner_means.mean()
         else:
+            chosen, column_means = self._rows(rows)
             product = chosen.T @ chosen
             system = np.asarray(product.toarray() if sp.issparse(product) else product, float) - rows.size * np.outer(column_means, column_means)
         system[np.diag_indices_from(system)] += alpha
-        self._factors[key] = _Factor(cho_factor(system, overwrite_a=True), column_means, chosen, inner_means)
+        self._factors[key] = _Factor(cho_factor(system, overwrite_a=True), inner_means)
         return self._factors[key]
 
 
