@@ -60,7 +60,7 @@ if __name__ == "__main__":
 """
 
 
-def test_a_stopped_worker_ends_at_once_leaving_nothing_for_the_resource_tracker(tmp_path):
+def test_a_stopped_worker_hands_over_its_results_and_leaves_nothing_for_the_resource_tracker(tmp_path):
     """The worker skips the interpreter's teardown (3 s with vLLM loaded) but still runs
     multiprocessing's exit handler: a semaphore it made (tqdm's lock, in vLLM) is unlinked, so the
     driver's process ends without the resource tracker's warning of a leak."""
