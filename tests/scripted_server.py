@@ -3,9 +3,10 @@ and batch requests in the same steps, histograms and gauges as vLLM's /metrics s
 a batch client driven as the endpoint engine drives one (scrapes every second, its streams'
 timings every half second, the youngest aborted over a cut). A test fake, never a product path.
 
-A step takes `step_s(n)` for n running requests and gives each one token (the first token of a
-new request comes with the step that admits it, or `online_prefill_steps` later); online requests go first (priority
-scheduling), at most `max_num_seqs` run, the rest wait.
+A step takes `step_s(n)` for n running requests (`prefill_s` more with a prompt's prefill in it)
+and gives each one token (the first token of a new request comes with the step that admits it, or
+`online_prefill_steps` later); online requests go first (priority scheduling), at most
+`max_num_seqs` run, the rest wait.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Scenario:
     online_prefill_steps: int = 1
     batch_tokens: int = 64
     max_num_seqs: int = 256
+    prefill_s: float = 0.0  # what a step holding a prompt's prefill (a request not at its first token yet) takes more
     metrics_until_s: float = math.inf  # the server stops answering /metrics then
 
 
@@ -94,7 +96,8 @@ class ScriptedServer:
             self.running.append(self.waiting.pop(0))
         if not self.running:
             return now_s + 0.05
-        end_s = now_s + self.scenario.step_s(len(self.running))
+        prefilling = any(request.first_s is None for request in self.running)
+        end_s = now_s + self.scenario.step_s(len(self.running)) + (self.scenario.prefill_s if prefilling else 0.0)
         for request in self.running:
             if request.prefill_steps > 1:
                 request.prefill_steps -= 1

@@ -173,6 +173,19 @@ def test_online_requests_longer_than_the_window_never_see_more_than_one_batch_re
     assert max(beside.batch_while_online) <= 1
 
 
+def test_where_the_batchs_prefills_alone_break_the_slo_the_batch_does_not_sit_beside_online_requests():
+    """Online answers of 400 tokens, one every 4 s (3 on the server), on a server whose step takes 20 ms
+    more with a prompt's prefill in it. One batch request (64 tokens, a prefill every 1.5 s) keeps its
+    own gaps at the lone step, but every online stream waits through its prefills: on its gaps alone
+    the guard ran 1 beside them nearly all the time (0.92 of their steps) and their worst window's
+    inter-token p99 was 1.85x alone's. Its times to first token count as their gaps too."""
+    scenario = Scenario(FAST, tuple(0.5 + 4.0 * k for k in range(60)), online_tokens=400, prefill_s=0.02)
+    alone = run(scenario, None, 240.0)
+    beside = run(scenario, LatencyGuard(slo_of(alone, 0.0, 240.0), 64), 240.0)
+    assert sum(beside.batch_while_online) / len(beside.batch_while_online) <= 0.05
+    assert worst_ratio(alone, beside, 30.0, 240.0) <= 1.25
+
+
 def test_a_load_that_saturates_the_server_after_the_batch_started_sees_at_most_one_batch_request():
     """The batch grew in the lull before the online load (to 32); when it comes, the batch returns at
     the first scrape and grows no more while the server fills: the online requests on it rise, and
@@ -180,10 +193,16 @@ def test_a_load_that_saturates_the_server_after_the_batch_started_sees_at_most_o
     (each level judged on a 2 s window, too short to see the rise) to 8 in the ramp, and the steady
     queue's first tokens came later for good (1.13x alone's p99 in a 30 s window, now 1.06x)."""
     alone = run(RAMP_TO_SATURATION, None, 180.0)
-    beside = run(RAMP_TO_SATURATION, LatencyGuard(slo_of(alone, 50.0, 180.0), 64), 180.0)
+    guard = LatencyGuard(slo_of(alone, 50.0, 180.0), 64)
+    beside = run(RAMP_TO_SATURATION, guard, 180.0)
     after_return = [batch for at, batch in zip(beside.online_steps_at, beside.batch_while_online) if at >= 22.0]
     assert max(after_return) <= 1
     assert worst_ratio(alone, beside, 30.0, 180.0) <= 1.1
+    # at 0 through the saturated load: the excess there, the online traffic's own, takes nothing off and is no line of the
+    # log a scrape (there were 140); the reading says why the batch does not grow
+    changes = guard.changes()
+    assert changes[-1].reading.allowed == 0 and changes[-1].at_s < 25.0
+    assert guard.reading(180.0).describe().startswith("in flight <= 0 (not growing: requests waited on the server in two scrapes in a row); ")
 
 
 def test_at_zero_in_flight_a_server_whose_own_step_shows_it_saturated_gets_no_batch_request():
@@ -585,6 +604,26 @@ def test_a_change_reads_as_one_line_with_the_verdict_that_made_it_and_why_it_wai
         "on the server 1 batch, 2.5 online; online p99 TTFT 0.20 s (target 0.51), inter-token 249 ms (target 165)")
     assert GuardChange(0.0, 0, GuardReading(0, None, None, None, None, "server metrics", "measuring baseline"), None, 0, None).describe() == (
         "measuring baseline: in flight <= 0 -> 0; on the server 0 batch, unknown online; online p99 TTFT unknown, inter-token unknown")
+    eased = GuardReading(1, 0.2104, 0.0312, 0.25, 0.04, "server metrics", "guarding", why="online p99 over its growth bound")
+    assert GuardChange(40.0, 2, eased, "ease off", 2, 1.0, held_by=(("online p99 over its growth bound", 12),
+                                                                   ("too few online observations", 3))).describe() == (
+        "guarding: in flight <= 2 -> 1 (ease off); on the server 2 batch, 1 online; online p99 TTFT 0.21 s (target 0.25), inter-token "
+        "31 ms (target 40); held before: online p99 over its growth bound x12, too few online observations x3")
+
+
+def test_a_guarding_reading_says_why_the_last_decision_did_not_grow():
+    """On the light load the batch holds mostly on the online p99 over its growth bound; at the end of the run,
+    the reading and the changes say so."""
+    alone = run(LIGHT, None, 180.0)
+    guard = LatencyGuard(slo_of(alone, 0.0, 180.0), 64)
+    run(LIGHT, guard, 180.0)
+    reasons = {reason for change in guard.changes() for reason, _ in change.held_by}
+    assert "online p99 over its growth bound" in reasons and reasons <= {
+        "online p99 over its growth bound", "too few online observations", "the level too new", "no window of the level yet",
+        "a window at 0 not over yet", "the batch using less than allowed", "online requests on the server rising"}
+    reading = guard.reading(180.0)
+    assert reading.phase in ("guarding", "slow start") and reading.why in reasons
+    assert reading.describe().startswith(f"in flight <= {reading.allowed} (not growing: {reading.why}); online p99 TTFT ")
 
 
 def test_the_guard_keeps_each_change_of_its_phase_or_allowance_until_taken():

@@ -58,7 +58,7 @@ def test_timed_values_keep_the_order_of_their_moments_and_a_stretch_is_open_belo
         values.add(at_s, value)
     assert values.between(1.0, 3.0) == [20.0, 21.0, 30.0]  # (1, 3]; the two at 2 s in the order they came
     assert values.between(0.0, 0.5) == [] and values.between(4.0, 2.0) == []
-    assert list(values.items_after(2.0)) == [(3.0, 30.0), (5.0, 50.0)]
+    assert values.within([(1.5, 2.0, 1.0), (4.0, 6.0, 2.0)]) == [(20.0, 1.0), (21.0, 1.0), (50.0, 2.0)]
     values.forget_before(2.0)  # those seen at 2 s stay
     assert len(values) == 4 and values.between(-math.inf, math.inf) == [20.0, 21.0, 30.0, 50.0]
 
@@ -69,6 +69,15 @@ def test_own_gaps_within_stretches_are_those_seen_inside_any_of_them_with_the_st
     found = own.gaps_within([(0.0, 2.0, 1.0), (4.0, 5.0, 3.0), (8.5, 20.0, 0.5)])
     assert found == [(1.0, 1.0), (1.0, 1.0), (1.0, 3.0), (1.0, 0.5), (1.0, 0.5)]  # at 1, 2, 5, 9 and 10
     assert own.gaps_within([(2.0, 3.0, 1.0)]) == [(1.0, 1.0)] and own.gaps_within([]) == []
+
+
+def test_what_a_stream_beside_the_batch_waits_through_is_its_gaps_and_each_of_its_times_to_first_token():
+    """A batch stream never waits through its own prompt's prefill; every other stream does."""
+    own = OwnTimings()
+    own.add(3.0, 0.4, [1.0, 1.0])  # first token at 1 (0.4 s after it was sent), gaps ended at 2 and 3
+    own.add(6.0, 0.2, [])  # another request's first token at 6
+    assert own.gaps_within([(0.0, 10.0, 2.0)]) == [(1.0, 2.0), (1.0, 2.0)]
+    assert sorted(own.waits_within([(0.0, 2.5, 2.0), (5.0, 7.0, 1.0)])) == [(0.2, 1.0), (0.4, 2.0), (1.0, 2.0)]
 
 
 def test_a_weighted_p99_is_where_99_percent_of_the_weight_lies():

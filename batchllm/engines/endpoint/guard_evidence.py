@@ -128,17 +128,32 @@ def judge(evidence: WindowEvidence, targets: GuardTargets, policy: GuardPolicy) 
         return Verdict.HOLD
     if excess(evidence, targets, policy, ease=True) is not None:
         return Verdict.EASE
+    return Verdict.HOLD if no_room(evidence, targets, policy) else Verdict.GROW
+
+
+def no_room(evidence: WindowEvidence, targets: GuardTargets, policy: GuardPolicy) -> str | None:
+    """Why the evidence shows no room to grow, in words (the same words each time: a guard's log counts
+    them); None: it shows room (a lull, or enough online observations under the growth bounds, nothing
+    waiting, the load steady, KV not nearly full). Not judged on a cut or an ease-off: see `excess`."""
     kv, latency, t = evidence.kv_usage, evidence.latency, targets
-    if (evidence.waiting or 0) > 0 or evidence.online_queued or evidence.online_rising or (kv is not None and kv > policy.kv_usage_grow):
-        return Verdict.HOLD
+    if (evidence.waiting or 0) > 0:
+        return "requests waiting on the server"
+    if evidence.online_queued:
+        return "online requests queued in the window"
+    if evidence.online_rising:
+        return "online requests on the server rising"
+    if kv is not None and kv > policy.kv_usage_grow:
+        return "KV cache nearly full"
     if evidence.idle(policy):
-        return Verdict.GROW
-    enough = ((t.ttft_target_s is None or latency.ttft_count >= policy.min_observations)
-              and (t.itl_target_s is None or latency.itl_count >= policy.min_observations))
-    silent_s = evidence.silent_s if evidence.online_seen else None
-    if enough and t.lets_grow(latency) and not _above(silent_s, t.itl_grow_under_s):
-        return Verdict.GROW
-    return Verdict.HOLD
+        return None
+    if not ((t.ttft_target_s is None or latency.ttft_count >= policy.min_observations)
+            and (t.itl_target_s is None or latency.itl_count >= policy.min_observations)):
+        return "too few online observations"
+    if not t.lets_grow(latency):
+        return "online p99 over its growth bound"
+    if evidence.online_seen and _above(evidence.silent_s, t.itl_grow_under_s):
+        return "a batch stream silent over the inter-token growth bound"
+    return None
 
 
 def load_eased(before: WindowEvidence, after: WindowEvidence, sigmas: float) -> bool:
@@ -304,9 +319,12 @@ class ServerHistory:
 
     def _online(self, start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings, silent_s: float) -> tuple[WindowLatency, bool, bool]:
         """The online p99s of the window and whether online requests were there. TTFT: the server's
-        minus the batch's own (one each per request). Inter-token: the batch's own gaps in the
-        stretches between snapshots that showed online requests, when there are `own_gaps_min` of
-        them: they decode in the same steps as the online ones, so they wait the same gaps, where
+        minus the batch's own (one each per request). Inter-token: the batch's own gaps and times to
+        first token (`OwnTimings.waits_within`) in the stretches between snapshots that showed online
+        requests, when there are `own_gaps_min` of them: they decode in the same steps as the online
+        ones, so they wait the same gaps, and the online ones also wait through the batch's prefills
+        (one try at 1 read 42-43 ms on its gaps alone against a 45.6 ms target while the online
+        clients saw 49 ms: coserve (c), AVX-512 host, 2026-11-29), where
         vLLM's histogram has one bucket from 100 to 150 ms, often around a target. Each gap weighs
         the online requests per batch request in its stretch: a step is one gap to each request in
         it, and a burst of online work gives the online traffic many gaps where the batch's few
@@ -323,7 +341,7 @@ class ServerHistory:
         beside = [(before_s, after_s, (others_before + others_after) / 2 / max(1.0, (batch_before + batch_after) / 2))
                   for (before_s, others_before, batch_before), (after_s, others_after, batch_after) in zip(shown, shown[1:])
                   if others_before > 0 or others_after > 0]
-        gaps = own.gaps_within(beside)
+        gaps = own.waits_within(beside)
         if len(gaps) >= self.policy.own_gaps_min:
             silence = [(silent_s, beside[-1][2])] if silent_s > 0 else []  # gaps came from stretches: there is a newest
             p99_s = weighted_p99(gaps + silence)

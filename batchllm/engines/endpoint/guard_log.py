@@ -3,7 +3,9 @@ then, in the run folder beside the engines' own logs (`<out>/.batchllm/logs/engi
 so that why the batch ran as it did beside a server's online traffic can be read after the run.
 
     2026-11-29 09:23:41.2 UTC  slow start: in flight <= 1 -> 2 (grow); on the server 1 batch, 0 online;
-    online p99 TTFT 0.25 s (target 0.49), inter-token 82 ms (target 148)
+    online p99 TTFT 0.25 s (target 0.49), inter-token 82 ms (target 148); held before: too few online observations x3
+
+(one line each; "held before": why the decisions since the line before held the level, and how many did).
 """
 
 from __future__ import annotations

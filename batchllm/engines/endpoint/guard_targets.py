@@ -30,7 +30,7 @@ class GuardReading:
     itl_target_s: float | None
     basis: str  # "server metrics" or "own requests"
     phase: str  # a GuardPhase's value: "measuring baseline", "waiting", "held back", "slow start", "guarding", "draining a cut"
-    why: str | None = None  # waiting or held back: why the batch waits
+    why: str | None = None  # waiting or held back: why the batch waits; guarding: why it did not grow at the last decision
 
     def describe(self) -> str:
         """`in flight <= 12; online p99 TTFT 0.21 s (target 0.25), inter-token 31 ms (target 40)`, the
@@ -40,7 +40,9 @@ class GuardReading:
             return f"waiting ({self.why}; 1 in flight only in a quiet stretch without online requests); {text}"
         if self.phase == "held back":
             return f"held back ({self.why}; none in flight until a lull, a lighter load or a try beside them); {text}"
-        return text if self.phase in ("guarding", "slow start") else f"{self.phase}; {text}"
+        if self.phase in ("guarding", "slow start"):
+            return text if self.why is None else f"in flight <= {self.allowed} (not growing: {self.why}); {self.latencies()}"
+        return f"{self.phase}; {text}"
 
     def latencies(self) -> str:
         """`online p99 TTFT 0.21 s (target 0.25), inter-token 31 ms (target 40)`."""
@@ -66,16 +68,21 @@ class GuardChange:
     verdict: str | None  # the verdict that made it (a Verdict's value); None: a phase's own rule (baseline, waiting, held back, draining)
     in_flight: int  # the batch's requests on the server then
     online_on_server: float | None  # requests on the server that were not the batch's, in the newest scrape (None: no fresh scrape)
+    held_by: tuple[tuple[str, int], ...] = ()  # why the decisions since the change before held the level, with how many did, most first
 
     def describe(self) -> str:
         """`slow start: in flight <= 1 -> 2 (grow); on the server 1 batch, 0 online; online p99 TTFT 0.21 s
-        (target 0.25), inter-token 31 ms (target 40)`, why it waits after the phase where it does."""
+        (target 0.25), inter-token 31 ms (target 40)`, why it waits after the phase where it does, and
+        why the decisions since the change before held the level, with how many did (`; held before:
+        online requests on the server rising x12, too few online observations x3`)."""
         r = self.reading
         because = f" ({self.verdict})" if self.verdict else ""
         why = f" ({r.why})" if r.why and r.phase in ("waiting", "held back") else ""
         online = "unknown" if self.online_on_server is None else f"{self.online_on_server:g}"
+        held = ", ".join(f"{reason} x{count}" for reason, count in self.held_by)
+        held = f"; held before: {held}" if held else ""
         return (f"{r.phase}{why}: in flight <= {self.allowed_before} -> {r.allowed}{because}; on the server {self.in_flight} batch, "
-                f"{online} online; {r.latencies()}")
+                f"{online} online; {r.latencies()}{held}")
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,11 @@ Phases (`GuardPhase`; the rules and their numbers in `guard_policy.py`):
   was judged beside. At 0: 1 again once a whole window at 0 gave positive evidence of room, as
   any growth.
 - DRAINING, after a cut or a return: no decision until the batch's in-flight count is down to
-  the new allowance (or a window passed); then STEADY, the new level judged on itself.
+  the new allowance (or a window passed); then STEADY, the new level judged on itself. A cut with
+  nothing to take off (at 0, the online traffic's own excess) drains nothing: STEADY at 0 again,
+  judged afresh.
+A guarding decision that holds the level says why (`_why_not_grow`, `guard_evidence.no_room`): the
+reading shows the last reason, each change of the log counts those since the change before.
 When server metrics that were there stop, the guard grows no more and still cuts on the
 batch's own timings.
 
@@ -51,17 +55,28 @@ youngest over a cut or an ease-off (the endpoint engine sends them again once al
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 
 from batchllm.core.latency_slo import LatencySlo
-from batchllm.engines.endpoint.guard_evidence import ServerHistory, WindowEvidence, excess, judge, load_eased, own_evidence
+from batchllm.engines.endpoint.guard_evidence import (
+    ServerHistory,
+    WindowEvidence,
+    excess,
+    judge,
+    load_eased,
+    no_room,
+    own_evidence,
+)
 from batchllm.engines.endpoint.guard_policy import GUARDING_PHASES, TRANSITIONS, GuardPhase, GuardPolicy, Levels, Verdict
 from batchllm.engines.endpoint.guard_targets import OWN_REQUESTS, SERVER_METRICS, GuardChange, GuardReading, GuardTargets
 from batchllm.engines.endpoint.latency_window import OwnTimings, WindowLatency, own_latency
 from batchllm.engines.endpoint.server_metrics import MetricsSnapshot
 
 CHANGES_KEPT = 1000  # changes a caller that never takes them leaves in memory
+WAITING_PHASES = (GuardPhase.WAITING, GuardPhase.HELD)  # phases whose reading says why the batch waits; the guarding ones say why they
+# do not grow
+HELD_BY_SHOWN = 3  # the reasons a change's log line gives for the holds since the change before it, most frequent first
 
 
 class LatencyGuard:
@@ -96,6 +111,8 @@ class LatencyGuard:
         self._held_beside: WindowEvidence | None = None  # the window whose online load one batch request was too many beside
         self._fastest_pace_s = math.inf  # the server's quickest step the batch's streams saw in a window
         self._verdict: Verdict | None = None  # the verdict of this step's decision, if it made one
+        self._not_growing: str | None = None  # guarding: why the last decision did not grow (None: it did, or it cut)
+        self._held_by: Counter[str] = Counter()  # why each decision since the last change held the level
         self._changes: deque[GuardChange] = deque(maxlen=CHANGES_KEPT)  # not yet taken by `changes`
 
     # -- what the caller tells and asks
@@ -150,7 +167,7 @@ class LatencyGuard:
                             online_itl_p99_s=None if latency is None else latency.itl_p99_s,
                             ttft_target_s=None if targets is None else targets.ttft_target_s,
                             itl_target_s=None if targets is None else targets.itl_target_s, basis=basis,
-                            phase=self.phase.value, why=self._why_waiting)
+                            phase=self.phase.value, why=self._why_waiting if self.phase in WAITING_PHASES else self._not_growing)
 
     # -- the state machine
 
@@ -159,7 +176,9 @@ class LatencyGuard:
         self._take_step(now_s)
         if (self.phase, self._allowed) != before:
             self._changes.append(GuardChange(now_s, before[1], self._reading(now_s), None if self._verdict is None else self._verdict.value,
-                                             self._in_flight, self._history.others_now(now_s, self._own)))
+                                             self._in_flight, self._history.others_now(now_s, self._own),
+                                             held_by=tuple(self._held_by.most_common(HELD_BY_SHOWN))))
+            self._held_by.clear()
 
     def _take_step(self, now_s: float) -> None:
         if self.phase is GuardPhase.BASELINE:
@@ -303,17 +322,23 @@ class LatencyGuard:
         if level is not None and level.pace_s is not None:
             self._fastest_pace_s = min(self._fastest_pace_s, level.pace_s)
         online_now = (self._history.others_now(now_s, self._own) or 0) > 0
-        verdict = judge(since_cut, self._targets, self.policy)
+        verdict, held_by = judge(since_cut, self._targets, self.policy), None
         if verdict is not Verdict.CUT and online_now and self._allowed > self._beside_online:
             verdict = Verdict.RETURN  # a level grown in a lull: back to the one judged beside them, surge or not
         elif verdict is Verdict.SURGE and self._allowed == 0:
-            verdict = Verdict.HOLD  # nothing to take off
+            verdict, held_by = Verdict.HOLD, "online requests surging"  # nothing to take off
         elif verdict not in (Verdict.CUT, Verdict.SURGE):
             verdict = Verdict.HOLD if level is None else judge(level, self._targets, self.policy)
-            if verdict is Verdict.GROW and not (self._may_grow(level) and (self._allowed > 0 or self._may_probe(now_s))):
+            if verdict is Verdict.GROW and (held_by := self._why_not_grow(level, now_s)):
                 verdict = Verdict.HOLD
+            elif verdict is Verdict.HOLD:
+                held_by = "no window of the level yet" if level is None else no_room(level, self._targets, self.policy) or "the level too new"
+        if verdict is Verdict.CUT and self._allowed == 0:
+            held_by = excess(since_cut, self._targets, self.policy)  # the online traffic's own, or the server's
         phase, change = TRANSITIONS[(self.phase, verdict)]
-        self._verdict = verdict
+        self._verdict, self._not_growing = verdict, held_by
+        if self._not_growing is not None:
+            self._held_by[self._not_growing] += 1
         allowed = min(self.max_in_flight, change(Levels(self._allowed, self._beside_online), self.policy))
         if verdict is Verdict.CUT and online_now:
             allowed = min(allowed, self._beside_online)  # a level grown in a lull is no level to halve beside them
@@ -336,9 +361,13 @@ class LatencyGuard:
             self._beside_online = allowed
             if beside and self._allowed >= 2:  # 2 judged harmless beside them: no backoff left to double
                 self._holds_in_a_row = 0
-        if phase is GuardPhase.DRAINING:
-            if since_cut.queue_held:
-                self._capacity_running = since_cut.running
+        if phase is GuardPhase.DRAINING and since_cut.queue_held:
+            self._capacity_running = since_cut.running
+        if phase is GuardPhase.DRAINING and allowed == self._allowed == self._in_flight == 0:
+            # nothing to drain: judged afresh from here, as after a drain (no log line a scrape while it lasts)
+            self.phase, self._cut_settled_s = GuardPhase.STEADY, now_s
+            self._set_level(0, now_s)
+        elif phase is GuardPhase.DRAINING:
             self._allowed, self._draining_since_s = allowed, now_s
         elif allowed != self._allowed:
             self._set_level(allowed, now_s)
@@ -356,20 +385,26 @@ class LatencyGuard:
             return None
         return excess(level, self._targets, self.policy, sure=self._holds_in_a_row == 0)
 
-    def _may_grow(self, level: WindowEvidence | None) -> bool:
-        """Growth also needs: metrics still there if they ever were, beside online requests a server not
-        saturated (its step under `saturated_pace` x the fastest seen), the batch using all it was allowed
-        during the level, room under `max_in_flight`, and one more leaving 10 % of the server's capacity
-        (as last seen full, at least 1) free."""
-        if level is None or self._blind(level):
-            return False
+    def _why_not_grow(self, level: WindowEvidence | None, now_s: float) -> str | None:
+        """Why the batch may not grow on evidence of room (in words, the same each time; None: it may).
+        Growth also needs: metrics still there if they ever were, beside online requests a server not
+        saturated (its step under `saturated_pace` x the fastest seen), the batch using all it was
+        allowed during the level, one more leaving 10 % of the server's
+        capacity (as last seen full, at least 1) free, and from 0 a whole window at 0 (`_may_probe`)."""
+        if level is None:
+            return "no window of the level yet"
+        if self._blind(level):
+            return "the server's metrics gone"
         if level.online_seen and self._saturated(level):
-            return False  # beside online requests, the server's step is evidence too
-        if self._peak_in_flight < self._allowed or self._allowed >= self.max_in_flight:
-            return False
-        if self._capacity_running is None or level.running is None:
-            return True
-        return level.running + 1 <= self._capacity_running - max(1, math.ceil(0.1 * self._capacity_running))
+            return "the server's step over saturated_pace x the fastest seen"  # beside online requests, the step is evidence too
+        if self._peak_in_flight < self._allowed:
+            return "the batch using less than allowed"
+        if self._capacity_running is not None and level.running is not None and (
+                level.running + 1 > self._capacity_running - max(1, math.ceil(0.1 * self._capacity_running))):
+            return "near the server's capacity as last seen full"
+        if self._allowed == 0 and not self._may_probe(now_s):
+            return "a window at 0 not over yet"
+        return None
 
     def _saturated(self, level: WindowEvidence) -> bool:
         """The server's step over `saturated_pace` x the fastest the batch's streams saw: read from their

@@ -15,7 +15,7 @@ the same clock as the snapshots' `at_s`.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
@@ -86,10 +86,22 @@ class TimedValues:
         """The values seen in (after_s, until_s]."""
         return self._values[bisect.bisect_right(self._at_s, after_s):bisect.bisect_right(self._at_s, until_s)]
 
-    def items_after(self, after_s: float) -> Iterator[tuple[float, float]]:
-        """(seen at_s, value) of those seen after `after_s`, in order."""
-        for i in range(bisect.bisect_right(self._at_s, after_s), len(self._at_s)):
-            yield self._at_s[i], self._values[i]
+    def within(self, stretches: Sequence[tuple[float, float, float]]) -> list[tuple[float, float]]:
+        """The values seen inside any of the stretches (after_s, until_s, weight], given in order of time
+        and not overlapping, each with its stretch's weight: one pass from the first stretch on."""
+        found: list[tuple[float, float]] = []
+        if not stretches:
+            return found
+        stretch = iter(stretches)
+        current = next(stretch, None)
+        for i in range(bisect.bisect_right(self._at_s, stretches[0][0]), len(self._at_s)):
+            while current is not None and self._at_s[i] > current[1]:
+                current = next(stretch, None)
+            if current is None:
+                break
+            if self._at_s[i] > current[0]:
+                found.append((self._values[i], current[2]))
+        return found
 
     def forget_before(self, at_s: float) -> None:
         i = bisect.bisect_left(self._at_s, at_s)
@@ -129,21 +141,17 @@ class OwnTimings:
         return self._gaps.between(after_s, until_s)
 
     def gaps_within(self, stretches: Sequence[tuple[float, float, float]]) -> list[tuple[float, float]]:
-        """The gaps seen inside any of the stretches (after_s, until_s, weight], given in order of time
-        and not overlapping, each with its stretch's weight: one pass over the gaps from the first stretch on."""
-        found: list[tuple[float, float]] = []
-        if not stretches:
-            return found
-        stretch = iter(stretches)
-        current = next(stretch, None)
-        for at_s, value in self._gaps.items_after(stretches[0][0]):
-            while current is not None and at_s > current[1]:
-                current = next(stretch, None)
-            if current is None:
-                break
-            if at_s > current[0]:
-                found.append((value, current[2]))
-        return found
+        """The token gaps seen inside any of the stretches (after_s, until_s, weight] (in order of time, not
+        overlapping), each with its stretch's weight."""
+        return self._gaps.within(stretches)
+
+    def waits_within(self, stretches: Sequence[tuple[float, float, float]]) -> list[tuple[float, float]]:
+        """What a stream decoding beside the batch waited through inside the stretches, as the batch saw
+        it, each with its stretch's weight: the batch's token gaps (the same steps), and each of its
+        times to first token. A stream never waits through its own prompt's prefill, and every other
+        decoding stream does: the step holding it is a gap of theirs, at most the time to first token
+        (the rest of the step the prompt came in, then that step), and counted as that long."""
+        return self._gaps.within(stretches) + self._ttfts.within(stretches)
 
     def forget_before(self, at_s: float) -> None:
         self._ttfts.forget_before(at_s)
