@@ -54,6 +54,7 @@ class Scenario:
     batch_tokens: int = 64
     max_num_seqs: int = 256
     prefill_s: float = 0.0  # what a step holding a prompt's prefill (a request not at its first token yet) takes more
+    client_s: float = 0.0  # what the batch's client sees more in each time to first token (HTTP, tokenizing): no step's
     metrics_until_s: float = math.inf  # the server stops answering /metrics then
 
 
@@ -143,14 +144,14 @@ def run(scenario: Scenario, guard: LatencyGuard | None, duration_s: float) -> Tr
         if guard is None:
             continue
         for request in [r for r in batch if not r.ttft_reported and r.first_s is not None]:
-            _report(guard, request, now_s)  # a first token is told at once, as the endpoint engine does
+            _report(guard, request, now_s, scenario.client_s)  # a first token is told at once, as the endpoint engine does
         for request in [r for r in batch if r.done]:
-            _report(guard, request, now_s)
+            _report(guard, request, now_s, scenario.client_s)
             batch.remove(request)
             trace.batch_tokens += request.tokens
         if now_s >= next_report_s:
             for request in batch:
-                _report(guard, request, now_s)
+                _report(guard, request, now_s, scenario.client_s)
             next_report_s = now_s + OWN_TIMINGS_S
         if now_s >= next_scrape_s:
             if now_s < scenario.metrics_until_s:
@@ -166,11 +167,12 @@ def run(scenario: Scenario, guard: LatencyGuard | None, duration_s: float) -> Tr
     return trace
 
 
-def _report(guard: LatencyGuard, request: Request, now_s: float) -> None:
-    """What the batch's stream saw since its last report: its first token, and the gaps since."""
+def _report(guard: LatencyGuard, request: Request, now_s: float, client_s: float) -> None:
+    """What the batch's stream saw since its last report: its first token (`client_s` later than the
+    server made it), and the gaps since."""
     if request.first_s is None:
         return
-    ttft_s = None if request.ttft_reported else request.first_s - request.sent_s
+    ttft_s = None if request.ttft_reported else request.first_s - request.sent_s + client_s
     gaps = [gap for _, gap in request.gaps_s[request.reported_gaps:]]
     if ttft_s is None and not gaps:
         return

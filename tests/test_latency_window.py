@@ -13,7 +13,15 @@ from batchllm.core.latency_slo import LatencySlo
 from batchllm.engines.endpoint.guard_evidence import ServerHistory
 from batchllm.engines.endpoint.guard_policy import GuardPolicy
 from batchllm.engines.endpoint.guard_targets import GuardTargets
-from batchllm.engines.endpoint.latency_window import OwnTimings, TimedValues, WindowLatency, online_latency, p99_of, weighted_p99
+from batchllm.engines.endpoint.latency_window import (
+    OwnTimings,
+    TimedValues,
+    WindowLatency,
+    online_latency,
+    online_longest_gap_at_most,
+    p99_of,
+    weighted_p99,
+)
 from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
 
 TTFT_BOUNDS = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, math.inf)
@@ -71,13 +79,21 @@ def test_own_gaps_within_stretches_are_those_seen_inside_any_of_them_with_the_st
     assert own.gaps_within([(2.0, 3.0, 1.0)]) == [(1.0, 1.0)] and own.gaps_within([]) == []
 
 
-def test_what_a_stream_beside_the_batch_waits_through_is_its_gaps_and_each_of_its_times_to_first_token():
-    """A batch stream never waits through its own prompt's prefill; every other stream does."""
+def test_the_longest_online_gap_is_at_most_the_top_of_the_bucket_of_the_longest_gap_not_the_batchs():
+    """Between two scrapes the server counted gaps of 20, 30 and 60 ms, the batch's own 20 and 30 ms
+    among them: the longest online gap is at most 100 ms, the top of the bucket 60 ms lies in."""
+    def scraped(at_s: float, itl_counts: list[float] | None) -> MetricsSnapshot:
+        itl = None if itl_counts is None else Histogram.from_bucket_counts(ITL_BOUNDS, itl_counts)
+        return MetricsSnapshot(at_s=at_s, server_kind="vllm", running=2.0, waiting=0.0, kv_usage=0.3, preemptions=0.0,
+                               generation_tokens=None, ttft=None, itl=itl)
+
+    start, end = scraped(0.0, [0.0] * len(ITL_BOUNDS)), scraped(2.0, [0, 1, 1, 0, 0, 1, 0, 0])
     own = OwnTimings()
-    own.add(3.0, 0.4, [1.0, 1.0])  # first token at 1 (0.4 s after it was sent), gaps ended at 2 and 3
-    own.add(6.0, 0.2, [])  # another request's first token at 6
-    assert own.gaps_within([(0.0, 10.0, 2.0)]) == [(1.0, 2.0), (1.0, 2.0)]
-    assert sorted(own.waits_within([(0.0, 2.5, 2.0), (5.0, 7.0, 1.0)])) == [(0.2, 1.0), (0.4, 2.0), (1.0, 2.0)]
+    own.add(1.5, None, [0.02, 0.03])
+    assert online_longest_gap_at_most(start, end, own) == 0.1
+    own.add(1.9, None, [0.06])  # the 60 ms gap was the batch's too: no online gap left
+    assert online_longest_gap_at_most(start, end, own) is None
+    assert online_longest_gap_at_most(scraped(0.0, None), end, own) is None
 
 
 def test_a_weighted_p99_is_where_99_percent_of_the_weight_lies():

@@ -173,6 +173,19 @@ def test_quantile_interpolates_inside_the_bucket_like_prometheus():
     assert histogram.quantile(0.99) == pytest.approx(0.1 + 0.4 * 9.8 / 10)
 
 
+def test_a_centred_quantile_spreads_its_buckets_observations_evenly_through_it():
+    """Five first tokens, the largest alone in (0.1, 0.5]: Prometheus' p99 is 95 % of the way up the
+    bucket whatever that token's time; spread evenly, one observation sits at the bucket's middle."""
+    few = Histogram(BOUNDS, (4, 5, 5, 5))
+    assert few.quantile(0.99) == pytest.approx(0.1 + 0.4 * 0.95)
+    assert few.quantile_centred(0.99) == pytest.approx(0.3)
+    many = Histogram(BOUNDS, (10, 20, 20, 20))  # rank 19.8: the 10th of 10 in (0.1, 0.5], at 9.5/10 of the way up
+    assert many.quantile_centred(0.99) == pytest.approx(0.1 + 0.4 * 0.95)
+    assert many.quantile_centred(0.5) == pytest.approx(0.095)  # the 10th of 10 in the first bucket, which starts at 0
+    assert Histogram(BOUNDS, (0, 0, 98, 100)).quantile_centred(0.99) == 1.0
+    assert Histogram(BOUNDS, (0, 0, 0, 0)).quantile_centred(0.99) is None
+
+
 def test_quantile_in_the_inf_bucket_is_the_last_finite_bound_and_none_when_empty():
     assert Histogram(BOUNDS, (0, 0, 98, 100)).quantile(0.99) == 1.0
     assert Histogram(BOUNDS, (0, 0, 0, 0)).quantile(0.99) is None

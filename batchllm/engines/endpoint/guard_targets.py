@@ -69,14 +69,18 @@ class GuardChange:
     in_flight: int  # the batch's requests on the server then
     online_on_server: float | None  # requests on the server that were not the batch's, in the newest scrape (None: no fresh scrape)
     held_by: tuple[tuple[str, int], ...] = ()  # why the decisions since the change before held the level, with how many did, most first
+    because: str | None = None  # what in the evidence gave the verdict (a cut's excess, ...), in words
 
     def describe(self) -> str:
         """`slow start: in flight <= 1 -> 2 (grow); on the server 1 batch, 0 online; online p99 TTFT 0.21 s
-        (target 0.25), inter-token 31 ms (target 40)`, why it waits after the phase where it does, and
+        (target 0.25), inter-token 31 ms (target 40)`, what gave the verdict after it where it says (`(cut:
+        online p99 TTFT 0.31 s over its target 0.25 s)`), why it waits after the phase where it does, and
         why the decisions since the change before held the level, with how many did (`; held before:
         online requests on the server rising x12, too few online observations x3`)."""
         r = self.reading
-        because = f" ({self.verdict})" if self.verdict else ""
+        because = ""
+        if self.verdict:
+            because = f" ({self.verdict}: {self.because})" if self.because else f" ({self.verdict})"
         why = f" ({r.why})" if r.why and r.phase in ("waiting", "held back") else ""
         online = "unknown" if self.online_on_server is None else f"{self.online_on_server:g}"
         held = ", ".join(f"{reason} x{count}" for reason, count in self.held_by)

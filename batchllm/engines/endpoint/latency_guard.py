@@ -111,6 +111,7 @@ class LatencyGuard:
         self._held_beside: WindowEvidence | None = None  # the window whose online load one batch request was too many beside
         self._fastest_pace_s = math.inf  # the server's quickest step the batch's streams saw in a window
         self._verdict: Verdict | None = None  # the verdict of this step's decision, if it made one
+        self._because: str | None = None  # what in the evidence gave that verdict, for a cut, an ease-off, a surge or a return
         self._not_growing: str | None = None  # guarding: why the last decision did not grow (None: it did, or it cut)
         self._held_by: Counter[str] = Counter()  # why each decision since the last change held the level
         self._changes: deque[GuardChange] = deque(maxlen=CHANGES_KEPT)  # not yet taken by `changes`
@@ -172,12 +173,12 @@ class LatencyGuard:
     # -- the state machine
 
     def _step(self, now_s: float) -> None:
-        before, self._verdict = (self.phase, self._allowed), None
+        before, self._verdict, self._because = (self.phase, self._allowed), None, None
         self._take_step(now_s)
         if (self.phase, self._allowed) != before:
             self._changes.append(GuardChange(now_s, before[1], self._reading(now_s), None if self._verdict is None else self._verdict.value,
                                              self._in_flight, self._history.others_now(now_s, self._own),
-                                             held_by=tuple(self._held_by.most_common(HELD_BY_SHOWN))))
+                                             held_by=tuple(self._held_by.most_common(HELD_BY_SHOWN)), because=self._because))
             self._held_by.clear()
 
     def _take_step(self, now_s: float) -> None:
@@ -337,6 +338,7 @@ class LatencyGuard:
             held_by = excess(since_cut, self._targets, self.policy)  # the online traffic's own, or the server's
         phase, change = TRANSITIONS[(self.phase, verdict)]
         self._verdict, self._not_growing = verdict, held_by
+        self._because = _because(verdict, since_cut, level, self._targets, self.policy)
         if self._not_growing is not None:
             self._held_by[self._not_growing] += 1
         allowed = min(self.max_in_flight, change(Levels(self._allowed, self._beside_online), self.policy))
@@ -447,6 +449,20 @@ class LatencyGuard:
         if self._history.fresh(now_s) is not None:
             return self._history.evidence(now_s, since_s, self._own, self._silent_s)
         return own_evidence(self._own, now_s, since_s, self.policy.window_s, self._silent_s)
+
+
+def _because(verdict: Verdict, since_cut: WindowEvidence, level: WindowEvidence | None, targets: GuardTargets,
+             policy: GuardPolicy) -> str | None:
+    """What in the evidence gave a cut, an ease-off (the level's), a surge or a return, in words; None for the others."""
+    if verdict is Verdict.CUT:
+        return excess(since_cut, targets, policy) or (None if level is None else excess(level, targets, policy))
+    if verdict is Verdict.EASE and level is not None:
+        return excess(level, targets, policy, ease=True)
+    if verdict is Verdict.SURGE:
+        return "online requests on the server jumped beyond their noise"
+    if verdict is Verdict.RETURN:
+        return "online requests back after a lull the batch grew in"
+    return None
 
 
 def _at_least(latency: WindowLatency) -> float | None:

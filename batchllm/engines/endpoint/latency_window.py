@@ -60,6 +60,9 @@ class WindowLatency:
     itl_count: float
     ttft_p99_bucket_s: tuple[float, float] | None
     itl_p99_bucket_s: tuple[float, float] | None
+    # from a histogram, the first-token p99 with its bucket's observations spread evenly through it
+    # (`Histogram.quantile_centred`); None: as `ttft_p99_s` (exact values)
+    ttft_p99_centred_s: float | None = None
 
 
 class TimedValues:
@@ -145,14 +148,6 @@ class OwnTimings:
         overlapping), each with its stretch's weight."""
         return self._gaps.within(stretches)
 
-    def waits_within(self, stretches: Sequence[tuple[float, float, float]]) -> list[tuple[float, float]]:
-        """What a stream decoding beside the batch waited through inside the stretches, as the batch saw
-        it, each with its stretch's weight: the batch's token gaps (the same steps), and each of its
-        times to first token. A stream never waits through its own prompt's prefill, and every other
-        decoding stream does: the step holding it is a gap of theirs, at most the time to first token
-        (the rest of the step the prompt came in, then that step), and counted as that long."""
-        return self._gaps.within(stretches) + self._ttfts.within(stretches)
-
     def forget_before(self, at_s: float) -> None:
         self._ttfts.forget_before(at_s)
         self._gaps.forget_before(at_s)
@@ -168,7 +163,8 @@ def _latency(ttft: Histogram | None, itl: Histogram | None) -> WindowLatency:
     return WindowLatency(ttft_p99_s=None if ttft is None else ttft.quantile(P99), itl_p99_s=None if itl is None else itl.quantile(P99),
                          ttft_count=0.0 if ttft is None else ttft.count, itl_count=0.0 if itl is None else itl.count,
                          ttft_p99_bucket_s=None if ttft is None else ttft.quantile_bucket(P99),
-                         itl_p99_bucket_s=None if itl is None else itl.quantile_bucket(P99))
+                         itl_p99_bucket_s=None if itl is None else itl.quantile_bucket(P99),
+                         ttft_p99_centred_s=None if ttft is None else ttft.quantile_centred(P99))
 
 
 def server_latency(start: MetricsSnapshot, end: MetricsSnapshot, more_gaps_s: Sequence[float] = ()) -> WindowLatency:
@@ -184,6 +180,17 @@ def server_median_gap_at_least(start: MetricsSnapshot, end: MetricsSnapshot, min
     itl = _delta(end.itl, start.itl)
     bucket = itl.quantile_bucket(0.5) if itl is not None and itl.count >= min_gaps else None
     return None if bucket is None else bucket[0]
+
+
+def online_longest_gap_at_most(start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings) -> float | None:
+    """The upper bound of the bucket the longest token gap between two snapshots that was not the
+    batch's lies in (the server's histogram less the batch's own gaps, which never hides a slow one):
+    no gap of the online streams there was longer; None without a histogram or with no such gap."""
+    itl = _delta(end.itl, start.itl)
+    if itl is None:
+        return None
+    bucket = itl.minus_samples(own.gaps_s(start.at_s, end.at_s)).quantile_bucket(1.0)
+    return None if bucket is None else bucket[1]
 
 
 def online_latency(start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings) -> WindowLatency:
