@@ -96,6 +96,24 @@ def test_the_longest_online_gap_is_at_most_the_top_of_the_bucket_of_the_longest_
     assert online_longest_gap_at_most(scraped(0.0, None), end, own) is None
 
 
+def test_the_longest_online_gap_of_a_step_the_batch_did_not_see_leaves_out_the_gaps_of_the_steps_it_saw():
+    """An online prompt's prefill made a step of 60 ms, a gap to the batch's stream and to one online stream;
+    the batch's own prefill made one of 40 ms, a gap to the online stream only. Taken out once, the batch's
+    60 ms leaves the online one: the bound is 100 ms. Taken out twice (its gap and the online one of the
+    same step), the 40 ms is the longest left."""
+    def scraped(at_s: float, itl_counts: list[float]) -> MetricsSnapshot:
+        return MetricsSnapshot(at_s=at_s, server_kind="vllm", running=2.0, waiting=0.0, kv_usage=0.3, preemptions=0.0,
+                               generation_tokens=None, ttft=None, itl=Histogram.from_bucket_counts(ITL_BOUNDS, itl_counts))
+
+    start, end = scraped(0.0, [0.0] * len(ITL_BOUNDS)), scraped(2.0, [0, 0, 0, 1, 0, 2, 0, 0])
+    own = OwnTimings()
+    own.add(1.5, None, [0.06])
+    assert online_longest_gap_at_most(start, end, own) == 0.1
+    assert online_longest_gap_at_most(start, end, own, copies=2) == 0.04
+    with pytest.raises(ValueError, match="copies must be >= 1, got 0"):
+        online_longest_gap_at_most(start, end, own, copies=0)
+
+
 def test_a_weighted_p99_is_where_99_percent_of_the_weight_lies():
     assert weighted_p99([(0.02, 1.0)] * 99 + [(0.05, 1.0)]) == 0.02  # as p99_of: the 99th of 100
     assert weighted_p99([(0.02, 1.0)] * 99 + [(0.05, 2.0)]) == 0.05

@@ -271,9 +271,13 @@ class ServerHistory:
         try at 1 read 42-43 ms against a 45.6 ms target where the online clients saw 49 ms (coserve (c),
         AVX-512 host, 2026-11-29). One gap per first token of the batch's in a stretch between snapshots
         that showed online requests, as long as it can be: the prefill's step is a gap of every online
-        stream decoding then, so at most their longest gap there (the upper bound of its histogram
-        bucket, `online_longest_gap_at_most`) and at most the time to first token (which also holds
-        the client's and the HTTP server's time: with times to first token counted whole, the guard
+        stream decoding then, one the batch's streams did not wait through, so at most the longest gap
+        there of a step they did not see (the upper bound of its histogram bucket once the gaps of the
+        steps they saw are taken out, `online_longest_gap_at_most`: left in, an online prompt's prefill
+        step, which the batch's streams waited through too and count among their own gaps, would set
+        the bound in any stretch that holds one, nearly every stretch of a light load of one online
+        request a second), and at most the time to first token (which also holds the client's and the
+        HTTP server's time: with times to first token counted whole, the guard
         held the batch back on an online p99 it read at 143 ms in coserve (a)'s light phase, where the
         online clients saw 56 ms; AVX-512 host, 2026-11-29). Without a histogram, the time to first
         token; with no online gap in the stretch, none."""
@@ -285,10 +289,22 @@ class ServerHistory:
             if not ttfts or not (others_before > 0 or others_after > 0):
                 continue
             weight = (others_before + others_after) / 2 / max(1.0, (batch_before + batch_after) / 2)
-            at_most_s = online_longest_gap_at_most(before, after, own) if before.itl is not None and after.itl is not None else math.inf
+            at_most_s = self._unseen_longest_gap_at_most(before, after, own, weight)
             if at_most_s is not None:
                 waits.extend((min(ttft_s, at_most_s), weight) for ttft_s in ttfts)
         return waits
+
+    @staticmethod
+    def _unseen_longest_gap_at_most(before: MetricsSnapshot, after: MetricsSnapshot, own: OwnTimings, weight: float) -> float | None:
+        """The bound `_prefill_waits` holds a first token's gap under: inf without a histogram; else the longest
+        gap left once each of the batch's gaps is taken out with the online ones of its step (rounded down);
+        when none is left, more were taken out than there were (online requests waiting or prefilling have no
+        gap in a step), and the batch's own gaps alone are taken out."""
+        if before.itl is None or after.itl is None:
+            return math.inf
+        copies = max(1, math.floor(1 + weight))
+        left_s = online_longest_gap_at_most(before, after, own, copies)
+        return left_s if left_s is not None or copies == 1 else online_longest_gap_at_most(before, after, own)
 
     def _pace(self, start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings) -> float | None:
         """The median of the batch's own token gaps between the two: the server's step time as its

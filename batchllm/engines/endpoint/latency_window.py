@@ -182,14 +182,18 @@ def server_median_gap_at_least(start: MetricsSnapshot, end: MetricsSnapshot, min
     return None if bucket is None else bucket[0]
 
 
-def online_longest_gap_at_most(start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings) -> float | None:
-    """The upper bound of the bucket the longest token gap between two snapshots that was not the
-    batch's lies in (the server's histogram less the batch's own gaps, which never hides a slow one):
-    no gap of the online streams there was longer; None without a histogram or with no such gap."""
+def online_longest_gap_at_most(start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings, copies: int = 1) -> float | None:
+    """The upper bound of the bucket the longest token gap between two snapshots lies in, of those left
+    once each of the batch's own gaps there is taken out `copies` times (its own, and `copies` - 1 gaps
+    of other streams in the same step: a step the batch's streams also waited through), from its bucket
+    or the nearest below, never above (`Histogram.minus_samples`): no gap of a step the batch's streams
+    did not see was longer; None without a histogram or with no gap left."""
+    if copies < 1:
+        raise ValueError(f"copies must be >= 1, got {copies!r}")
     itl = _delta(end.itl, start.itl)
     if itl is None:
         return None
-    bucket = itl.minus_samples(own.gaps_s(start.at_s, end.at_s)).quantile_bucket(1.0)
+    bucket = itl.minus_samples([gap_s for gap_s in own.gaps_s(start.at_s, end.at_s) for _ in range(copies)]).quantile_bucket(1.0)
     return None if bucket is None else bucket[1]
 
 
