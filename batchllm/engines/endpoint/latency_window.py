@@ -5,8 +5,9 @@ vLLM's and SGLang's latency histograms have no label that tells online requests 
 both are counted together. The batch knows its own timings (`OwnTimings`), each placed at the
 moment the client saw it, so the observations of the batch made between two snapshots can be
 taken out of the histograms' difference (`online_latency`). What is left is the online traffic's,
-up to the client-server timing differences `Histogram.minus_samples` leans against (it never hides
-a slow observation).
+up to the client-server timing differences `Histogram.minus_samples` leans against (each of the
+batch's values from its bucket, else the nearest below; a first token the client saw a bucket later
+than the server counted it can still take a slower online one out of that bucket).
 
 Invariant: an own timing is counted in a stretch (after_s, until_s] by the moment it was seen,
 the same clock as the snapshots' `at_s`.
