@@ -299,10 +299,8 @@ class ServerHistory:
         """The bound `_prefill_waits` holds a first token's gap under: inf without a histogram; else the longest
         gap left once each of the batch's gaps is taken out with the online ones of its step (rounded down);
         None when none is left (no gap of a step the batch's streams did not see: its prefill's step
-        among the seen steps' buckets). With the batch's own gaps alone taken out where none was left
-        (an online prompt's prefill step the batch waited through then sets the bound), the guard cut 1
-        to 0 three times in 70 s of (a)'s light phases on inter-token p99s read at 133-150 ms, where the
-        online clients' windows were at 0.67-0.98x alone's (coserve, AVX-512 host, 2026-11-29)."""
+        among the seen steps' buckets); taking out the batch's own gaps alone there instead would let a
+        step the batch waited through too, an online prompt's prefill, set the bound."""
         if before.itl is None or after.itl is None:
             return math.inf
         return online_longest_gap_at_most(before, after, own, max(1, math.floor(1 + weight)))
