@@ -215,7 +215,7 @@ def test_a_load_that_saturates_the_server_after_the_batch_started_sees_at_most_o
     assert max(after_return) <= 1
     assert worst_ratio(alone, beside, 30.0, 180.0) <= 1.1
     # at 0 through the saturated load: the excess there, the online traffic's own, takes nothing off and is no line of the
-    # log a scrape (there were 140); the reading says why the batch does not grow
+    # log a scrape (there were 210); the reading says why the batch does not grow
     changes = guard.changes()
     assert changes[-1].reading.allowed == 0 and changes[-1].at_s < 25.0
     assert guard.reading(180.0).describe().startswith("in flight <= 0 (not growing: requests waited on the server in two scrapes in a row); ")

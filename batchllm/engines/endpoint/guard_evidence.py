@@ -413,7 +413,7 @@ def _centred(latency: WindowLatency) -> float | None:
     targets (alone's p99 x 1.25: 0.24 s in coserve (e)), and the p99 of a window's few online first tokens,
     interpolated as Prometheus does, sits near the top of the bucket its largest lies in: one first token
     over 0.1 s, as the online traffic alone has, reads as about 0.24 s. Two of (e)'s cuts from 1 to 0 in
-    13 s were on such a reading against the 0.24 s target (the inter-token p99 under its own), where the
+    13 s came with such a reading against the 0.24 s target (the inter-token p99 under its own), where the
     online clients' windows were at 0.81-1.04x alone's first-token p99 (coserve (e), AVX-512 host,
     2026-11-29). Growth still needs the p99 as `quantile` has it under its bound."""
     return latency.ttft_p99_s if latency.ttft_p99_centred_s is None else latency.ttft_p99_centred_s
