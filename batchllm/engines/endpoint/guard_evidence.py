@@ -264,9 +264,19 @@ class ServerHistory:
                               online_rising=self._rising(trend), online_surging=self._surging(trend),
                               pace_s=self._pace(start, newest, own), server_pace_at_least_s=server_median_gap_at_least(start, newest, self.policy.own_gaps_min))
 
-    def _prefill_waits(self, from_s: float, until_s: float, own: OwnTimings) -> list[tuple[float, float]]:
-        """The gaps the batch's own prompts' prefills made the online streams wait, each with the online
-        requests per batch request in its stretch as its weight (as the batch's gaps). A stream never waits
+    def _beside_online(self, from_s: float, until_s: float) -> list[tuple[MetricsSnapshot, MetricsSnapshot, float]]:
+        """The stretches between consecutive snapshots from `from_s` to `until_s` where either showed online
+        requests, each with the online requests per batch request there (the means of its two ends; at
+        least 1 batch request): the weight of one of the batch's gaps there among the online ones."""
+        kept = self._within(from_s, until_s)
+        return [(before, after, (_others(before, batch_before) + _others(after, batch_after)) / 2
+                 / max(1.0, (batch_before + batch_after) / 2))
+                for (before, batch_before), (after, batch_after) in zip(kept, kept[1:])
+                if _others(before, batch_before) > 0 or _others(after, batch_after) > 0]
+
+    def _prefill_waits(self, beside: list[tuple[MetricsSnapshot, MetricsSnapshot, float]], own: OwnTimings) -> list[tuple[float, float]]:
+        """The gaps the batch's own prompts' prefills made the online streams wait in the stretches
+        `beside` online requests (`_beside_online`), each with its stretch's weight (as the batch's gaps). A stream never waits
         through its own prompt's prefill and every other decoding stream does: on its gaps alone, one
         try at 1 read 42-43 ms against a 45.6 ms target where the online clients saw 49 ms (coserve (c),
         AVX-512 host, 2026-11-29). One gap per first token of the batch's in a stretch between snapshots
@@ -282,13 +292,10 @@ class ServerHistory:
         online clients saw 56 ms; AVX-512 host, 2026-11-29). Without a histogram, the time to first
         token; with no online gap in the stretch, none."""
         waits: list[tuple[float, float]] = []
-        kept = self._within(from_s, until_s)
-        for (before, batch_before), (after, batch_after) in zip(kept, kept[1:]):
-            others_before, others_after = _others(before, batch_before), _others(after, batch_after)
+        for before, after, weight in beside:
             ttfts = own.ttfts_s(before.at_s, after.at_s)
-            if not ttfts or not (others_before > 0 or others_after > 0):
+            if not ttfts:
                 continue
-            weight = (others_before + others_after) / 2 / max(1.0, (batch_before + batch_after) / 2)
             at_most_s = self._unseen_longest_gap_at_most(before, after, own, weight)
             if at_most_s is not None:
                 waits.extend((min(ttft_s, at_most_s), weight) for ttft_s in ttfts)
@@ -375,14 +382,12 @@ class ServerHistory:
         request it holds, one among the hundreds of a window, not a p99 by itself. Also whether online
         requests were there, and whether the silence is in the p99 (not without an inter-token histogram)."""
         online = online_latency(start, end, own)
-        shown = [(s.at_s, _others(s, batch), batch) for s, batch in self._within(start.at_s, end.at_s)]
-        online_seen = online.ttft_count > 0 or any(others > 0 for _, others, _ in shown)
+        online_seen = online.ttft_count > 0 or any(_others(s, batch) > 0 for s, batch in self._within(start.at_s, end.at_s))
         if not online_seen:
             return replace(online, itl_p99_s=None, itl_count=0, itl_p99_bucket_s=None), False, False
-        beside = [(before_s, after_s, (others_before + others_after) / 2 / max(1.0, (batch_before + batch_after) / 2))
-                  for (before_s, others_before, batch_before), (after_s, others_after, batch_after) in zip(shown, shown[1:])
-                  if others_before > 0 or others_after > 0]
-        gaps = own.gaps_within(beside) + self._prefill_waits(start.at_s, end.at_s, own)
+        pairs = self._beside_online(start.at_s, end.at_s)
+        beside = [(before.at_s, after.at_s, weight) for before, after, weight in pairs]
+        gaps = own.gaps_within(beside) + self._prefill_waits(pairs, own)
         if len(gaps) >= self.policy.own_gaps_min:
             silence = [(silent_s, beside[-1][2])] if silent_s > 0 else []  # gaps came from stretches: there is a newest
             p99_s = weighted_p99(gaps + silence)

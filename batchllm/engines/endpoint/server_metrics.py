@@ -115,18 +115,7 @@ class Histogram:
         """The q-quantile as Prometheus' histogram_quantile computes it: linear inside the bucket
         holding rank q * count (from 0 for the first bucket); the last finite bound when that bucket
         is +Inf. None when the histogram is empty."""
-        i = self._bucket_of(q)
-        if i is None:
-            return None
-        if i >= len(self.upper_bounds_s) - 1:
-            return self.upper_bounds_s[-2]
-        rank = q * self.count
-        lower_s = self.upper_bounds_s[i - 1] if i else 0.0
-        below = self.cumulative[i - 1] if i else 0.0
-        in_bucket = self.cumulative[i] - below
-        if in_bucket <= 0:
-            return self.upper_bounds_s[i]
-        return lower_s + (self.upper_bounds_s[i] - lower_s) * (rank - below) / in_bucket
+        return self._inside_bucket(q, lambda rank, in_bucket: rank / in_bucket)
 
     def quantile_centred(self, q: float) -> float | None:
         """The q-quantile with the observations of its bucket spread evenly through it, each at the middle
@@ -134,6 +123,15 @@ class Histogram:
         them: the largest of few observations, one in its bucket, at the bucket's middle, where
         `quantile` puts a p99 of 5 observations 95 % of the way up whatever its value. The last finite
         bound when that bucket is +Inf; None when the histogram is empty."""
+        def place(rank: float, in_bucket: float) -> float:
+            nearest = max(1.0, math.ceil(rank - 1e-9))  # the nearest rank's place among the bucket's observations
+            return min(1.0, (nearest - 0.5) / in_bucket)
+
+        return self._inside_bucket(q, place)
+
+    def _inside_bucket(self, q: float, place: Callable[[float, float], float]) -> float | None:
+        """The q-quantile at `place(rank inside its bucket, observations in it)` of the way up that bucket
+        (from 0 for the first); the last finite bound when the bucket is +Inf; None when empty."""
         i = self._bucket_of(q)
         if i is None:
             return None
@@ -144,8 +142,7 @@ class Histogram:
         in_bucket = self.cumulative[i] - below
         if in_bucket <= 0:
             return self.upper_bounds_s[i]
-        j = max(1.0, math.ceil(q * self.count - below - 1e-9))  # the nearest rank's place among the bucket's observations
-        return lower_s + (self.upper_bounds_s[i] - lower_s) * min(1.0, (j - 0.5) / in_bucket)
+        return lower_s + (self.upper_bounds_s[i] - lower_s) * place(q * self.count - below, in_bucket)
 
     def quantile_bucket(self, q: float) -> tuple[float, float] | None:
         """The bucket (lower, upper] the q-quantile lies in: all the histogram knows of it (the upper
