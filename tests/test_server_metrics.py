@@ -240,6 +240,15 @@ def test_minus_samples_takes_from_the_bucket_below_when_its_own_is_empty_and_nev
     assert histogram.minus_samples([7.0, 7.0, 7.0, 7.0]).bucket_counts() == [0, 0, 0, 0]
 
 
+def test_minus_samples_copies_take_each_value_that_many_times():
+    histogram = Histogram(BOUNDS, (3, 6, 7, 9))  # per bucket: 3, 3, 1, 2
+    values = [0.05, 0.3, 0.7, 5.0]
+    assert histogram.minus_samples(values, copies=3) == histogram.minus_samples([v for v in values for _ in range(3)])
+    assert histogram.minus_samples(values, copies=3).bucket_counts() == [0, 0, 0, 0]
+    with pytest.raises(ValueError, match="copies must be >= 1, got 0"):
+        histogram.minus_samples(values, copies=0)
+
+
 def _minus_one_at_a_time(histogram: Histogram, values_s: list[float]) -> list[float]:
     """The rule `minus_samples` keeps, a value at a time in the order given."""
     counts = histogram.bucket_counts()

@@ -189,12 +189,10 @@ def online_longest_gap_at_most(start: MetricsSnapshot, end: MetricsSnapshot, own
     of other streams in the same step: a step the batch's streams also waited through), from its bucket
     or the nearest below, never above (`Histogram.minus_samples`): no gap of a step the batch's streams
     did not see was longer; None without a histogram or with no gap left."""
-    if copies < 1:
-        raise ValueError(f"copies must be >= 1, got {copies!r}")
     itl = _delta(end.itl, start.itl)
     if itl is None:
         return None
-    bucket = itl.minus_samples([gap_s for gap_s in own.gaps_s(start.at_s, end.at_s) for _ in range(copies)]).quantile_bucket(1.0)
+    bucket = itl.minus_samples(own.gaps_s(start.at_s, end.at_s), copies).quantile_bucket(1.0)
     return None if bucket is None else bucket[1]
 
 

@@ -83,18 +83,21 @@ class Histogram:
             return None
         return [max(0.0, new - old) for new, old in zip(self.bucket_counts(), older.bucket_counts())]
 
-    def minus_samples(self, values_s: Sequence[float]) -> Histogram:
-        """Without observations of known values (e.g. the batch's own requests'), each taken from its
-        bucket. A value whose bucket is already empty is taken from the nearest non-empty bucket below,
-        and dropped when there is none: the values are measured by the client, which sees a little later
-        than the server, and a wrong guess so leaves the higher observations in (never hides a slow one).
+    def minus_samples(self, values_s: Sequence[float], copies: int = 1) -> Histogram:
+        """Without observations of known values (e.g. the batch's own requests'), each taken `copies` times
+        from its bucket. A value whose bucket is already empty is taken from the nearest non-empty bucket
+        below, and dropped when there is none: the values are measured by the client, which sees a little
+        later than the server, so a value is never taken from above its bucket (though one the client saw
+        a bucket later than the server counted it can take a slower observation out of that bucket).
         The values are counted a bucket at a time, lowest first (what is left does not depend on the
         order they are taken in): a minute of the batch's token gaps is thousands of values."""
+        if copies < 1:
+            raise ValueError(f"copies must be >= 1, got {copies!r}")
         counts = self.bucket_counts()
         ordered, counted = sorted(values_s), 0
         for i, bound in enumerate(self.upper_bounds_s):
             up_to = bisect.bisect_right(ordered, bound)  # values in (previous bound, bound]: Prometheus' `le`
-            wanted, counted, j = up_to - counted, up_to, i
+            wanted, counted, j = (up_to - counted) * copies, up_to, i
             while wanted > 0 and j >= 0:
                 if counts[j] < 1:
                     j -= 1
