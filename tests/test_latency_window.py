@@ -18,7 +18,7 @@ from batchllm.engines.endpoint.latency_window import (
     TimedValues,
     WindowLatency,
     online_latency,
-    online_longest_gap_at_most,
+    online_longest_gap_bucket,
     p99_of,
     weighted_p99,
 )
@@ -79,9 +79,9 @@ def test_own_gaps_within_stretches_are_those_seen_inside_any_of_them_with_the_st
     assert own.gaps_within([(2.0, 3.0, 1.0)]) == [(1.0, 1.0)] and own.gaps_within([]) == []
 
 
-def test_the_longest_online_gap_is_at_most_the_top_of_the_bucket_of_the_longest_gap_not_the_batchs():
+def test_the_longest_online_gap_lies_in_the_bucket_of_the_longest_gap_not_the_batchs():
     """Between two scrapes the server counted gaps of 20, 30 and 60 ms, the batch's own 20 and 30 ms
-    among them: the longest online gap is at most 100 ms, the top of the bucket 60 ms lies in."""
+    among them: the longest online gap lies in (50, 100] ms, the bucket 60 ms lies in."""
     def scraped(at_s: float, itl_counts: list[float] | None) -> MetricsSnapshot:
         itl = None if itl_counts is None else Histogram.from_bucket_counts(ITL_BOUNDS, itl_counts)
         return MetricsSnapshot(at_s=at_s, server_kind="vllm", running=2.0, waiting=0.0, kv_usage=0.3, preemptions=0.0,
@@ -90,17 +90,17 @@ def test_the_longest_online_gap_is_at_most_the_top_of_the_bucket_of_the_longest_
     start, end = scraped(0.0, [0.0] * len(ITL_BOUNDS)), scraped(2.0, [0, 1, 1, 0, 0, 1, 0, 0])
     own = OwnTimings()
     own.add(1.5, None, [0.02, 0.03])
-    assert online_longest_gap_at_most(start, end, own) == 0.1
+    assert online_longest_gap_bucket(start, end, own) == (0.05, 0.1)
     own.add(1.9, None, [0.06])  # the 60 ms gap was the batch's too: no online gap left
-    assert online_longest_gap_at_most(start, end, own) is None
-    assert online_longest_gap_at_most(scraped(0.0, None), end, own) is None
+    assert online_longest_gap_bucket(start, end, own) is None
+    assert online_longest_gap_bucket(scraped(0.0, None), end, own) is None
 
 
 def test_the_longest_online_gap_of_a_step_the_batch_did_not_see_leaves_out_the_gaps_of_the_steps_it_saw():
     """An online prompt's prefill made a step of 60 ms, a gap to the batch's stream and to one online stream;
     the batch's own prefill made one of 40 ms, a gap to the online stream only. Taken out once, the batch's
-    60 ms leaves the online one: the bound is 100 ms. Taken out twice (its gap and the online one of the
-    same step), the 40 ms is the longest left."""
+    60 ms leaves the online one: in (50, 100] ms. Taken out twice (its gap and the online one of the
+    same step), the 40 ms is the longest left: in (30, 40] ms."""
     def scraped(at_s: float, itl_counts: list[float]) -> MetricsSnapshot:
         return MetricsSnapshot(at_s=at_s, server_kind="vllm", running=2.0, waiting=0.0, kv_usage=0.3, preemptions=0.0,
                                generation_tokens=None, ttft=None, itl=Histogram.from_bucket_counts(ITL_BOUNDS, itl_counts))
@@ -108,10 +108,10 @@ def test_the_longest_online_gap_of_a_step_the_batch_did_not_see_leaves_out_the_g
     start, end = scraped(0.0, [0.0] * len(ITL_BOUNDS)), scraped(2.0, [0, 0, 0, 1, 0, 2, 0, 0])
     own = OwnTimings()
     own.add(1.5, None, [0.06])
-    assert online_longest_gap_at_most(start, end, own) == 0.1
-    assert online_longest_gap_at_most(start, end, own, copies=2) == 0.04
+    assert online_longest_gap_bucket(start, end, own) == (0.05, 0.1)
+    assert online_longest_gap_bucket(start, end, own, copies=2) == (0.03, 0.04)
     with pytest.raises(ValueError, match="copies must be >= 1, got 0"):
-        online_longest_gap_at_most(start, end, own, copies=0)
+        online_longest_gap_bucket(start, end, own, copies=0)
 
 
 def test_a_weighted_p99_is_where_99_percent_of_the_weight_lies():
@@ -198,3 +198,16 @@ def test_growth_needs_a_p99_known_and_under_its_growth_bound(p99_s, grows):
     assert band.lets_grow(ttft_only(p99_s)) is grows
     no_ttft_bound = GuardTargets.from_slo(LatencySlo(ttft_p99_s=None, itl_p99_s=0.04), 0.75, 0.9)
     assert no_ttft_bound.lets_grow(ttft_only(p99_s)) is True
+
+
+@pytest.mark.parametrize("target_s, bucket_s, p99_s, centred_s, grows", [
+    (0.294, (0.1, 0.25), 0.24, 0.175, True),  # one slow first token interpolated near the wide bucket's top, wholly under the target
+    (0.24, (0.1, 0.25), 0.24, 0.175, False),  # the bucket's top over the target: not kept for sure
+    (0.294, (0.1, 0.25), 0.245, 0.23, False),  # centred, still over the growth bound (0.2205)
+    (0.099, (0.06, 0.08), 0.078, 0.07, False),  # a narrow bucket: the interpolated p99 judges (growth bound 0.0743)
+])
+def test_a_first_token_p99_in_a_wide_bucket_under_the_target_grows_on_its_centred_value(target_s, bucket_s, p99_s, centred_s, grows):
+    band = GuardTargets.from_slo(LatencySlo(ttft_p99_s=target_s, itl_p99_s=None), 0.75, 0.9)
+    latency = WindowLatency(ttft_p99_s=p99_s, itl_p99_s=0.01, ttft_count=8, itl_count=100, ttft_p99_bucket_s=bucket_s,
+                            itl_p99_bucket_s=None, ttft_p99_centred_s=centred_s)
+    assert band.lets_grow(latency) is grows

@@ -32,13 +32,13 @@ from batchllm.engines.endpoint.guard_targets import OWN_REQUESTS, SERVER_METRICS
 from batchllm.engines.endpoint.latency_window import (
     OwnTimings,
     WindowLatency,
-    exactly,
     online_latency,
-    online_longest_gap_at_most,
+    online_longest_gap_bucket,
     own_latency,
     server_latency,
     server_median_gap_at_least,
     weighted_p99,
+    weighted_p99_at_least,
 )
 from batchllm.engines.endpoint.server_metrics import MetricsSnapshot
 
@@ -102,9 +102,12 @@ def excess(evidence: WindowEvidence, targets: GuardTargets, policy: GuardPolicy,
         quoted_s = latency.ttft_p99_s if sure else _centred(latency)
         assert quoted_s is not None and ttft_bound is not None
         return f"online p99 TTFT {quoted_s:.2f} s over its {bound} {ttft_bound:.2f} s"
-    if _surely_above(latency.itl_p99_s, latency.itl_p99_bucket_s, itl_bound) and (not sure or latency.itl_count >= P99_OF_AT_LEAST):
-        assert latency.itl_p99_s is not None and itl_bound is not None
-        return f"online p99 inter-token {latency.itl_p99_s * 1000:.0f} ms over its {bound} {itl_bound * 1000:.0f} ms"
+    itl_over = (_surely_above(latency.itl_p99_s, latency.itl_p99_bucket_s, itl_bound) if sure or latency.itl_p99_centred_s is None
+                else _above(latency.itl_p99_centred_s, itl_bound))
+    if itl_over and (not sure or latency.itl_count >= P99_OF_AT_LEAST):
+        quoted_s = latency.itl_p99_s if sure or latency.itl_p99_centred_s is None else latency.itl_p99_centred_s
+        assert quoted_s is not None and itl_bound is not None
+        return f"online p99 inter-token {quoted_s * 1000:.0f} ms over its {bound} {itl_bound * 1000:.0f} ms"
     if silent_s is not None and itl_bound is not None and silent_s > itl_bound and not evidence.silence_in_p99:
         return f"a batch stream silent for {silent_s:.1f} s beside online requests, over the inter-token {bound} {itl_bound * 1000:.0f} ms"
     if silent_s is not None and ttft_bound is not None and silent_s > ttft_bound:
@@ -274,43 +277,41 @@ class ServerHistory:
                 for (before, batch_before), (after, batch_after) in zip(kept, kept[1:])
                 if _others(before, batch_before) > 0 or _others(after, batch_after) > 0]
 
-    def _prefill_waits(self, beside: list[tuple[MetricsSnapshot, MetricsSnapshot, float]], own: OwnTimings) -> list[tuple[float, float]]:
+    def _prefill_waits(self, beside: list[tuple[MetricsSnapshot, MetricsSnapshot, float]],
+                       own: OwnTimings) -> list[tuple[float, float, float]]:
         """The gaps the batch's own prompts' prefills made the online streams wait in the stretches
-        `beside` online requests (`_beside_online`), each with its stretch's weight (as the batch's gaps). A stream never waits
-        through its own prompt's prefill and every other decoding stream does: on its gaps alone, one
-        try at 1 read 42-43 ms against a 45.6 ms target where the online clients saw 49 ms (coserve (c),
-        AVX-512 host, 2026-11-29). One gap per first token of the batch's in a stretch between snapshots
-        that showed online requests, as long as it can be: the prefill's step is a gap of every online
-        stream decoding then, one the batch's streams did not wait through, so at most the longest gap
-        there of a step they did not see (the upper bound of its histogram bucket once the gaps of the
-        steps they saw are taken out, `online_longest_gap_at_most`: left in, an online prompt's prefill
-        step, which the batch's streams waited through too and count among their own gaps, would set
-        the bound in any stretch that holds one, nearly every stretch of a light load of one online
+        `beside` online requests (`_beside_online`), each as (at least, at most, its stretch's weight as
+        the batch's gaps'). A stream never waits through its own prompt's prefill and every other decoding
+        stream does: on its gaps alone, one try at 1 read 42-43 ms against a 45.6 ms target where the
+        online clients saw 49 ms (coserve (c), AVX-512 host, 2026-11-29). One gap per first token of the
+        batch's in a stretch between snapshots that showed online requests, known only by bounds: the
+        prefill's step is a gap of every online stream decoding then, one the batch's streams did not wait
+        through, so in the histogram bucket of the longest gap there of a step they did not see, once the
+        gaps of the steps they saw are taken out (`online_longest_gap_bucket`: left in, an online prompt's
+        prefill step, which the batch's streams waited through too and count among their own gaps, would
+        set the bound in any stretch that holds one, nearly every stretch of a light load of one online
         request a second), and at most the time to first token (which also holds the client's and the
-        HTTP server's time: with times to first token counted whole, the guard
-        held the batch back on an online p99 it read at 143 ms in coserve (a)'s light phase, where the
-        online clients saw 56 ms; AVX-512 host, 2026-11-29). Without a histogram, the time to first
-        token; with no online gap in the stretch, none."""
-        waits: list[tuple[float, float]] = []
+        HTTP server's time: with times to first token counted whole, the guard held the batch back on an
+        online p99 it read at 143 ms in coserve (a)'s light phase, where the online clients saw 56 ms;
+        AVX-512 host, 2026-11-29). Growth judges them at their upper bounds, a cut at the middle of
+        theirs (as a first-token p99 with its bucket spread, `_centred`), a hold for long (`sure`) at their
+        lower ones: taken as exact at the bucket's top, a prefill gap bounded by (75, 100] ms was the p99 of 22 gaps
+        and cut the batch twice on "100 ms over its target 99 ms" where the server's own p99 of every
+        gap was 49-72 ms (coserve (a), AVX-512 host, 2026-11-29). Without a histogram, the time to first
+        token, exactly; with no online gap in the stretch, none."""
+        waits: list[tuple[float, float, float]] = []
         for before, after, weight in beside:
             ttfts = own.ttfts_s(before.at_s, after.at_s)
             if not ttfts:
                 continue
-            at_most_s = self._unseen_longest_gap_at_most(before, after, own, weight)
-            if at_most_s is not None:
-                waits.extend((min(ttft_s, at_most_s), weight) for ttft_s in ttfts)
+            if before.itl is None or after.itl is None:
+                waits.extend((ttft_s, ttft_s, weight) for ttft_s in ttfts)
+                continue
+            # copies: the batch's gap and the online ones of its step (`online_longest_gap_bucket`)
+            bucket = online_longest_gap_bucket(before, after, own, max(1, math.floor(1 + weight)))
+            if bucket is not None:
+                waits.extend((min(ttft_s, bucket[0]), min(ttft_s, bucket[1]), weight) for ttft_s in ttfts)
         return waits
-
-    @staticmethod
-    def _unseen_longest_gap_at_most(before: MetricsSnapshot, after: MetricsSnapshot, own: OwnTimings, weight: float) -> float | None:
-        """The bound `_prefill_waits` holds a first token's gap under: inf without a histogram; else the longest
-        gap left once each of the batch's gaps is taken out with the online ones of its step (rounded down);
-        None when none is left (no gap of a step the batch's streams did not see: its prefill's step
-        among the seen steps' buckets); taking out the batch's own gaps alone there instead would let a
-        step the batch waited through too, an online prompt's prefill, set the bound."""
-        if before.itl is None or after.itl is None:
-            return math.inf
-        return online_longest_gap_at_most(before, after, own, max(1, math.floor(1 + weight)))
 
     def _pace(self, start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings) -> float | None:
         """The median of the batch's own token gaps between the two: the server's step time as its
@@ -387,11 +388,17 @@ class ServerHistory:
             return replace(online, itl_p99_s=None, itl_count=0, itl_p99_bucket_s=None), False, False
         pairs = self._beside_online(start.at_s, end.at_s)
         beside = [(before.at_s, after.at_s, weight) for before, after, weight in pairs]
-        gaps = own.gaps_within(beside) + self._prefill_waits(pairs, own)
-        if len(gaps) >= self.policy.own_gaps_min:
+        gaps, waits = own.gaps_within(beside), self._prefill_waits(pairs, own)
+        if len(gaps) + len(waits) >= self.policy.own_gaps_min:
             silence = [(silent_s, beside[-1][2])] if silent_s > 0 else []  # gaps came from stretches: there is a newest
-            p99_s = weighted_p99(gaps + silence)
-            return replace(online, itl_p99_s=p99_s, itl_count=len(gaps), itl_p99_bucket_s=exactly(p99_s)), True, True
+            sigmas = self.policy.excess_sigmas
+            at_most_s = weighted_p99(gaps + silence + [(most_s, weight) for _, most_s, weight in waits])
+            at_least_s = weighted_p99_at_least(gaps + silence + [(least_s, weight) for least_s, _, weight in waits], sigmas)
+            centred_s = weighted_p99_at_least(gaps + silence + [((least_s + most_s) / 2, weight) for least_s, most_s, weight in waits],
+                                              sigmas)
+            assert at_most_s is not None and at_least_s is not None
+            return replace(online, itl_p99_s=at_most_s, itl_count=len(gaps) + len(waits),
+                           itl_p99_bucket_s=(at_least_s, at_most_s), itl_p99_centred_s=centred_s), True, True
         everyone = server_latency(start, end, [silent_s] if silent_s > 0 else [])
         if everyone.itl_p99_s is None:  # no histogram to count the silence in
             return online, True, False
@@ -435,7 +442,9 @@ def _surely_above(p99_s: float | None, bucket_s: tuple[float, float] | None, bou
     sits near its bucket's top: with 3 first tokens and the slowest in (1.0, 2.5], 2.455 s whatever
     that token's time. Held back on it, the guard read "online p99 TTFT 2.45 s over its target
     2.14 s" beside one batch request in coserve (a) runs where the online clients' worst 30 s window
-    p99 was 1.42 s and 1.68 s, and kept the batch at 0-1 for the rest of the run."""
+    p99 was 1.42 s and 1.68 s, and kept the batch at 0-1 for the rest of the run. Exact values some of
+    which are known only by bounds (a batch prefill's gap) are over for sure when their p99 with each
+    at its lower bound is."""
     if bucket_s is None or bucket_s[0] == bucket_s[1]:
         return _above(p99_s, bound_s)
     return bound_s is not None and bucket_s[0] >= bound_s

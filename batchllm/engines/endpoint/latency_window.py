@@ -16,6 +16,7 @@ the same clock as the snapshots' `at_s`.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,6 +39,26 @@ def weighted_p99(values_s: Sequence[tuple[float, float]]) -> float | None:
     return max(value for value, weight in values_s if weight > 0)  # rounding: the last value with weight
 
 
+def weighted_p99_at_least(values_s: Sequence[tuple[float, float]], sigmas: float) -> float | None:
+    """The p99 of the distribution exact values, each (value, weight), are a sample of, at the least their
+    noise allows: the largest value with more weight at or over it than 1 % of the total by `sigmas` binomial
+    sigmas (sqrt(total x 0.01 x 0.99)); the smallest value when no value has. Of 300 values of weight 1, 6.5
+    at or over it: their 7th largest, where the nearest-rank p99 is their 4th; of 20, their 2nd largest, where
+    the nearest-rank p99 is their largest. The count of a sample's values over a level is binomial: a few
+    hundred values of a load that is over a target half as often as a p99 allows hold four or more over it
+    in one sample of fifteen. None when there is no weight."""
+    total = sum(weight for _, weight in values_s)
+    if not total > 0:
+        return None
+    over = (1 - P99) * total + sigmas * math.sqrt(total * P99 * (1 - P99))
+    running = 0.0
+    for value, weight in sorted(values_s, reverse=True):
+        running += weight
+        if running >= over * (1 - 1e-12):
+            return value
+    return min(value for value, weight in values_s if weight > 0)
+
+
 def exactly(p99_s: float | None) -> tuple[float, float] | None:
     """What is known of a p99 of exact values: the value."""
     return None if p99_s is None else (p99_s, p99_s)
@@ -53,7 +74,8 @@ class WindowLatency:
     """p99 time to first token and inter-token latency over a stretch, how many observations each
     is of (None: no observation), and what is known of each: the bucket (lower, upper] it lies in
     when it comes from a histogram (the p99 itself is interpolated inside it), (p99, p99) when it is
-    of exact values."""
+    of exact values, (at least, at most) when some of those values are known only by bounds (the gaps
+    the batch's prefills made, `guard_evidence.ServerHistory`: the p99 is then the upper one)."""
 
     ttft_p99_s: float | None
     itl_p99_s: float | None
@@ -64,6 +86,9 @@ class WindowLatency:
     # from a histogram, the first-token p99 with its bucket's observations spread evenly through it
     # (`Histogram.quantile_centred`); None: as `ttft_p99_s` (exact values)
     ttft_p99_centred_s: float | None = None
+    # of exact values some of which are known only by bounds, the inter-token p99 with each of those at the
+    # middle of its bounds; None: as `itl_p99_bucket_s` has it
+    itl_p99_centred_s: float | None = None
 
 
 class TimedValues:
@@ -183,17 +208,17 @@ def server_median_gap_at_least(start: MetricsSnapshot, end: MetricsSnapshot, min
     return None if bucket is None else bucket[0]
 
 
-def online_longest_gap_at_most(start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings, copies: int = 1) -> float | None:
-    """The upper bound of the bucket the longest token gap between two snapshots lies in, of those left
+def online_longest_gap_bucket(start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings,
+                              copies: int = 1) -> tuple[float, float] | None:
+    """The bucket (lower, upper] the longest token gap between two snapshots lies in, of those left
     once each of the batch's own gaps there is taken out `copies` times (its own, and `copies` - 1 gaps
     of other streams in the same step: a step the batch's streams also waited through), from its bucket
     or the nearest below, never above (`Histogram.minus_samples`): no gap of a step the batch's streams
-    did not see was longer; None without a histogram or with no gap left."""
+    did not see was longer than its upper bound; None without a histogram or with no gap left."""
     itl = _delta(end.itl, start.itl)
     if itl is None:
         return None
-    bucket = itl.minus_samples(own.gaps_s(start.at_s, end.at_s), copies).quantile_bucket(1.0)
-    return None if bucket is None else bucket[1]
+    return itl.minus_samples(own.gaps_s(start.at_s, end.at_s), copies).quantile_bucket(1.0)
 
 
 def online_latency(start: MetricsSnapshot, end: MetricsSnapshot, own: OwnTimings) -> WindowLatency:
