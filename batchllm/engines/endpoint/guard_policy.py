@@ -92,10 +92,10 @@ class GuardPolicy:
     # the batch has no gaps: the server's inter-token histogram's median, its bucket wholly over this bound.
     saturated_pace: float = 3.0
     # An inter-token excess from the batch's own gaps (and its prefills') is judged on the p99 at the least their noise
-    # allows, the weight over it 1 % of theirs and this many binomial sigmas more (`weighted_p99_at_least`): on the
-    # nearest-rank p99 of a 10 s window's 200-400 weighted gaps, one or two gaps of 110-160 ms (the server's own p99
-    # of every gap then 41-49 ms) cut the batch from 2 to 1 and 1 to 0 eight times in 5 minutes of coserve (a), where
-    # the clients' windows kept 0.53-1.04x alone's inter-token p99 (AVX-512 host, 2026-11-29). At 2 sigmas the online load alone,
+    # allows, the weight over it 1 % of theirs and this many binomial sigmas more (`weighted_p99_at_least`): the
+    # nearest-rank p99 of a 10 s window's few hundred weighted gaps is its few largest, and on 1-4 gaps of 110-170 ms
+    # the batch was cut six times in 3 minutes of coserve (a), where the clients' 30 s windows kept 0.53-0.97x alone's
+    # inter-token p99 (AVX-512 host, 2026-11-29). At 2 sigmas the online load alone,
     # its gaps over the target half as often as a p99's (0.5 %), shows such an excess in a window of 300 gaps about
     # once in a thousand, where the nearest-rank p99 (their 4th largest) is over it in one window of fifteen.
     excess_sigmas: float = 2.0

@@ -390,9 +390,9 @@ class LatencyGuard:
     def _why_not_grow(self, level: WindowEvidence | None, now_s: float) -> str | None:
         """Why the batch may not grow on evidence of room (in words, the same each time; None: it may).
         Growth also needs: metrics still there if they ever were, beside online requests a level that ran a
-        whole window (judged on the 2-4 s of 5 first tokens of a heavy load, the batch grew 1 to 2 to 3 and
-        was cut back eleven times in a minute of coserve (a)'s heavy phase, 1.8 in flight on average, and
-        left its window at 1.31x alone's inter-token p99; AVX-512 host, 2026-11-29) and a server not
+        whole window (judged on the 2-4 s of 5 first tokens of a heavy load, the batch grew six times between 1
+        and 3 and was cut back six times in the minute of coserve (a)'s heavy phase, and left a window it
+        ran 1.8 in on average at 1.31x alone's inter-token p99; AVX-512 host, 2026-11-29) and a server not
         saturated (its step under `saturated_pace` x the fastest seen), the batch using all it was
         allowed during the level, one more leaving 10 % of the server's
         capacity (as last seen full, at least 1) free, and from 0 a whole window at 0 (`_may_probe`)."""
