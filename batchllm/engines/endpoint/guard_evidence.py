@@ -442,9 +442,9 @@ def _surely_above(p99_s: float | None, bucket_s: tuple[float, float] | None, bou
     sits near its bucket's top: with 3 first tokens and the slowest in (1.0, 2.5], 2.455 s whatever
     that token's time. Held back on it, the guard read "online p99 TTFT 2.45 s over its target
     2.14 s" beside one batch request in coserve (a) runs where the online clients' worst 30 s window
-    p99 was 1.42 s and 1.68 s, and kept the batch at 0-1 for the rest of the run. Exact values some of
-    which are known only by bounds (a batch prefill's gap) are over for sure when their p99 with each
-    at its lower bound is."""
+    p99 was 1.42 s and 1.68 s, and kept the batch at 0-1 for the rest of the run. The batch's own gaps and
+    its prefills' (some known only by bounds) are over for sure when their p99 at the least their noise
+    allows, with each at its lower bound, is."""
     if bucket_s is None or bucket_s[0] == bucket_s[1]:
         return _above(p99_s, bound_s)
     return bound_s is not None and bucket_s[0] >= bound_s

@@ -74,8 +74,10 @@ class WindowLatency:
     """p99 time to first token and inter-token latency over a stretch, how many observations each
     is of (None: no observation), and what is known of each: the bucket (lower, upper] it lies in
     when it comes from a histogram (the p99 itself is interpolated inside it), (p99, p99) when it is
-    of exact values, (at least, at most) when some of those values are known only by bounds (the gaps
-    the batch's prefills made, `guard_evidence.ServerHistory`: the p99 is then the upper one)."""
+    of exact values. Of the batch's own token gaps and the gaps its prefills made (some known only by
+    bounds, `guard_evidence.ServerHistory`), (at least, at most): the p99 at the least their noise
+    allows with each of those at its lower bound (`weighted_p99_at_least`), and the nearest-rank p99
+    with each at its upper bound, which is then `itl_p99_s`."""
 
     ttft_p99_s: float | None
     itl_p99_s: float | None
@@ -86,8 +88,8 @@ class WindowLatency:
     # from a histogram, the first-token p99 with its bucket's observations spread evenly through it
     # (`Histogram.quantile_centred`); None: as `ttft_p99_s` (exact values)
     ttft_p99_centred_s: float | None = None
-    # of exact values some of which are known only by bounds, the inter-token p99 with each of those at the
-    # middle of its bounds; None: as `itl_p99_bucket_s` has it
+    # of the batch's own gaps and its prefills', the inter-token p99 at the least their noise allows with each
+    # prefill's gap at the middle of its bounds: what a cut judges; None: as `itl_p99_bucket_s` has it
     itl_p99_centred_s: float | None = None
 
 
