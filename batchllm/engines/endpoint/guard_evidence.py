@@ -88,26 +88,20 @@ class WindowEvidence:
 def excess(evidence: WindowEvidence, targets: GuardTargets, policy: GuardPolicy, *, ease: bool = False,
            sure: bool = False) -> str | None:
     """What in the evidence is over its target (`ease`: over its ease bound), in words; None: nothing.
-    A first-token p99 counts as interpolated in its bucket with its observations spread evenly through
-    it (`_centred`; `sure`: only when its whole bucket is over), an inter-token one only when it is over for sure, a silence of the batch's streams beside
-    online requests as a gap at least that long (in the p99 where it is one of its gaps; over the
-    first-token bound, by itself); the server's preemptions, queue and KV use count too."""
+    A first-token p99 (`_ttft_over_s`) and an inter-token one (`_itl_over_s`) each as a cut or a hold
+    (`sure`) judges it, a silence of the batch's streams beside online requests as a gap at least that
+    long (in the p99 where it is one of its gaps; over the first-token bound, by itself); the server's
+    preemptions, queue and KV use count too."""
     latency, t = evidence.latency, targets
     ttft_bound, itl_bound = (t.ttft_ease_over_s, t.itl_ease_over_s) if ease else (t.ttft_target_s, t.itl_target_s)
     silent_s = evidence.silent_s if evidence.online_seen else None
     bound = "ease bound" if ease else "target"
-    ttft_over = (_surely_above(latency.ttft_p99_s, latency.ttft_p99_bucket_s, ttft_bound) if sure
-                 else _above(_centred(latency), ttft_bound))
-    if ttft_over:
-        quoted_s = latency.ttft_p99_s if sure else _centred(latency)
-        assert quoted_s is not None and ttft_bound is not None
-        return f"online p99 TTFT {quoted_s:.2f} s over its {bound} {ttft_bound:.2f} s"
-    itl_over = (_surely_above(latency.itl_p99_s, latency.itl_p99_bucket_s, itl_bound) if sure or latency.itl_p99_centred_s is None
-                else _above(latency.itl_p99_centred_s, itl_bound))
-    if itl_over and (not sure or latency.itl_count >= P99_OF_AT_LEAST):
-        quoted_s = latency.itl_p99_s if sure or latency.itl_p99_centred_s is None else latency.itl_p99_centred_s
-        assert quoted_s is not None and itl_bound is not None
-        return f"online p99 inter-token {quoted_s * 1000:.0f} ms over its {bound} {itl_bound * 1000:.0f} ms"
+    if (ttft_s := _ttft_over_s(latency, ttft_bound, sure)) is not None:
+        assert ttft_bound is not None
+        return f"online p99 TTFT {ttft_s:.2f} s over its {bound} {ttft_bound:.2f} s"
+    if (itl_s := _itl_over_s(latency, itl_bound, sure)) is not None:
+        assert itl_bound is not None
+        return f"online p99 inter-token {itl_s * 1000:.0f} ms over its {bound} {itl_bound * 1000:.0f} ms"
     if silent_s is not None and itl_bound is not None and silent_s > itl_bound and not evidence.silence_in_p99:
         return f"a batch stream silent for {silent_s:.1f} s beside online requests, over the inter-token {bound} {itl_bound * 1000:.0f} ms"
     if silent_s is not None and ttft_bound is not None and silent_s > ttft_bound:
@@ -119,6 +113,27 @@ def excess(evidence: WindowEvidence, targets: GuardTargets, policy: GuardPolicy,
     if not ease and evidence.kv_usage is not None and evidence.kv_usage > policy.kv_usage_cut:
         return f"KV cache {evidence.kv_usage:.0%} full"
     return None
+
+
+def _ttft_over_s(latency: WindowLatency, bound_s: float | None, sure: bool) -> float | None:
+    """The first-token p99 a cut or a hold judges, when it is over `bound_s`; None: it is not (or unknown).
+    A cut: interpolated in its bucket with the bucket's observations spread evenly through it
+    (`_centred`). A hold (`sure`): as Prometheus has it, its whole bucket over the bound."""
+    if sure:
+        return latency.ttft_p99_s if _surely_above(latency.ttft_p99_s, latency.ttft_p99_bucket_s, bound_s) else None
+    centred_s = _centred(latency)
+    return centred_s if _above(centred_s, bound_s) else None
+
+
+def _itl_over_s(latency: WindowLatency, bound_s: float | None, sure: bool) -> float | None:
+    """The inter-token p99 a cut or a hold judges, when it is over `bound_s`; None: it is not (or unknown).
+    Of the batch's own gaps, a cut judges their p99 at the least their noise allows with each prefill's gap
+    at the middle of its bounds (`itl_p99_centred_s`). From the server's histogram, or for a hold (`sure`,
+    and then of `P99_OF_AT_LEAST` gaps or more), the p99 over for sure (`_surely_above`)."""
+    if not sure and latency.itl_p99_centred_s is not None:
+        return latency.itl_p99_centred_s if _above(latency.itl_p99_centred_s, bound_s) else None
+    over = _surely_above(latency.itl_p99_s, latency.itl_p99_bucket_s, bound_s) and (not sure or latency.itl_count >= P99_OF_AT_LEAST)
+    return latency.itl_p99_s if over else None
 
 
 def judge(evidence: WindowEvidence, targets: GuardTargets, policy: GuardPolicy) -> Verdict:
