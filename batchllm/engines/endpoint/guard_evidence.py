@@ -406,11 +406,10 @@ class ServerHistory:
         gaps, waits = own.gaps_within(beside), self._prefill_waits(pairs, own)
         if len(gaps) + len(waits) >= self.policy.own_gaps_min:
             silence = [(silent_s, beside[-1][2])] if silent_s > 0 else []  # gaps came from stretches: there is a newest
-            sigmas = self.policy.excess_sigmas
-            at_most_s = weighted_p99(gaps + silence + [(most_s, weight) for _, most_s, weight in waits])
-            at_least_s = weighted_p99_at_least(gaps + silence + [(least_s, weight) for least_s, _, weight in waits], sigmas)
-            centred_s = weighted_p99_at_least(gaps + silence + [((least_s + most_s) / 2, weight) for least_s, most_s, weight in waits],
-                                              sigmas)
+            exact, sigmas = gaps + silence, self.policy.excess_sigmas
+            at_most_s = weighted_p99(exact + [(most_s, weight) for _, most_s, weight in waits])
+            at_least_s = weighted_p99_at_least(exact + [(least_s, weight) for least_s, _, weight in waits], sigmas)
+            centred_s = weighted_p99_at_least(exact + [((least_s + most_s) / 2, weight) for least_s, most_s, weight in waits], sigmas)
             assert at_most_s is not None and at_least_s is not None
             return replace(online, itl_p99_s=at_most_s, itl_count=len(gaps) + len(waits),
                            itl_p99_bucket_s=(at_least_s, at_most_s), itl_p99_centred_s=centred_s), True, True

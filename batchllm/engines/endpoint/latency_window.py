@@ -41,8 +41,8 @@ def weighted_p99(values_s: Sequence[tuple[float, float]]) -> float | None:
 
 def weighted_p99_at_least(values_s: Sequence[tuple[float, float]], sigmas: float) -> float | None:
     """The p99 of the distribution exact values, each (value, weight), are a sample of, at the least their
-    noise allows: the largest value with more weight at or over it than 1 % of the total by `sigmas` binomial
-    sigmas (sqrt(total x 0.01 x 0.99)); the smallest value when no value has. Of 300 values of weight 1, 6.5
+    noise allows: the largest value with at least 1 % of the total weight at or over it, and `sigmas` binomial
+    sigmas (sqrt(total x 0.01 x 0.99)) more; the smallest value when no value has. Of 300 values of weight 1, 6.5
     at or over it: their 7th largest, where the nearest-rank p99 is their 4th; of 20, their 2nd largest, where
     the nearest-rank p99 is their largest. The count of a sample's values over a level is binomial: a few
     hundred values of a load that is over a target half as often as a p99 allows hold four or more over it
