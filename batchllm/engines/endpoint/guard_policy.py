@@ -46,7 +46,8 @@ class GuardPolicy:
     # still full of the previous level, the guard grew past the right level (stop 36's runs).
     judge_after_s: float = 2.0
     # A cut halves (as TCP does); growth doubles until the first cut or ease-off, then adds one (10 %
-    # from 20 up).
+    # from 20 up); beside online requests, at most as far as the evidence leaves room for
+    # (`guard_evidence.growth_room`).
     cut_factor: float = 0.5
     # The band below an SLO target: grow under 0.75 x it, ease off by one over 0.9 x it (0.6 left
     # half the batch on the table; 0.9 alone broke 2 of 5 windows in stop 36's runs).
@@ -142,7 +143,7 @@ class GuardPhase(enum.Enum):
     WAITING = "waiting"  # over target (or saturated) alone: 0 in flight, 1 after a quiet stretch without online requests
     HELD = "held back"  # one batch request beside online ones broke a target: 0 until a lull, a lighter load, or one
     # try beside them after a backoff
-    SLOW_START = "slow start"  # guarding; growth doubles
+    SLOW_START = "slow start"  # guarding; growth doubles (at most to the evidence's room)
     STEADY = "guarding"  # guarding; growth adds one, an excess eases off by one
     DRAINING = "draining a cut"  # a cut: until the batch is down to its allowance
 
@@ -168,10 +169,12 @@ class Verdict(enum.Enum):
 
 @dataclass(frozen=True)
 class Levels:
-    """What an allowance changes from: the present one, and the last one judged beside online requests."""
+    """What an allowance changes from: the present one, the last one judged beside online requests, and
+    the most growth may reach on the evidence."""
 
     allowed: int
     beside_online: int
+    grow_at_most: int | None = None  # `guard_evidence.growth_room`; None: no bound (a lull, no metrics)
 
 
 def _halve(levels: Levels, policy: GuardPolicy) -> int:
@@ -183,11 +186,17 @@ def _one_less(levels: Levels, policy: GuardPolicy) -> int:
 
 
 def _double(levels: Levels, policy: GuardPolicy) -> int:
-    return max(1, 2 * levels.allowed)
+    return _at_most_room(levels, max(1, 2 * levels.allowed))
 
 
 def _one_more(levels: Levels, policy: GuardPolicy) -> int:
-    return levels.allowed + max(1, levels.allowed // 10)
+    return _at_most_room(levels, levels.allowed + max(1, levels.allowed // 10))
+
+
+def _at_most_room(levels: Levels, grown: int) -> int:
+    """Growth to `grown`, at most to the evidence's room, and by one at least (growth was judged on evidence
+    of room for one more: the growth bounds)."""
+    return grown if levels.grow_at_most is None else max(levels.allowed + 1, min(grown, levels.grow_at_most))
 
 
 def _same(levels: Levels, policy: GuardPolicy) -> int:

@@ -63,6 +63,7 @@ from batchllm.engines.endpoint.guard_evidence import (
     ServerHistory,
     WindowEvidence,
     excess,
+    growth_room,
     judge,
     load_eased,
     no_room,
@@ -341,7 +342,8 @@ class LatencyGuard:
         self._because = _because(verdict, since_cut, level, self._targets, self.policy)
         if self._not_growing is not None:
             self._held_by[self._not_growing] += 1
-        allowed = min(self.max_in_flight, change(Levels(self._allowed, self._beside_online), self.policy))
+        room = None if level is None else growth_room(level, self._targets, self._allowed)
+        allowed = min(self.max_in_flight, change(Levels(self._allowed, self._beside_online, room), self.policy))
         if verdict is Verdict.CUT and online_now:
             allowed = min(allowed, self._beside_online)  # a level grown in a lull is no level to halve beside them
         if verdict is Verdict.CUT and self._allowed == 1 and allowed == 0 and (why := self._one_was_too_many(level)):
