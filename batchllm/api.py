@@ -211,7 +211,7 @@ def _small_offsets(field: pa.Field) -> pa.Field:
 class _Written:
     """Files and folders one call created, removed again if the run is refused."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.files: list[Path] = []
         self.folders: list[Path] = []
 

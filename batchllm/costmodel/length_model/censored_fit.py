@@ -87,7 +87,7 @@ class CachedRidge:
     EM refits the same folds on new targets); a new penalty drops them (2,000 rows: 18 MB a fold).
     The rows' features and column means, the same whatever the penalty, are kept per rows."""
 
-    def __init__(self, features):
+    def __init__(self, features: Any) -> None:
         self.features = features
         self.dual = features.shape[0] <= features.shape[1]
         if self.dual:
