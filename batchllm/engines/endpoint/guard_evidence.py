@@ -419,7 +419,7 @@ class ServerHistory:
         online = online_latency(start, end, own)
         online_seen = online.ttft_count > 0 or any(_others(s, batch) > 0 for s, batch in self._within(start.at_s, end.at_s))
         if not online_seen:
-            return replace(online, itl_p99_s=None, itl_count=0, itl_p99_bucket_s=None), False, False
+            return replace(online, itl_p99_s=None, itl_count=0, itl_p99_bucket_s=None, itl_from_histogram=False), False, False
         pairs = self._beside_online(start.at_s, end.at_s)
         beside = [(before.at_s, after.at_s, weight) for before, after, weight in pairs]
         gaps, waits = own.gaps_within(beside), self._prefill_waits(pairs, own)
@@ -431,12 +431,12 @@ class ServerHistory:
             centred_s = weighted_p99_at_least(exact + [((least_s + most_s) / 2, weight) for least_s, most_s, weight in waits], sigmas)
             assert at_most_s is not None and at_least_s is not None
             return replace(online, itl_p99_s=at_most_s, itl_count=len(gaps) + len(waits),
-                           itl_p99_bucket_s=(at_least_s, at_most_s), itl_p99_centred_s=centred_s), True, True
+                           itl_p99_bucket_s=(at_least_s, at_most_s), itl_p99_centred_s=centred_s, itl_from_histogram=False), True, True
         everyone = server_latency(start, end, [silent_s] if silent_s > 0 else [])
         if everyone.itl_p99_s is None:  # no histogram to count the silence in
             return online, True, False
-        return (replace(online, itl_p99_s=everyone.itl_p99_s, itl_count=everyone.itl_count, itl_p99_bucket_s=everyone.itl_p99_bucket_s),
-                True, True)
+        return (replace(online, itl_p99_s=everyone.itl_p99_s, itl_count=everyone.itl_count, itl_p99_bucket_s=everyone.itl_p99_bucket_s,
+                        itl_from_histogram=True), True, True)
 
 
 def own_evidence(own: OwnTimings, now_s: float, since_s: float, window_s: float, silent_s: float) -> WindowEvidence:

@@ -476,6 +476,6 @@ def _at_least(latency: WindowLatency) -> float | None:
     """The inter-token p99 a baseline takes: from a histogram, its bucket's lower bound (the batch's
     exact gaps then judge it against a target that is not too loose); of the batch's own gaps, their
     nearest-rank p99 (`itl_p99_s`), not the least their noise allows, which is for judging an excess."""
-    if latency.itl_p99_bucket_s is None or latency.itl_p99_centred_s is not None:
-        return latency.itl_p99_s
-    return latency.itl_p99_bucket_s[0] or latency.itl_p99_s
+    if latency.itl_from_histogram and latency.itl_p99_bucket_s is not None:
+        return latency.itl_p99_bucket_s[0] or latency.itl_p99_s
+    return latency.itl_p99_s

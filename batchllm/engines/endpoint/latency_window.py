@@ -91,6 +91,9 @@ class WindowLatency:
     # of the batch's own gaps and its prefills', the inter-token p99 at the least their noise allows with each
     # prefill's gap at the middle of its bounds: what a cut judges; None: as `itl_p99_bucket_s` has it
     itl_p99_centred_s: float | None = None
+    # the inter-token p99 is the server's histogram's (every request's, or the online ones' with the batch's gaps taken out):
+    # `itl_p99_bucket_s` is then the bucket it lies in, not bounds of the batch's own gaps
+    itl_from_histogram: bool = False
 
 
 class TimedValues:
@@ -192,7 +195,7 @@ def _latency(ttft: Histogram | None, itl: Histogram | None) -> WindowLatency:
                          ttft_count=0.0 if ttft is None else ttft.count, itl_count=0.0 if itl is None else itl.count,
                          ttft_p99_bucket_s=None if ttft is None else ttft.quantile_bucket(P99),
                          itl_p99_bucket_s=None if itl is None else itl.quantile_bucket(P99),
-                         ttft_p99_centred_s=None if ttft is None else ttft.quantile_centred(P99))
+                         ttft_p99_centred_s=None if ttft is None else ttft.quantile_centred(P99), itl_from_histogram=itl is not None)
 
 
 def server_latency(start: MetricsSnapshot, end: MetricsSnapshot, more_gaps_s: Sequence[float] = ()) -> WindowLatency:
