@@ -1,0 +1,138 @@
+"""The latency guard over scripted servers on a fake clock (tests/scripted_server.py), 8 seeds a load:
+the batch's tokens against the best fixed concurrency that kept every 30 s window, and the windows it
+broke. A proxy of coserve.py's matrix that runs in about a minute with no server, for trying a guard
+rule on many seeds before a real run; its servers are models, coserve's verdicts are the real ones.
+
+    .venv/bin/python benchmarks/guard_scripted.py [--seeds 8]
+
+The SLO is coserve's: 1.25x the online p99s alone (first token and inter-token) over the whole load;
+a window breaks it when its online p99 is over. Per load it prints the median over seeds of the
+batch's tokens over the best safe fixed concurrency's (`c`; n/a where no fixed one kept every
+window), the seeds with a window broken and the worst window's p99 over alone's.
+
+Loads (online requests of 32-48 tokens; the batch's of 64-128):
+    light          a fast server (20 ms a step, 2 ms a request), 1 online request a second
+    heavy+client   the same at 5 a second, 150 ms of client time in each batch first token
+    lhl-fast       the fast server, 1 / 5 / 1 a second for 60 s each
+    lhl-cpu-like   16 ms a step and 0.8 ms a request, 20 ms more for a step with a prefill (a small
+                   model on CPU cores: the step's fixed part dominates), 0.9 / 2.7 / 0.9 a second for
+                   30 s each, as coserve (a)'s phases
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from batchllm.core.latency_slo import LatencySlo  # noqa: E402
+from batchllm.engines.endpoint.guard_policy import GuardPhase  # noqa: E402
+from batchllm.engines.endpoint.latency_guard import LatencyGuard  # noqa: E402
+from tests.scripted_server import Scenario, Trace, poisson, run  # noqa: E402
+
+FAST = lambda n: 0.02 + 0.002 * n  # noqa: E731
+CPU_LIKE = lambda n: 0.016 + 0.0008 * n  # noqa: E731
+FIXED_LEVELS = (1, 2, 4, 8, 16)
+WINDOW_S = 30.0
+
+
+class Fixed:
+    """A client that keeps `level` batch requests in flight whatever it sees (coserve's fixed sides)."""
+
+    phase = GuardPhase.STEADY
+
+    def __init__(self, level: int):
+        self.level = level
+
+    def allowed(self, now_s: float, in_flight: int) -> int:
+        return self.level
+
+    def observe_server(self, snapshot) -> None:
+        pass
+
+    def observe_silence(self, now_s: float, silent_s: float) -> None:
+        pass
+
+    def observe_own(self, now_s: float, ttft_s: float | None, gaps_s) -> None:
+        pass
+
+
+def phases(rates: tuple[float, ...], phase_s: float, seed: int) -> tuple[float, ...]:
+    arrivals: tuple[float, ...] = ()
+    for k, rate in enumerate(rates):
+        arrivals += poisson(rate, (k + 1) * phase_s, seed=seed + 100 * k, from_s=k * phase_s)
+    return tuple(sorted(arrivals))
+
+
+@dataclass(frozen=True)
+class Load:
+    name: str
+    scenario: Callable[[int], Scenario]  # of a seed
+    duration_s: float
+    judged_from_s: float  # windows from here (the first 30 s of a steady load is the guard's start)
+
+
+LOADS = (
+    Load("light", lambda s: Scenario(FAST, poisson(1.0, 180, seed=s), online_tokens=32), 180.0, 30.0),
+    Load("heavy+client", lambda s: Scenario(FAST, poisson(5.0, 180, seed=s), online_tokens=32, client_s=0.15), 180.0, 30.0),
+    Load("lhl-fast", lambda s: Scenario(FAST, phases((1.0, 5.0, 1.0), 60.0, s), online_tokens=32), 180.0, 30.0),
+    Load("lhl-cpu-like", lambda s: Scenario(CPU_LIKE, phases((0.9, 2.7, 0.9), 30.0, s), online_tokens=48, batch_tokens=128,
+                                            prefill_s=0.02), 90.0, 0.0),
+)
+
+
+def slo_of(alone: Trace, until_s: float) -> LatencySlo:
+    ttft, itl = alone.online_p99s(0.0, until_s)
+    assert ttft is not None and itl is not None
+    return LatencySlo(ttft_p99_s=1.25 * ttft, itl_p99_s=1.25 * itl)
+
+
+def worst_ratio(alone: Trace, beside: Trace, load: Load) -> float:
+    """The worst window's online p99 over alone's p99 of the whole load."""
+    reference, worst, at = alone.online_p99s(0.0, load.duration_s), 0.0, load.judged_from_s
+    while at + WINDOW_S <= load.duration_s:
+        for mine, theirs in zip(beside.online_p99s(at, at + WINDOW_S), reference):
+            if mine is not None and theirs:
+                worst = max(worst, mine / theirs)
+        at += WINDOW_S
+    return worst
+
+
+def measure(load: Load, seeds: range) -> str:
+    shares, worst, broken = [], [], 0
+    for seed in seeds:
+        scenario = load.scenario(seed)
+        alone = run(replace(scenario, client_s=0.0), None, load.duration_s)
+        guarded = run(scenario, LatencyGuard(slo_of(alone, load.duration_s), 64), load.duration_s)
+        best = 0
+        for level in FIXED_LEVELS:
+            fixed = run(replace(scenario, client_s=0.0), Fixed(level), load.duration_s)  # type: ignore[arg-type]
+            if worst_ratio(alone, fixed, load) > 1.25:
+                break
+            best = fixed.batch_tokens
+        ratio = worst_ratio(alone, guarded, load)
+        worst.append(ratio)
+        broken += ratio > 1.25
+        if best:
+            shares.append(guarded.batch_tokens / best)
+    c = f"{statistics.median(shares):.2f}x" if shares else "n/a"
+    return f"{load.name:<14} c {c:>6}  seeds with a window broken {broken}/{len(seeds)}  worst {max(worst):.2f}x"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=8)
+    seeds = range(20, 20 + parser.parse_args().seeds)
+    print(f"the latency guard over scripted servers, seeds {seeds.start}-{seeds.stop - 1}; c: the batch's tokens over the "
+          f"best fixed concurrency ({', '.join(map(str, FIXED_LEVELS))}) that kept every {WINDOW_S:.0f} s window (median)")
+    for load in LOADS:
+        print(measure(load, seeds), flush=True)
+
+
+if __name__ == "__main__":
+    main()
