@@ -92,8 +92,8 @@ def light_heavy_light(seed: int) -> Scenario:
 
 
 def test_beside_a_load_turning_heavy_the_batch_grown_in_the_light_keeps_the_slo_over_seeds():
-    """Over 8 seeds of a light-heavy-light load, at most one 30 s window breaks the SLO, by at most
-    1.35x. Growth doubling on p99s under the growth bounds alone went from 8 to 16 in a light phase,
+    """Over 8 seeds of a light-heavy-light load, at most one seed has a 30 s window over the SLO, by at
+    most 1.35x of alone's p99. Growth doubling on p99s under the growth bounds alone went from 8 to 16 in a light phase,
     and 4 of the 8 broke a window, up to 1.63x alone's first-token p99; growth no further than the
     evidence's room (`growth_room`) leaves one, at 1.32x, where the heavy load met a batch grown in the light."""
     worst = []

@@ -183,7 +183,8 @@ def growth_room(evidence: WindowEvidence, targets: GuardTargets, allowed: int) -
     no count of the server's requests, or no p99 with a bound). Doubled on p99s under the growth bounds,
     the batch went from 8 to 16 beside a scripted light load (first-token p99 0.08 s, target 0.11 s), whose
     first tokens then took 0.24 s: of 8 seeds of a light-heavy-light load, 4 broke a window, up to 1.63x
-    alone's first-token p99; capped here, 1, at 1.32x, where the heavy load met a batch grown in the light."""
+    alone's first-token p99; capped here, 1 of the 8, at 1.32x, where the heavy load met a batch grown in
+    the light (`benchmarks/guard_scripted.py`)."""
     if not evidence.online_seen or evidence.running is None:
         return None
     latency, on_server = evidence.latency, max(float(allowed), evidence.running + (evidence.waiting or 0.0))
