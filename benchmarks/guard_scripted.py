@@ -1,6 +1,6 @@
 """The latency guard over scripted servers on a fake clock (tests/scripted_server.py), 8 seeds a load:
 the batch's tokens against the best fixed concurrency that kept every 30 s window, and the windows it
-broke. A proxy of coserve.py's matrix that runs in about a minute with no server, for trying a guard
+broke. A proxy of coserve.py's matrix that runs in seconds (11 s on an AVX-512 host) with no server, for trying a guard
 rule on many seeds before a real run; its servers are models, coserve's verdicts are the real ones.
 
     .venv/bin/python benchmarks/guard_scripted.py [--seeds 8]
