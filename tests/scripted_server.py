@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from batchllm.core.latency_slo import LatencySlo
 from batchllm.engines.endpoint.guard_policy import GuardPhase
 from batchllm.engines.endpoint.latency_guard import LatencyGuard
 from batchllm.engines.endpoint.latency_window import p99_of
@@ -26,6 +27,8 @@ TTFT_BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                160.0, 640.0, 2560.0, math.inf)
 ITL_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, math.inf)
 SCRAPE_S, OWN_TIMINGS_S = 1.0, 0.5  # as the endpoint engine
+# a fast server's step for n running requests: 20 ms and 2 ms a request (memory-bound decoding)
+FAST = lambda n: 0.02 + 0.002 * n  # noqa: E731
 
 
 @dataclass
@@ -188,3 +191,31 @@ def poisson(rate_per_s: float, until_s: float, seed: int, from_s: float = 0.0) -
     while (at := at + rng.expovariate(rate_per_s)) < until_s:
         times.append(at)
     return tuple(times)
+
+
+def phased_arrivals(rates_per_s: tuple[float, ...], phase_s: float, seed: int) -> tuple[float, ...]:
+    """Poisson arrivals at each rate for `phase_s` in turn (the k-th phase seeded seed + 100 k)."""
+    arrivals: tuple[float, ...] = ()
+    for k, rate in enumerate(rates_per_s):
+        arrivals += poisson(rate, (k + 1) * phase_s, seed=seed + 100 * k, from_s=k * phase_s)
+    return tuple(sorted(arrivals))
+
+
+def slo_of(alone: Trace, from_s: float, until_s: float) -> LatencySlo:
+    """1.25 x what the online clients saw alone, as the coserve benchmark sets it."""
+    ttft, itl = alone.online_p99s(from_s, until_s)
+    assert ttft is not None and itl is not None
+    return LatencySlo(ttft_p99_s=1.25 * ttft, itl_p99_s=1.25 * itl)
+
+
+def worst_ratio(alone: Trace, beside: Trace, from_s: float, until_s: float, window_s: float = 30.0) -> float:
+    """The worst window's online p99 (TTFT or inter-token) over alone's p99 of the whole stretch (the
+    reference the coserve benchmark holds each window to)."""
+    reference = alone.online_p99s(from_s, until_s)
+    worst, at = 0.0, from_s
+    while at + window_s <= until_s:
+        for mine, theirs in zip(beside.online_p99s(at, at + window_s), reference):
+            if mine is not None and theirs:
+                worst = max(worst, mine / theirs)
+        at += window_s
+    return worst

@@ -17,11 +17,21 @@ from batchllm.engines.endpoint.guard_targets import SERVER_METRICS, GuardChange,
 from batchllm.engines.endpoint.latency_guard import LatencyGuard
 from batchllm.engines.endpoint.latency_window import OwnTimings, WindowLatency, exactly, weighted_p99, weighted_p99_at_least
 from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
-from tests.scripted_server import ITL_BOUNDS, TTFT_BOUNDS, Scenario, ScriptedServer, Trace, poisson, run
+from tests.scripted_server import (
+    FAST,
+    ITL_BOUNDS,
+    TTFT_BOUNDS,
+    Scenario,
+    ScriptedServer,
+    phased_arrivals,
+    poisson,
+    run,
+    slo_of,
+    worst_ratio,
+)
 
-# A fast server (a step of 20 ms and 2 ms a request: memory-bound decoding) and a slow one (one
-# CPU core: 50 ms and 100 ms a request, so one batch request beside two online ones slows them by half).
-FAST = lambda n: 0.02 + 0.002 * n  # noqa: E731
+# A slow server beside scripted_server.FAST (one CPU core: 50 ms and 100 ms a request, so one batch
+# request beside two online ones slows them by half).
 ONE_SLOW_CORE = lambda n: 0.05 + 0.1 * n  # noqa: E731
 LIGHT = Scenario(FAST, poisson(1.0, 180, seed=1), online_tokens=32)
 HEAVY = Scenario(FAST, poisson(5.0, 180, seed=2), online_tokens=32)
@@ -38,26 +48,6 @@ RAMP_TO_SATURATION = Scenario(lambda n: 0.02 + 0.004 * n, poisson(8.0, 180, seed
 # an online answer of 100 tokens every 15 s on one slow core: two on the server at almost every step,
 # each answer 20-30 s long; one batch request beside them makes each step 1.4x as long
 CROWDED_SLOW_CORE = Scenario(ONE_SLOW_CORE, tuple(0.5 + 15.0 * k for k in range(21)), online_tokens=100)
-
-
-def slo_of(alone: Trace, from_s: float, until_s: float) -> LatencySlo:
-    """1.25 x what the online clients saw alone, as the coserve benchmark sets it."""
-    ttft, itl = alone.online_p99s(from_s, until_s)
-    assert ttft is not None and itl is not None
-    return LatencySlo(ttft_p99_s=1.25 * ttft, itl_p99_s=1.25 * itl)
-
-
-def worst_ratio(alone: Trace, beside: Trace, from_s: float, until_s: float, window_s: float = 30.0) -> float:
-    """The worst window's online p99 (TTFT or inter-token) over alone's p99 of the whole stretch (the
-    reference the coserve benchmark holds each window to)."""
-    reference = alone.online_p99s(from_s, until_s)
-    worst, at = 0.0, from_s
-    while at + window_s <= until_s:
-        for mine, theirs in zip(beside.online_p99s(at, at + window_s), reference):
-            if mine is not None and theirs:
-                worst = max(worst, mine / theirs)
-        at += window_s
-    return worst
 
 
 def test_on_an_idle_server_the_batch_grows_to_max_in_flight():
@@ -87,8 +77,7 @@ def test_beside_online_traffic_the_batch_runs_and_every_window_keeps_the_slo(sce
 
 def light_heavy_light(seed: int) -> Scenario:
     """1 online request a second for 60 s, 5 a second for 60 s, 1 again: coserve's (a) on the fast server."""
-    arrivals = poisson(1.0, 60, seed=seed) + poisson(5.0, 120, seed=seed + 100, from_s=60) + poisson(1.0, 180, seed=seed + 200, from_s=120)
-    return Scenario(FAST, tuple(sorted(arrivals)), online_tokens=32)
+    return Scenario(FAST, phased_arrivals((1.0, 5.0, 1.0), 60.0, seed), online_tokens=32)
 
 
 def test_beside_a_load_turning_heavy_the_batch_grown_in_the_light_keeps_the_slo_over_seeds():

@@ -342,7 +342,7 @@ class LatencyGuard:
         self._because = _because(verdict, since_cut, level, self._targets, self.policy)
         if self._not_growing is not None:
             self._held_by[self._not_growing] += 1
-        room = None if level is None else growth_room(level, self._targets, self._allowed)
+        room = growth_room(level, self._targets, self._allowed) if verdict is Verdict.GROW and level is not None else None
         allowed = min(self.max_in_flight, change(Levels(self._allowed, self._beside_online, room), self.policy))
         if verdict is Verdict.CUT and online_now:
             allowed = min(allowed, self._beside_online)  # a level grown in a lull is no level to halve beside them
