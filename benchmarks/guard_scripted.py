@@ -101,8 +101,11 @@ def measure(load: Load, seeds: range) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, default=8)
-    seeds = range(20, 20 + parser.parse_args().seeds)
+    parser.add_argument("--seeds", type=int, default=8, help="seeds a load (default 8)")
+    count = parser.parse_args().seeds
+    if count < 1:
+        parser.error(f"--seeds must be at least 1, got {count}")
+    seeds = range(20, 20 + count)
     print(f"the latency guard over scripted servers, seeds {seeds.start}-{seeds.stop - 1}; c: the batch's tokens over the "
           f"best fixed concurrency ({', '.join(map(str, FIXED_LEVELS))}) that kept every {WINDOW_S:.0f} s window (median)")
     for load in LOADS:
