@@ -11,11 +11,12 @@ from dataclasses import replace
 import pytest
 
 from batchllm.core.latency_slo import LatencySlo
-from batchllm.engines.endpoint.guard_evidence import ServerHistory, WindowEvidence, excess, growth_room, judge, load_eased
+from batchllm.engines.endpoint.guard_evidence import WindowEvidence, excess, growth_room, judge, load_eased
 from batchllm.engines.endpoint.guard_policy import TRANSITIONS, GuardPhase, GuardPolicy, Levels, Verdict
 from batchllm.engines.endpoint.guard_targets import SERVER_METRICS, GuardChange, GuardReading, GuardTargets
 from batchllm.engines.endpoint.latency_guard import LatencyGuard
 from batchllm.engines.endpoint.latency_window import OwnTimings, WindowLatency, exactly, weighted_p99, weighted_p99_at_least
+from batchllm.engines.endpoint.server_history import ServerHistory
 from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
 from tests.scripted_server import (
     FAST,

@@ -10,7 +10,6 @@ import math
 import pytest
 
 from batchllm.core.latency_slo import LatencySlo
-from batchllm.engines.endpoint.guard_evidence import ServerHistory
 from batchllm.engines.endpoint.guard_policy import GuardPolicy
 from batchllm.engines.endpoint.guard_targets import GuardTargets
 from batchllm.engines.endpoint.latency_window import (
@@ -22,6 +21,7 @@ from batchllm.engines.endpoint.latency_window import (
     p99_of,
     weighted_p99,
 )
+from batchllm.engines.endpoint.server_history import ServerHistory
 from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
 
 TTFT_BOUNDS = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, math.inf)

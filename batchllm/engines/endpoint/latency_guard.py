@@ -60,7 +60,6 @@ from collections.abc import Sequence
 
 from batchllm.core.latency_slo import LatencySlo
 from batchllm.engines.endpoint.guard_evidence import (
-    ServerHistory,
     WindowEvidence,
     excess,
     growth_room,
@@ -72,6 +71,7 @@ from batchllm.engines.endpoint.guard_evidence import (
 from batchllm.engines.endpoint.guard_policy import GUARDING_PHASES, TRANSITIONS, GuardPhase, GuardPolicy, Levels, Verdict
 from batchllm.engines.endpoint.guard_targets import OWN_REQUESTS, SERVER_METRICS, GuardChange, GuardReading, GuardTargets
 from batchllm.engines.endpoint.latency_window import OwnTimings, WindowLatency, own_latency
+from batchllm.engines.endpoint.server_history import ServerHistory
 from batchllm.engines.endpoint.server_metrics import MetricsSnapshot
 
 CHANGES_KEPT = 1000  # changes a caller that never takes them leaves in memory

@@ -75,7 +75,7 @@ class WindowLatency:
     is of (None: no observation), and what is known of each: the bucket (lower, upper] it lies in
     when it comes from a histogram (the p99 itself is interpolated inside it), (p99, p99) when it is
     of exact values. Of the batch's own token gaps and the gaps its prefills made (some known only by
-    bounds, `guard_evidence.ServerHistory`), (at least, at most): the p99 at the least their noise
+    bounds, `server_history.ServerHistory`), (at least, at most): the p99 at the least their noise
     allows with each of those at its lower bound (`weighted_p99_at_least`), and the nearest-rank p99
     with each at its upper bound, which is then `itl_p99_s`."""
 
