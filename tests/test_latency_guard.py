@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from batchllm.core.latency_slo import LatencySlo
+from batchllm.engines.endpoint.guard_backoff import HoldBackoff
 from batchllm.engines.endpoint.guard_evidence import WindowEvidence, excess, growth_room, judge, load_eased
 from batchllm.engines.endpoint.guard_policy import TRANSITIONS, GuardPhase, GuardPolicy, Levels, Verdict
 from batchllm.engines.endpoint.guard_targets import SERVER_METRICS, GuardChange, GuardReading, GuardTargets
@@ -276,6 +277,19 @@ def test_where_one_batch_request_beside_online_ones_is_too_many_the_batch_keeps_
     described = guard.reading(1050.0).describe()
     assert described.startswith("held back (online p99 ") and (" beside one batch request; none in flight until a lull, a "
                                                                  "lighter load or a try beside them); in flight <= ") in described
+
+
+def test_the_hold_backoff_doubles_up_to_its_cap_and_a_clear_starts_it_again():
+    policy = GuardPolicy()
+    backoff, at = HoldBackoff(policy), 0.0
+    for wait_s in (60.0, 120.0, 240.0, 480.0, 960.0, 960.0):  # max_held_retry_s: 960 s
+        backoff.hold(at, None)
+        assert not backoff.retry_due(at + wait_s - 0.5) and backoff.retry_due(at + wait_s)
+        at += wait_s
+    backoff.clear()
+    backoff.hold(at, None)
+    assert backoff.in_a_row == 1 and not backoff.retry_due(at + 59.5) and backoff.retry_due(at + 60.0)
+    assert not backoff.eased(None, None)  # no window to judge: the backoff's time decides
 
 
 def test_held_back_the_batch_keeps_off_the_quiet_stretches_of_online_traffic_too():

@@ -3,12 +3,9 @@ online traffic keeps its latency: a state machine driven by the caller's clock (
 takes `now_s`, the clock of the snapshots' `at_s`; no threads, no sleeping, no I/O).
 
 Phases (`GuardPhase`; the rules and their numbers in `guard_policy.py`):
-- BASELINE, 0 in flight: the online traffic alone for `baseline_s`, longer (up to `max_window_s`)
-  until `min_observations` of its first tokens came. Targets (`GuardTargets`) from the SLO, else
-  BASELINE_MARGIN x: the online first-token p99 alone, and the inter-token p99 the batch's one
-  request then sees beside the online ones for a window (its exact gaps). A baseline that saw no
-  online request measures the batch's own request alone, until `min_observations` first tokens.
-  Without server metrics: the batch's own requests at concurrency 1.
+- BASELINE (`guard_baseline.py`): the online traffic alone at 0 in flight, then (for targets
+  without an SLO) the batch's one request's exact timings beside it. Targets (`GuardTargets`) from
+  the SLO, else BASELINE_MARGIN x what it measured.
 - WAITING, when the online traffic alone is over its ease bounds or the server preempted or
   queued with no batch at all: 0 in flight, 1 once no online request was on the server for a
   quiet stretch (`trickle_quiet_gaps` of their mean arrival gap: a momentary gap in heavy traffic
@@ -59,12 +56,13 @@ from collections import Counter, deque
 from collections.abc import Sequence
 
 from batchllm.core.latency_slo import LatencySlo
+from batchllm.engines.endpoint.guard_backoff import HoldBackoff
+from batchllm.engines.endpoint.guard_baseline import Baseline, BaselineMeter
 from batchllm.engines.endpoint.guard_evidence import (
     WindowEvidence,
     excess,
     growth_room,
     judge,
-    load_eased,
     no_room,
     own_evidence,
 )
@@ -102,20 +100,16 @@ class LatencyGuard:
         self._level_since_s = -math.inf  # when `allowed` last changed (a cut: when it took effect)
         self._cut_settled_s = -math.inf  # when the last cut took effect
         self._draining_since_s = -math.inf
-        self._alone: WindowEvidence | None = None  # what the baseline's stretch at 0 showed
-        self._calibrating_from: MetricsSnapshot | None = None  # then 1 in flight from here, for the batch's exact timings
         self._capacity_running: float | None = None  # running requests when the server was last seen full
         self._beside_online = 1  # the last allowance judged beside online requests (growth in a lull is not)
-        self._first_call_s = math.inf  # when the caller first asked or told anything
-        self._holds_in_a_row = 0  # HELD's backoff: `held_retry_s` x 2 ** (this - 1)
-        self._held_since_s = -math.inf
-        self._held_beside: WindowEvidence | None = None  # the window whose online load one batch request was too many beside
+        self._backoff = HoldBackoff(policy)
         self._fastest_pace_s = math.inf  # the server's quickest step the batch's streams saw in a window
         self._verdict: Verdict | None = None  # the verdict of this step's decision, if it made one
         self._because: str | None = None  # what in the evidence gave that verdict, for a cut, an ease-off, a surge or a return
         self._not_growing: str | None = None  # guarding: why the last decision did not grow (None: it did, or it cut)
         self._held_by: Counter[str] = Counter()  # why each decision since the last change held the level
         self._changes: deque[GuardChange] = deque(maxlen=CHANGES_KEPT)  # not yet taken by `changes`
+        self._baseline = BaselineMeter(policy, self._history, self._own, has_targets=self._targets is not None, began_s=-math.inf)
 
     # -- what the caller tells and asks
 
@@ -198,50 +192,18 @@ class LatencyGuard:
         self._own.forget_before(min(now_s, self._history.oldest_at_s or now_s) - self.policy.max_window_s)
 
     def _measure_baseline(self, now_s: float) -> None:
-        """0 in flight for `baseline_s` (longer while online requests came with too few first tokens),
-        then 1 until the batch's own request gave exact timings: its token gaps beside the online
-        ones (their inter-token baseline: vLLM's histogram buckets are wider than the margin), or,
-        with nobody else there, its first tokens too. With an SLO, or a server over it alone, no 1."""
-        first, newest = self._history.first_with_latency, self._history.fresh(now_s)
-        self._first_call_s = min(self._first_call_s, now_s)
-        if self._history.seen == 0 and now_s - self._first_call_s < self.policy.judge_after_s:
-            self._allowed = 0  # the first scrape has not come back yet: nothing is known
-            return
-        if first is None or newest is None or newest.ttft is None:  # no server metrics: the batch's own requests at concurrency 1
-            self._allowed = 1
-            measured = own_latency(self._own, -math.inf, now_s)
-            if measured.ttft_count >= self.policy.min_observations:
-                self._start_guarding(measured.ttft_p99_s, measured.itl_p99_s if measured.itl_count else None, now_s)
-            return
-        if self._alone is None:
-            self._allowed = 0
-            alone = self._history.evidence(now_s, max(first.at_s, self._level_since_s), self._own, 0.0)  # since it (re)began
-            if alone is None or alone.span_s < self.policy.baseline_s:
-                return
-            if alone.online_seen and alone.latency.ttft_count < self.policy.min_observations and alone.span_s < self.policy.max_window_s:
-                return  # online requests outlast the window: wait for more of their first tokens
-            self._alone, self._calibrating_from = alone, newest
-            if self._targets is not None or alone.saturated:
-                self._start_guarding(None, None, now_s)
-            return
-        self._allowed = 1
-        assert self._calibrating_from is not None
-        if self._alone.online_seen:  # the online gaps, as the batch's one request saw them beside online ones for a window
-            beside = self._history.evidence(now_s, self._calibrating_from.at_s, self._own, 0.0)
-            if beside is not None and beside.span_s >= self.policy.window_s and beside.latency.itl_count >= self.policy.own_gaps_min:
-                self._start_guarding(self._alone.latency.ttft_p99_s, _at_least(beside.latency), now_s)
-            return
-        own = own_latency(self._own, self._calibrating_from.at_s, now_s)
-        if own.ttft_count >= self.policy.min_observations:
-            self._start_guarding(own.ttft_p99_s, own.itl_p99_s if own.itl_count else None, now_s)
+        """BASELINE (`guard_baseline.BaselineMeter`): its allowance, and once it measured, guarding."""
+        self._allowed, baseline = self._baseline.step(now_s)
+        if baseline is not None:
+            self._start_guarding(baseline, now_s)
 
-    def _start_guarding(self, ttft_p99_s: float | None, itl_p99_s: float | None, now_s: float) -> None:
-        """Targets (the SLO's, else BASELINE_MARGIN x these p99s), then SLOW_START at 1, or WAITING
-        when the online traffic alone was over them."""
+    def _start_guarding(self, baseline: Baseline, now_s: float) -> None:
+        """Targets (the SLO's, else BASELINE_MARGIN x the baseline's p99s), then SLOW_START at 1, or
+        WAITING when the online traffic alone was over them."""
         if self._targets is None:
-            self._targets = GuardTargets.from_baseline(ttft_p99_s, itl_p99_s)
+            self._targets = GuardTargets.from_baseline(baseline.ttft_p99_s, baseline.itl_p99_s)
         self._new_observation(now_s)
-        why = None if self._alone is None else self._over_alone(self._alone)
+        why = None if baseline.alone is None else self._over_alone(baseline.alone)
         if why is not None:
             self.phase, self._why_waiting = GuardPhase.WAITING, why
             self._set_level(0, now_s)
@@ -276,7 +238,8 @@ class LatencyGuard:
         enough = not alone.online_seen or alone.latency.ttft_count >= self.policy.min_observations
         why = self._over_alone(alone)
         if enough and why is None and self.slo is None:  # the overload is over: targets from a baseline of what is there now
-            self.phase, self._why_waiting, self._targets, self._alone, self._calibrating_from = GuardPhase.BASELINE, None, None, None, None
+            self.phase, self._why_waiting, self._targets = GuardPhase.BASELINE, None, None
+            self._baseline = BaselineMeter(self.policy, self._history, self._own, has_targets=False, began_s=now_s)
             self._set_level(0, now_s)
         elif enough and why is None:
             self.phase, self._why_waiting = GuardPhase.SLOW_START, None
@@ -286,7 +249,7 @@ class LatencyGuard:
 
     def _hold(self, now_s: float) -> None:
         """HELD: 0 in flight, out after a lull (the backoff's count starts again) or, to try 1 beside
-        them once more, after the backoff, or sooner once the online load eased (`_eased`). No trickle
+        them once more, after the backoff, or sooner once the online load eased (`guard_backoff.HoldBackoff`). No trickle
         in quiet stretches of their traffic, as WAITING has: one request was shown too many beside
         them, and a quiet stretch says little of the next arrival (Poisson arrivals have no memory)
         while a trickled request stays on the server a scrape after they come. Held with that
@@ -295,25 +258,13 @@ class LatencyGuard:
         self._allowed = 0
         level = self._level_window(now_s)
         lull = level is not None and level.idle(self.policy)
-        if lull or self._eased(level) or now_s - self._held_since_s >= self._held_retry_s():
+        if lull or self._backoff.eased(level, self._targets) or self._backoff.retry_due(now_s):
             self.phase, self._why_waiting = GuardPhase.SLOW_START, None
-            self._holds_in_a_row = 0 if lull else self._holds_in_a_row
+            if lull:
+                self._backoff.clear()
             self._beside_online = 0 if lull else 1  # back to 0 when they come after a lull; a try is beside them
             self._cut_settled_s = now_s  # judged on itself, not on the hold's windows
             self._set_level(1, now_s)
-
-    def _eased(self, level: WindowEvidence | None) -> bool:
-        """The online traffic now comes at a lower rate than the one a batch request was too many beside,
-        beyond its noise (`rising_sigmas`), and the window at 0 shows positive evidence of room, as any
-        growth needs: one batch request was judged beside that load, not this one. Without it, held in
-        (a)'s heavy phase, the batch sat at 0 through the light phase after it (a try 60 s later),
-        where one request in flight kept the SLO (coserve matrix, AVX-512 host, 2026-11-29)."""
-        if level is None or self._held_beside is None or self._targets is None:
-            return False
-        return load_eased(self._held_beside, level, self.policy.rising_sigmas) and judge(level, self._targets, self.policy) is Verdict.GROW
-
-    def _held_retry_s(self) -> float:
-        return min(self.policy.max_held_retry_s, self.policy.held_retry_s * 2 ** max(0, self._holds_in_a_row - 1))
 
     def _decide(self, now_s: float) -> None:
         assert self.phase in GUARDING_PHASES and self._targets is not None
@@ -350,8 +301,8 @@ class LatencyGuard:
             if since_cut.queue_held:
                 self._capacity_running = since_cut.running
             self.phase, self._why_waiting, self._beside_online = GuardPhase.HELD, f"{why} beside one batch request", 0
-            self._held_beside = self._evidence(now_s, -math.inf)  # the load over the last window, whatever the level's age
-            self._cut_settled_s, self._held_since_s, self._holds_in_a_row = now_s, now_s, self._holds_in_a_row + 1
+            self._backoff.hold(now_s, self._evidence(now_s, -math.inf))  # the load over the last window, whatever the level's age
+            self._cut_settled_s = now_s
             self._set_level(0, now_s)
             return
         self.phase = phase
@@ -364,7 +315,7 @@ class LatencyGuard:
         if beside or verdict in (Verdict.RETURN, Verdict.SURGE) or (verdict is Verdict.CUT and online_now):
             self._beside_online = allowed
             if beside and self._allowed >= 2:  # 2 judged harmless beside them: no backoff left to double
-                self._holds_in_a_row = 0
+                self._backoff.clear()
         if phase is GuardPhase.DRAINING and since_cut.queue_held:
             self._capacity_running = since_cut.running
         if phase is GuardPhase.DRAINING and allowed == self._allowed == self._in_flight == 0:
@@ -387,7 +338,7 @@ class LatencyGuard:
             return None
         if self._history.batch_beside_online(self._level_since_s) != {1}:
             return None
-        return excess(level, self._targets, self.policy, sure=self._holds_in_a_row == 0)
+        return excess(level, self._targets, self.policy, sure=self._backoff.in_a_row == 0)
 
     def _why_not_grow(self, level: WindowEvidence | None, now_s: float) -> str | None:
         """Why the batch may not grow on evidence of room (in words, the same each time; None: it may).
@@ -471,11 +422,3 @@ def _because(verdict: Verdict, since_cut: WindowEvidence, level: WindowEvidence 
         return "online requests back after a lull the batch grew in"
     return None
 
-
-def _at_least(latency: WindowLatency) -> float | None:
-    """The inter-token p99 a baseline takes: from a histogram, its bucket's lower bound (the batch's
-    exact gaps then judge it against a target that is not too loose); of the batch's own gaps, their
-    nearest-rank p99 (`itl_p99_s`), not the least their noise allows, which is for judging an excess."""
-    if latency.itl_from_histogram and latency.itl_p99_bucket_s is not None:
-        return latency.itl_p99_bucket_s[0] or latency.itl_p99_s
-    return latency.itl_p99_s
