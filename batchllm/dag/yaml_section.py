@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import NoReturn
 
 from batchllm.core.errors import UserError
 from batchllm.dag.yaml_lines import LineDict
+
+NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # of inputs, nodes, merges, nearest lists and outputs
 
 
 class Section:
@@ -46,6 +49,12 @@ class Section:
         return value
 
 
+def check_name(section: Section, key: str, kind: str) -> None:
+    """A name the DAG gives (an input, a node, ...): letters, digits and _, not starting with a digit."""
+    if not isinstance(key, str) or not NAME_PATTERN.match(key):
+        section.fail(key, f"{kind} name {key!r} is not a valid name", "use letters, digits and _, not starting with a digit")
+
+
 def names_section(top: Section, key: str, expect: str) -> Section | None:
     """A top-level mapping whose keys are names the DAG gives (`merges:`, `nearest:`); None when the DAG has none."""
     if key not in top.mapping:
@@ -65,3 +74,12 @@ def place(file: Path, line: int, key_path: str) -> str:
 def show(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def plain(value: object) -> object:
+    """YAML's line-tracking mappings -> plain dicts and lists, for JSON."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
