@@ -57,7 +57,8 @@ def append_order(records: int) -> np.ndarray:
 
 def measure(folder: Path, input_path: Path, records: int, batch: int) -> None:
     from batchllm.dag.model import ColumnRef, OutputSpec
-    from batchllm.io.node_journal import ResultJournal, ResultRecord
+    from batchllm.io.journal_records import ResultRecord
+    from batchllm.io.node_journal import ResultJournal
     from batchllm.io.output_files import FinalSource, InputFile, write_node_file, write_output_set
 
     report("imports", 0.0)

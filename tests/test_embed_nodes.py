@@ -16,7 +16,8 @@ from batchllm.core.errors import UserError
 from batchllm.core.requests import EngineRequest, ModelTask
 from batchllm.dag.loader import load_dag
 from batchllm.engines.devices import parse_devices
-from batchllm.io.node_journal import ResultJournal, ResultRecord
+from batchllm.io.journal_records import ResultRecord
+from batchllm.io.node_journal import ResultJournal
 from batchllm.models.model_kind import ModelKind
 from batchllm.runtime.launch import run_dag_file
 from tests.conftest import QUESTIONS, make_model_dir

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import batchllm.runtime.node_feed as node_feed
 from batchllm.dag.model import InputSpec, NodeSpec, SamplingSpec
 from batchllm.io.input_source import open_input
-from batchllm.io.node_journal import ResultJournal, ResultRecord
+from batchllm.io.journal_records import ResultRecord
+from batchllm.io.node_journal import ResultJournal
 from batchllm.runtime.ledger import Ledger, NodeLedger, UnitStatus, request_id
 from batchllm.runtime.node_feed import MergedUpstream, NodeFeed, Upstream
 

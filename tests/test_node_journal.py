@@ -10,7 +10,8 @@ import pytest
 
 import batchllm.io.node_journal as node_journal
 from batchllm.core.errors import UserError
-from batchllm.io.node_journal import JournalStats, ResultJournal, ResultRecord, read_records
+from batchllm.io.journal_records import JournalStats, ResultRecord
+from batchllm.io.node_journal import ResultJournal, read_records
 
 
 def record(row: int, step: int = 0, text: str | None = None, reason: str = "stop") -> ResultRecord:

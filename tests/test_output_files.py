@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchllm.dag.model import ColumnRef, OutputSpec
-from batchllm.io.node_journal import ResultJournal, ResultRecord
+from batchllm.io.journal_records import ResultRecord
+from batchllm.io.node_journal import ResultJournal
 from batchllm.io.output_files import NODE_SCHEMA, FinalSource, InputFile, write_node_file, write_output_set
 
 

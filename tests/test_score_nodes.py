@@ -16,7 +16,8 @@ from rich.console import Console
 from batchllm.core.errors import UserError
 from batchllm.core.requests import EngineRequest, ModelTask
 from batchllm.engines.devices import parse_devices
-from batchllm.io.node_journal import ResultJournal, ResultRecord
+from batchllm.io.journal_records import ResultRecord
+from batchllm.io.node_journal import ResultJournal
 from batchllm.runtime.launch import run_dag_file
 from tests.conftest import QUESTIONS, load_refused, make_model_dir
 from tests.fakes import DriverCrash, FakeEngine, FakeEngineFactory, fake_score, fake_text

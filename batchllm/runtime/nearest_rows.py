@@ -14,7 +14,7 @@ import numpy as np
 from batchllm.dag.context import nearest_item
 from batchllm.dag.model import NearestSpec
 from batchllm.io.input_source import InputSource
-from batchllm.io.node_journal import vector_array
+from batchllm.io.journal_records import vector_array
 from batchllm.io.vector_search import VectorSearch
 from batchllm.runtime.ledger import FinalState
 from batchllm.runtime.node_feed import Upstream

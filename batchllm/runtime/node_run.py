@@ -26,7 +26,8 @@ from batchllm.core.requests import EngineResult, ModelTask
 from batchllm.dag.model import DagSpec, NodeSpec, Price
 from batchllm.engines.protocol import EngineConfig
 from batchllm.io.input_source import InputSource
-from batchllm.io.node_journal import JournalStats, ResultJournal, ResultRecord
+from batchllm.io.journal_records import JournalStats, ResultRecord
+from batchllm.io.node_journal import ResultJournal
 from batchllm.runtime.backlog import Backlog
 from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.ledger import Ledger, NodeLedger

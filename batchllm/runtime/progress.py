@@ -26,7 +26,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from batchllm.dag.model import Price
-from batchllm.io.node_journal import JournalStats
+from batchllm.io.journal_records import JournalStats
 from batchllm.runtime.ledger import UnitCounts
 from batchllm.runtime.status import END_STATES, NodeStatus, RunStatus, eta_text, write_status
 
