@@ -15,6 +15,7 @@ import pytest
 from batchllm.core.endpoint import Endpoint
 from batchllm.core.requests import EngineRequest, FinishReason
 from batchllm.engines.endpoint import http_engine
+from batchllm.engines.endpoint.attempt_failure import MAX_FAILED_ANSWERS
 from batchllm.engines.endpoint.guard_targets import GuardChange, GuardReading
 from batchllm.engines.endpoint.http_engine import EndpointEngine, endpoint_config
 from batchllm.engines.engine import EngineFailed
@@ -147,7 +148,7 @@ def test_answers_stream_in_and_retries_and_row_errors_end_each_request_once(serv
     assert (found[1].num_prompt_tokens, found[1].num_output_tokens) == (3, 2)
     assert found[2].texts == ("Hello",) and script.calls["flaky"] == 2  # a 503, then sent again
     assert found[3].is_error and found[3].error == "the server refused it (400): scripted 400" and script.calls["bad"] == 1
-    assert found[4].is_error and script.calls["crashes"] == http_engine.MAX_FAILED_ANSWERS
+    assert found[4].is_error and script.calls["crashes"] == MAX_FAILED_ANSWERS
     assert "batchllm-2-0" in script.ids and "batchllm-2-1" in script.ids  # one id per attempt, the same on a resume
     assert engine.poll(0.0) == []  # nothing answered twice
 

@@ -7,10 +7,9 @@ own decoding streams has gone without a token (a stalled server shows there befo
 on the server, the youngest calls over its allowance are aborted at once (they have done the
 least) and held here until it allows them again, then sent anew: a cut takes effect in a
 scrape, not after the calls in flight end (~one answer's time, when online latency is already
-over its target). A call that fails on the
-connection, a 5xx or a 429 is sent again with backoff (under a new attempt id: vLLM takes
-`X-Request-Id` as the request's id, and the aborted attempt may still hold the old one); a
-4xx that is the request's own fault is that row's error. A server down for longer than
+over its target). A failed attempt is judged in `attempt_failure`: the row's error, the engine's
+failure, or sent again with backoff (under a new attempt id: vLLM takes `X-Request-Id` as the
+request's id, and the aborted attempt may still hold the old one). A server down for longer than
 `down_after_s` fails the engine with the cause: its unfinished requests go back to the
 runtime, which sends them to the model's other servers or fails the node.
 
@@ -35,6 +34,7 @@ import openai
 
 from batchllm.core.endpoint import Endpoint
 from batchllm.core.requests import EngineRequest, EngineResult
+from batchllm.engines.endpoint.attempt_failure import Next, judge_failure
 from batchllm.engines.endpoint.guard_log import GuardLog
 from batchllm.engines.endpoint.latency_guard import LatencyGuard
 from batchllm.engines.endpoint.request_body import StreamedAnswer, request_body
@@ -46,9 +46,6 @@ SCRAPE_S = 1.0
 CALL_TIMEOUT_S = 600.0  # one call, from sending it to its last token
 OWN_TIMINGS_S = 0.5  # how often a streaming request tells the guard the gaps between its tokens
 DOWN_AFTER_S = 120.0  # a server that answers nothing for this long fails its engine (a restart takes ~30 s here)
-RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx
-SERVER_FAULTS = frozenset({401, 403, 404})  # a key refused, a model gone: the engine fails (its rows run again), not the row
-MAX_FAILED_ANSWERS = 5  # attempts of one request that the server answered and failed (a 500, an error inside the stream)
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 HELD_POLL_S = 0.25  # how often a request held back by a cut asks the guard again
 CHAT_KEYS = frozenset({"model", "messages", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "seed", "stop",
@@ -175,32 +172,15 @@ class EndpointEngine:
                 attempt += 1
                 await self._until_allowed()
                 continue
-            except openai.APIStatusError as error:  # an HTTP error status before the stream
-                if error.status_code in SERVER_FAULTS:  # the server's fault, not the row's: every row would get it
-                    self._failure = self._failure or EngineFailed(f"server {self.endpoint.url}",
-                                                                  f"{error.status_code}: {_message(error)}")
+            except Exception as error:  # noqa: BLE001  judged in attempt_failure: the row's, the engine's, or a retry
+                judgement = judge_failure(error, failed_answers)
+                if judgement.next is Next.ENGINE_FAILS:  # the server's fault, not the row's: every row would get it
+                    self._failure = self._failure or EngineFailed(f"server {self.endpoint.url}", judgement.why)
                     return
-                if error.status_code < 500 and error.status_code not in RETRY_STATUSES:
-                    self._results.put(EngineResult.failed(request.request_id, 0, f"the server refused it ({error.status_code}): "
-                                                                                 f"{_message(error)}"))
+                if judgement.next is Next.ROW_FAILS:
+                    self._results.put(EngineResult.failed(request.request_id, 0, judgement.why))
                     return
-                cause = f"{error.status_code}: {_message(error)}"
-                if error.status_code == 500:  # the server failed on this request (502-504: it is away, see the down timer)
-                    failed_answers += 1
-                    if failed_answers >= MAX_FAILED_ANSWERS:
-                        self._results.put(EngineResult.failed(request.request_id, 0, f"the server failed on it {failed_answers} "
-                                                                                     f"times: {cause}"))
-                        return
-            except (openai.APIConnectionError, openai.APITimeoutError) as error:
-                cause = f"{type(error).__name__}: {error}"
-            except Exception as error:  # noqa: BLE001  an error inside the stream (vLLM checks sampling there), a cut stream
-                failed_answers += 1
-                refused = _in_stream_refusal(error)
-                if refused or failed_answers >= MAX_FAILED_ANSWERS:
-                    why = refused or f"{type(error).__name__}: {error} ({failed_answers} attempts)"
-                    self._results.put(EngineResult.failed(request.request_id, 0, f"the server refused it: {why}"))
-                    return
-                cause = f"{type(error).__name__}: {error}"
+                cause, failed_answers = judgement.why, judgement.failed_answers
             else:
                 self._results.put(result)
                 return
@@ -336,30 +316,6 @@ class CutBack(Exception):
 
 class CutStream(Exception):
     """A stream that ended before its answer did (sent again)."""
-
-
-def _in_stream_refusal(error: Exception) -> str | None:
-    """The server's words when an error inside the stream is the request's own fault (a 4xx
-    code in the error event: vLLM checks sampling parameters after the stream has begun)."""
-    body = getattr(error, "body", None)
-    inner = body.get("error", body) if isinstance(body, dict) else None
-    if not isinstance(inner, dict):
-        return None
-    code = inner.get("code")
-    if isinstance(code, int) and 400 <= code < 500 and code not in RETRY_STATUSES:
-        return f"({code}) {inner.get('message') or error}"
-    return None
-
-
-def _message(error: openai.APIStatusError) -> str:
-    body = error.body
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])
-        if body.get("message"):
-            return str(body["message"])
-    return str(error.message)
 
 
 def start_endpoint_engine(config: EngineConfig) -> EndpointEngine:
