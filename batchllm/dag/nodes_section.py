@@ -4,7 +4,7 @@ reads (columns, upstream nodes, merges, nearest lists), checked against the othe
 
     nodes:
       answer: {model: smollm2-135m, prompt: "{{ question }}", sampling: {max_tokens: 64}}
-      judge:  {model: qwen-0.5b, prompt: "Q: {{ question }} A: {{ answer }}", output: {choices: [good, bad]}}
+      judge:  {model: smollm2-135m, prompt: "Q: {{ question }} A: {{ answer }}", output: {choices: [good, bad]}}
 """
 
 from __future__ import annotations
