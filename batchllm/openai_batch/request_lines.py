@@ -13,7 +13,7 @@ compiler. A `/v1/embeddings` line (body.input: a string or a list of them; `enco
 float) runs in an embed node, a `/score` line (vLLM's: text_1/text_2, queries/documents,
 queries/items or data_1/data_2, each a string or a list: 1:1, 1:N or N:N pairs) and a `/rerank`
 line (a query and its documents; `top_n`) in a score node (dag.node_task), one request per
-input or pair (`items`). Invariant: every line gives exactly one `LineRecord`; a line that cannot run has
+input or pair (`items`). A chat's body is read in `chat_body`, a pooling line's in `pooling_body`. Invariant: every line gives exactly one `LineRecord`; a line that cannot run has
 `error_code` set and says why in `error_message`, naming its line, and never stops the others.
 """
 
@@ -22,29 +22,32 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 
-from batchllm.core.errors import UserError
-from batchllm.core.output_constraint import OutputConstraint
 from batchllm.core.requests import Message
 from batchllm.core.sampling import SAMPLING_KEYS, SamplingError, SamplingSpec, sampling_from, sampling_mapping
-from batchllm.engines.constraints import check_constraint
 from batchllm.models.embedded import EMBEDDED_MODELS
-from batchllm.models.model_kind import ModelKind
 from batchllm.openai_batch.batch_dag import POOLING_TASKS
+from batchllm.openai_batch.chat_body import chat_messages, response_format, sees_images
+from batchllm.openai_batch.line_errors import (
+    CHAT_URL,
+    COMPLETIONS_URL,
+    EMBEDDINGS_URL,
+    IGNORED_KEYS,
+    RERANK_URL,
+    SCORE_URL,
+    LineError,
+    same,
+    short,
+)
 from batchllm.openai_batch.model_map import split_local
+from batchllm.openai_batch.pooling_body import embedding_inputs, rerank, score_pairs
 
-CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, SCORE_URL, RERANK_URL = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-                                                                    "/score", "/rerank")
 KINDS = {CHAT_URL: "chat", COMPLETIONS_URL: "completion", EMBEDDINGS_URL: "embedding", SCORE_URL: "score", "/v1/score": "score",
          RERANK_URL: "rerank", "/v1/rerank": "rerank", "/v2/rerank": "rerank"}
 ITEM_SEPARATOR = "\x1f"  # a pooling line's requests are `custom_id<US>k`: no custom_id may hold it
 DEFAULT_CHAT_MAX_TOKENS = 256
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 BODY_SAMPLING_KEYS = (*SAMPLING_KEYS, "max_completion_tokens")
-IGNORED_KEYS = ("user", "metadata", "store")  # do not change what is generated
 # Parameters batchllm does not implement, accepted only at the value that means "off".
 OFF_VALUES: dict[str, tuple[object, ...]] = {"stream": (False, None), "echo": (False, None), "stream_options": (None,), "logprobs": (False, None, 0),
               "stop": (None, [], "")}
@@ -84,12 +87,6 @@ class LineRecord:
         return json.dumps([self.model, self.local_model, self.kind, self.shape, sampling, self.json_schema, bool(self.images)])
 
 
-class LineError(Exception):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code, self.message = code, message
-
-
 def parse_line(text: str, line: int, models: Mapping[str, str]) -> LineRecord:
     """`models`: body.model -> local model; an embedded model's own name needs no entry."""
     custom_id = model = None
@@ -127,23 +124,23 @@ def parse_line(text: str, line: int, models: Mapping[str, str]) -> LineRecord:
             raise LineError("invalid_request", f"model {model!r} is mapped to a LoRA adapter, which applies to chat and completion "
                                                f"lines, not to {url} lines")
         if kind == "embedding":
-            return LineRecord(line, custom_id, model, local, kind, None, None, items=tuple((text, None) for text in _embedding_inputs(body)))
+            return LineRecord(line, custom_id, model, local, kind, None, None, items=tuple((text, None) for text in embedding_inputs(body)))
         if kind == "score":
-            return LineRecord(line, custom_id, model, local, kind, None, None, items=_score_pairs(body))
+            return LineRecord(line, custom_id, model, local, kind, None, None, items=score_pairs(body))
         if kind == "rerank":
-            items, top_n = _rerank(body)
+            items, top_n = rerank(body)
             return LineRecord(line, custom_id, model, local, kind, None, None, items=items, top_n=top_n)
         _check_keys(body, kind)
         messages = images = None
         if kind == "chat":
-            system, prompt, messages, images = _chat_messages(body)
+            system, prompt, messages, images = chat_messages(body)
         else:
             system, prompt = None, _completion_prompt(body)
-        if images and not _sees_images(split_local(local)[0]):
+        if images and not sees_images(split_local(local)[0]):
             raise LineError("invalid_request", f"body.messages holds images, but model {model!r} ({local}) sees none: its config has "
                                                "no vision_config; map the model to a vision-language model")
         return LineRecord(line, custom_id, model, local, kind, system, prompt, messages, _sampling(body, kind),
-                          json_schema=_response_format(body) if kind == "chat" else None, images=images)
+                          json_schema=response_format(body) if kind == "chat" else None, images=images)
     except LineError as error:
         return LineRecord(line, custom_id, model, None, None, None, None, error_code=error.code,
                           error_message=f"line {line}: {error.message}")
@@ -152,7 +149,7 @@ def parse_line(text: str, line: int, models: Mapping[str, str]) -> LineRecord:
 def _check_keys(body: dict, kind: str) -> None:
     content_key = "messages" if kind == "chat" else "prompt"
     for key, value in body.items():
-        if key in OFF_VALUES and any(_same(value, off) for off in OFF_VALUES[key]):
+        if key in OFF_VALUES and any(same(value, off) for off in OFF_VALUES[key]):
             continue
         if kind != "chat" and key in ("logprobs", "top_logprobs"):
             raise LineError("unsupported_parameter", f"body.{key} is supported on {CHAT_URL} lines only")
@@ -160,7 +157,7 @@ def _check_keys(body: dict, kind: str) -> None:
             continue
         if key == "max_completion_tokens" and kind != "chat":
             raise LineError("unsupported_parameter", "body.max_completion_tokens is for /v1/chat/completions; use max_tokens")
-        raise LineError("unsupported_parameter", f"body.{key} = {_short(value)} is not supported "
+        raise LineError("unsupported_parameter", f"body.{key} = {short(value)} is not supported "
                                                  f"(batchllm takes {', '.join(BODY_SAMPLING_KEYS)})")
 
 
@@ -180,166 +177,8 @@ def _sampling(body: dict, kind: str) -> SamplingSpec:
         raise LineError("invalid_request", f"body.{error.message.replace(error.key, key, 1)}") from None
 
 
-def _same(value: object, off: object) -> bool:
-    """JSON equality that keeps false and 0 apart."""
-    return value == off and isinstance(value, bool) == isinstance(off, bool) and (value is None) == (off is None)
-
-
-def _chat_messages(body: dict) -> tuple[str | None, str, tuple[Message, ...] | None, tuple[str, ...] | None]:
-    """(system, user message, None, its images) for a chat of an optional system message and one
-    user message (the common shape, which shares its chat frame); else ("", None, the messages,
-    None): images only in that one user message."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise LineError("invalid_request", "body.messages must be a non-empty list of message objects")
-    roles = [m.get("role") for m in messages]
-    for k, role in enumerate(roles):
-        if role not in CHAT_ROLES:
-            raise LineError("unsupported_body", f"body.messages[{k}].role is {_short(role)}; batchllm runs "
-                                                f"{', '.join(CHAT_ROLES)} messages")
-    single = roles in (["user"], ["system", "user"], ["developer", "user"])
-    parts = [_content(m.get("content"), k, images_here=single and k == len(messages) - 1) for k, m in enumerate(messages)]
-    texts = [text for text, _ in parts]
-    if single:
-        return (texts[0] if len(texts) == 2 else None), texts[-1], None, parts[-1][1] or None
-    return None, "", tuple((CHAT_ROLES[role], text) for role, text in zip(roles, texts)), None
-
-
-def _content(content: object, index: int, images_here: bool) -> tuple[str, tuple[str, ...]]:
-    """A message's text (a string, or its text parts joined) and its image_url parts' URLs (in the
-    one user message of a [system,] user chat only: they go before its text)."""
-    if isinstance(content, str):
-        return content, ()
-    if not isinstance(content, list) or not all(isinstance(p, dict) for p in content):
-        raise LineError("unsupported_body", f"body.messages[{index}].content must be a string or content parts, got {_short(content)}")
-    texts, images = [], []
-    for k, part in enumerate(content):
-        if part.get("type") == "text" and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif part.get("type") == "image_url" and images_here:
-            url = part.get("image_url")
-            url = url.get("url") if isinstance(url, dict) else url
-            if not isinstance(url, str) or not url:
-                raise LineError("invalid_request", f"body.messages[{index}].content[{k}].image_url.url must be a non-empty string")
-            images.append(url)
-        elif part.get("type") == "image_url":
-            raise LineError("unsupported_body", f"body.messages[{index}].content[{k}] is an image: batchllm takes images in the one user "
-                                                "message of a chat of [system,] user")
-        else:
-            raise LineError("unsupported_body", f"body.messages[{index}].content[{k}] must be a text or image_url part, got {_short(part)}")
-    return "".join(texts), tuple(images)
-
-
-@lru_cache(maxsize=64)
-def _sees_images(local_model: str) -> bool:
-    """Whether a local model takes images: an embedded one does not; a directory, if its config has
-    a vision_config; a hub id is taken as it is (the engine says)."""
-    if local_model in EMBEDDED_MODELS:
-        return False
-    folder = Path(local_model)
-    return ModelKind.of(folder).sees_images if (folder / "config.json").is_file() else True
-
-
-def _response_format(body: dict) -> str | None:
-    """body.response_format -> a JSON schema (text) for the engine, or None for free text."""
-    spec = body.get("response_format")
-    if spec is None:
-        return None
-    kind = spec.get("type") if isinstance(spec, dict) else None
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        schema = '{"type": "object"}'
-    elif kind == "json_schema" and isinstance(spec.get("json_schema"), dict) and isinstance(spec["json_schema"].get("schema"), dict):
-        schema = json.dumps(spec["json_schema"]["schema"])
-    else:
-        raise LineError("invalid_request", f"body.response_format = {_short(spec)} is not one of {{type: text}}, "
-                                           "{type: json_object}, {type: json_schema, json_schema: {name, schema}}")
-    problem = _schema_problem(schema)
-    if problem is not None:
-        raise LineError("invalid_request", f"body.response_format: {problem}")
-    return schema
-
-
-@lru_cache(maxsize=256)
-def _schema_problem(schema: str) -> str | None:
-    """Why the engine cannot use this schema, or None (compiled once per distinct schema)."""
-    try:
-        check_constraint(OutputConstraint(json_schema=schema), where="body.response_format")
-    except UserError as error:
-        return str(error)
-    return None
-
-
-EMBEDDING_KEYS = ("model", "input", *IGNORED_KEYS)
-EMBEDDING_OFF_VALUES: dict[str, tuple[object, ...]] = {"encoding_format": ("float", None), "dimensions": (None,),
-                                                       "truncate_prompt_tokens": (None,)}
-
-
-def _embedding_inputs(body: dict) -> list[str]:
-    """An embedding line's input texts (its other keys checked)."""
-    for key, value in body.items():
-        if key in EMBEDDING_KEYS or (key in EMBEDDING_OFF_VALUES and any(_same(value, off) for off in EMBEDDING_OFF_VALUES[key])):
-            continue
-        raise LineError("unsupported_parameter", f"body.{key} = {_short(value)} is not supported on {EMBEDDINGS_URL} lines "
-                                                 "(batchllm takes model and input, and encoding_format float)")
-    return _texts(body.get("input"), "input")
-
-
-SCORE_PAIRS = (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))  # vLLM's names
-SCORE_OFF_VALUES: dict[str, tuple[object, ...]] = {"truncate_prompt_tokens": (None,), "use_activation": (None,)}
-
-
-def _score_pairs(body: dict) -> tuple[tuple[str, str | None], ...]:
-    """A score line's pairs, as vLLM pairs its two sides: one text with each of the other side's
-    (1:1, 1:N), or the two lists item by item (N:N); its other keys checked."""
-    names = next((pair for pair in SCORE_PAIRS if pair[0] in body and pair[1] in body),
-                 next((pair for pair in SCORE_PAIRS if pair[0] in body or pair[1] in body), SCORE_PAIRS[0]))
-    _check_pooling_keys(body, names, SCORE_URL, f"model and its two sides: {names[0]} and {names[1]}")
-    first, second = _texts(body.get(names[0]), names[0]), _texts(body.get(names[1]), names[1])
-    if len(first) == 1:
-        return tuple((first[0], text) for text in second)
-    if len(first) != len(second):
-        raise LineError("invalid_request", f"body.{names[0]} has {len(first)} texts and body.{names[1]} {len(second)}: "
-                                           "score 1:1, 1:N or N:N texts")
-    return tuple(zip(first, second))
-
-
-def _rerank(body: dict) -> tuple[tuple[tuple[str, str | None], ...], int | None]:
-    """A rerank line's (query, document) pairs and how many of the best it returns (None: all)."""
-    _check_pooling_keys(body, ("query", "documents", "top_n"), RERANK_URL, "model, query, documents and top_n")
-    query = body.get("query")
-    if not isinstance(query, str):
-        raise LineError("unsupported_body", f"body.query must be a string, got {_short(query)}")
-    top_n = body.get("top_n", 0)
-    if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0:
-        raise LineError("invalid_request", f"body.top_n must be an integer >= 0 (0: every document), got {_short(top_n)}")
-    return tuple((query, text) for text in _texts(body.get("documents"), "documents")), top_n or None
-
-
-def _check_pooling_keys(body: dict, names: tuple[str, ...], url: str, takes: str) -> None:
-    for key, value in body.items():
-        if key in ("model", *names, *IGNORED_KEYS) or (key in SCORE_OFF_VALUES and any(_same(value, off) for off in SCORE_OFF_VALUES[key])):
-            continue
-        raise LineError("unsupported_parameter", f"body.{key} = {_short(value)} is not supported on {url} lines (batchllm takes {takes})")
-
-
-def _texts(value: object, name: str) -> list[str]:
-    """A pooling body's texts: a string, or a non-empty list of strings (token ids are not taken)."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and value and all(isinstance(text, str) for text in value):
-        return value
-    raise LineError("unsupported_body", f"body.{name} must be a string or a non-empty list of strings, got {_short(value)}")
-
-
 def _completion_prompt(body: dict) -> str:
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
-        raise LineError("unsupported_body", f"body.prompt must be one string, got {_short(prompt)}")
+        raise LineError("unsupported_body", f"body.prompt must be one string, got {short(prompt)}")
     return prompt
-
-
-def _short(value: object) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
