@@ -123,7 +123,6 @@ def test_a_killed_run_over_adapters_resumes_with_every_node_and_row_once_in_one_
               for j in journals if j.exists() for t in [read_records(j)]}
     # resumed in this process on the session's engines: what resumes is the killed run's journal on disk (the CLI's
     # own resume after kill -9 is test_real_engine.py's; its process and engine start cost 8-10 s of the suite)
-    monkeypatch.chdir(tmp_path)  # the adapters' folders are relative to where the command runs
     resumed, _ = run_dag_file(dag, out, parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines)
     assert resumed.nodes_failed == {}
     for route, node in enumerate(("base", "tuned", "other")):
