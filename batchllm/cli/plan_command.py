@@ -1,0 +1,163 @@
+"""`batchllm plan`: the schedule of a DAG, from the profiles or from pilots run here, and what a
+`run` of it takes on this machine beyond its stages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from batchllm.cli.shell import DAG_ARGUMENT, fail, run_exits
+from batchllm.core.errors import UserError
+from batchllm.core.process_clock import process_age_s
+from batchllm.engines.devices import parse_devices
+from batchllm.models.registry import batchllm_home
+from batchllm.runtime.console import run_console
+
+
+def plan(
+    dag: Path = DAG_ARGUMENT,
+    devices: str = typer.Option("auto", help="Hardware to plan for: 8xA100-80G, 2xH100-80G, cpu:2. auto: this machine."),
+    compare: bool = typer.Option(False, "--compare", help="Also estimate greedy, no-preemption, Max, Min, exact (small DAGs) and the lower bound."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON instead of tables."),
+    chart: Path = typer.Option(None, help="Gantt chart PNG path (an HTML file is written beside it). Default: plans/<DAG>-<devices>.png."),
+    profiles: Path = typer.Option(None, help="Profiles folder. Default: the profiles/ shipped with batchllm."),
+    pilot: bool = typer.Option(False, "--pilot", help="Run each new prompt set's pilot on this machine's real engines first "
+                               "(into --out, where `run` finds it done) and estimate the rest from the answers it measured."),
+    out: Path = typer.Option(None, "--out", "-o", help="With --pilot: the run folder. Default: runs/<DAG file name>, as `run`."),
+    endpoint: list[str] = typer.Option(None, "--endpoint", metavar="MODEL=URL", help="As for `batchllm run`: MODEL is on this "
+                                       "server (its nodes get no devices; their time comes from the pace a run measured there)."),
+) -> None:
+    """Find a fast schedule for DAG: stages of (node, dp x tp plan) on the devices.
+
+    Estimates come from the model profiles (measured, or analytic for GPUs this machine
+    lacks): output lengths sampled from each model's distribution, the engine's batching
+    simulated step by step. The search grows each stage greedily by throughput per
+    device (SamuLLM's Algorithm 1), ends a stage when its first node finishes, and
+    re-plans the devices then; rollouts try nearby stages. Nothing is run. Planned for
+    this machine, the models and engine settings are checked as `validate` checks them.
+
+    With --pilot, the answer lengths come from the data itself: a random sample of each
+    new prompt set's rows runs first (as `run` would start it; its results are kept), and
+    the estimate is made from what it measured, pilot time included.
+
+    First comes a pre-flight table, per node: rows, prompt tokens (p50/p90/max of a sample),
+    rows whose prompt does not fit the context (they would get `error:` results), predicted
+    output tokens and where the prediction comes from, the time the node holds devices,
+    device-hours, and the cost when the DAG has `prices:`.
+
+    Example: batchllm plan dags/ensemble_judge.yaml --devices 8xA100-80G --compare
+    """
+    import json
+
+    from batchllm.planner.report import print_report, report_json
+
+    if pilot:
+        _plan_with_pilots(dag, devices, out or Path("runs") / dag.stem, profiles, as_json, endpoint or [], chart)
+        return
+    try:
+        report, chart, html_path = _planned(dag, devices, chart, profiles, compare, endpoint or [])
+    except UserError as error:
+        fail(error)
+    if as_json:
+        typer.echo(json.dumps({**report_json(report), "chart_png": str(chart), "chart_html": str(html_path)}, indent=2))
+        return
+    console = Console(highlight=False, width=max(Console().width, 120))
+    print_report(report, console)
+    console.print(f"gantt chart: {chart} and {html_path}")
+
+
+def _planned(dag: Path, devices: str, chart: Path | None, profiles: Path | None, compare: bool, endpoint: list[str]):
+    """The plan report of DAG on `devices` (this machine's: its models and settings checked as
+    `run` checks them), its Gantt chart written: (report, chart PNG, chart HTML)."""
+    from dataclasses import replace
+
+    from batchllm.dag.endpoints_section import with_endpoint_options
+    from batchllm.dag.loader import load_dag
+    from batchllm.engines.settings_check import check_engine_settings
+    from batchllm.io.dag_checks import check_dag
+    from batchllm.planner.gantt import chart_paths, write_html, write_png
+    from batchllm.planner.length_sources import LengthModels
+    from batchllm.planner.plan_file import PROFILES_ROOT, plan_dag
+
+    this_machine = _this_machine_devices()
+    spec = with_endpoint_options(load_dag(dag), endpoint)
+    if devices in ("auto", this_machine):  # a plan for this machine: its models and settings are checked as `run` does
+        devices = this_machine
+        check_dag(spec, batchllm_home())
+        check_engine_settings(spec, batchllm_home(), parse_devices("auto").kind)
+    chart, html_path = chart_paths(chart or Path("plans") / f"{dag.stem}-{devices.replace(':', '').replace('/', '_')}.png")
+    models = [node.model for node in spec.nodes.values()]
+    lengths = LengthModels.at_home(batchllm_home(), models)
+    report = plan_dag(spec, devices, profiles_root=profiles or PROFILES_ROOT, compare=compare,
+                      lengths_for=lengths.lengths_for if lengths.models else None)
+    if devices == this_machine:  # what `run` itself takes here, before and after its stages
+        command, source = _run_command_times(spec, fallback="plan --pilot")
+        report = replace(report, command=command, command_source=source)
+    try:
+        write_png(report, chart)
+        write_html(report, html_path)
+    except OSError as error:
+        raise UserError(f"cannot write the chart {str(chart)!r}: {error.strerror or error}", where="--chart") from error
+    return report, chart, html_path
+
+
+def _plan_with_pilots(dag: Path, devices: str, out: Path, profiles: Path | None, as_json: bool, endpoint: list[str],
+                      chart: Path | None) -> None:
+    import json
+
+    from batchllm.dag.endpoints_section import with_endpoint_options
+    from batchllm.dag.loader import load_dag
+    from batchllm.planner.plan_file import PROFILES_ROOT
+    from batchllm.planner.report import report_json, with_pilot
+    from batchllm.runtime.launch import run_dag
+    from batchllm.runtime.memory import limit_malloc_arenas
+    from batchllm.runtime.run_spec import RunSpec
+
+    limit_malloc_arenas()
+    console = run_console()
+    with run_exits():
+        if devices not in ("auto", _this_machine_devices()):
+            raise UserError(f"--pilot runs on this machine's engines, not on {devices!r}", where="--devices",
+                            hint=f"leave --devices out (this machine: {_this_machine_devices()}), or plan without --pilot")
+        spec = with_endpoint_options(load_dag(dag), endpoint)
+        result, _ = run_dag(spec, RunSpec(out, parse_devices("auto"), pilots_only=True, profiles_root=profiles or PROFILES_ROOT,
+                                          command="plan --pilot"), console=Console(quiet=True) if as_json else console)
+        run_command, source = _run_command_times(spec, fallback="plan --pilot")
+        rest_s = (result.rest_estimate_s or 0.0) + (run_command.total_s if run_command is not None else 0.0)
+        if as_json:  # the plan's own schema, on the answer lengths the pilots measured, with the pilots' figures
+            report, chart, html_path = _planned(dag, devices, chart, profiles, False, endpoint)
+            plan = {**report_json(report), "chart_png": str(chart), "chart_html": str(html_path)}
+            typer.echo(json.dumps(with_pilot(plan, process_age_s(), rest_s, str(out)), indent=2))
+            return
+    pilot_s = process_age_s()  # this command's, from its process's start: the pilots, their engine starts and the checks
+    parts = f"`run`'s own start and end {run_command.total_s:.1f} s included, {source}" if run_command is not None else \
+        "`run`'s own start and end not measured on this machine yet"
+    console.print(f"pilots run in {pilot_s:.1f} s (this command from its start), kept in {out}; the rest estimated at "
+                  f"{rest_s:.1f} s on their answer lengths ({parts}): {pilot_s + rest_s:.1f} s in all. "
+                  f"`batchllm run {dag} --out {out}` goes on from them.", highlight=False, soft_wrap=True)
+
+
+def _run_command_times(spec, fallback: str | None = None):
+    """A `run` of this DAG's models on this machine: its own start and end as kept here, else
+    (`fallback`) another command's that does the same imports and checks, less vLLM's settings
+    check (whose verdict that command kept for the run); with where they come from. (None, "")
+    when none was measured."""
+    from batchllm.costmodel.command_times import CommandTimesStore, command_key
+    from batchllm.engines.hardware import this_machine
+
+    store, identity = CommandTimesStore.at_home(batchllm_home()), this_machine(parse_devices("auto").kind)
+    models = [node.model for node in spec.nodes.values()]
+    if (times := store.load(identity, command_key("run", models))) is not None:
+        return times, f"measured on this machine over {times.commands} `run` command{'s' if times.commands != 1 else ''}"
+    if fallback and (times := store.load(identity, command_key(fallback, models))) is not None:
+        return times.with_checks_kept(), f"a `{fallback}`'s start and end, less the settings check `run` finds kept"
+    return None, ""
+
+
+def _this_machine_devices() -> str:
+    from batchllm.engines.devices import hardware_name
+
+    local = parse_devices("auto")
+    return f"{len(local.ids)}x{hardware_name('gpu')}" if local.kind == "gpu" else f"cpu:{len(local.ids)}"
