@@ -70,13 +70,13 @@ def test_good_constraints_pass_the_check():
 @pytest.mark.engine  # vLLM's sampling parameters
 @pytest.mark.starts_no_engine
 def test_the_constraint_becomes_vllms_structured_output_parameters():
-    from batchllm.engines.vllm_stepper import _structured
+    from batchllm.engines.vllm_request_params import structured_outputs
 
-    params = _structured(OutputConstraint(choices=("code", "other")))
+    params = structured_outputs(OutputConstraint(choices=("code", "other")))
     assert params.choice == ["code", "other"] and params.json is None and params.regex is None
-    params = _structured(OutputConstraint(json_schema='{"type": "object"}'))
+    params = structured_outputs(OutputConstraint(json_schema='{"type": "object"}'))
     assert params.json == '{"type": "object"}' and params.choice is None
-    assert _structured(None) is None
+    assert structured_outputs(None) is None
 
 
 # -- typed columns from a JSON-schema output ------------------------------------------------

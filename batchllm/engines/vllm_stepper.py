@@ -16,19 +16,20 @@ many sequences decoded, and the prefix cache's lookups and hits.
 
 from __future__ import annotations
 
-import io
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from batchllm.core.images import ImageSource, ImageUnreadable, image_bytes
+from batchllm.core.images import ImageUnreadable
 from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, ModelTask, RequestId, TokenLogprob
-from batchllm.core.sampling import SamplingSpec, request_seed
+from batchllm.core.sampling import SamplingSpec
 from batchllm.engines.cpu_lora_ops import use_stacked_cpu_lora_ops
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 from batchllm.engines.score_pairs import PAIR_HALF, ScorePairs
+from batchllm.engines.vllm_request_params import read_images, sampling_params, token_logprobs
+from batchllm.engines.vllm_step_stats import IterationTally, step_recorder
 from batchllm.models.model_kind import ModelKind
 from batchllm.models.tokens import PromptTokenizer
 
@@ -36,40 +37,11 @@ if TYPE_CHECKING:
     from vllm.outputs import CompletionOutput, PoolingOutput
 
 
-def read_images(sources: tuple[ImageSource, ...]) -> list[Any]:
-    """A request's images as PIL images in RGB (vLLM's multimodal input); ImageUnreadable for the
-    first one that cannot be read or is no image."""
-    if not sources:
-        return []
-    from PIL import Image, UnidentifiedImageError
-
-    images = []
-    for number, source in enumerate(sources, 1):
-        try:
-            with Image.open(io.BytesIO(image_bytes(source, number))) as image:
-                images.append(image.convert("RGB"))
-        except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as error:
-            if isinstance(error, ImageUnreadable):
-                raise
-            raise ImageUnreadable(f"image {number} is not an image PIL can read: {error}") from None
-    return images
-
-
 def configure_environment(config: EngineConfig) -> None:
     """Must run before vllm is imported: device binding and in-process engine core."""
     os.environ.update(config.replica.environment())
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def _structured(output):
-    """vLLM's structured-output parameters for a node's constraint (None: free text)."""
-    if output is None:
-        return None
-    from vllm.sampling_params import StructuredOutputsParams
-
-    return StructuredOutputsParams(choice=list(output.choices) if output.choices else None, json=output.json_schema,
-                                   regex=output.regex)
 
 
 @dataclass
@@ -94,57 +66,6 @@ class _LiveRequest:
         return sum(self.prompt_tokens + tokens for tokens in self.output_tokens)
 
 
-def _token_logprobs(token_ids, positions, top_k: int) -> list[TokenLogprob]:
-    """vLLM's per-position {token id: Logprob} (the sampled token, and the `top_k` most
-    likely ranked 1..top_k) -> ours."""
-    tokens = []
-    for token_id, candidates in zip(token_ids, positions):
-        chosen = candidates[token_id]
-        top = sorted((c for c in candidates.values() if c.rank is not None and 1 <= c.rank <= top_k), key=lambda c: c.rank)
-        tokens.append(TokenLogprob(chosen.decoded_token or "", float(chosen.logprob),
-                                   tuple((c.decoded_token or "", float(c.logprob)) for c in top)))
-    return tokens
-
-
-@dataclass
-class _IterationTally:
-    """What vLLM's stat logger reported during the current step."""
-
-    prefill_tokens: int = 0
-    prefill_requests: int = 0
-    decode_seqs: int = 0
-    prefix_queries: int = 0
-    prefix_hits: int = 0
-    seen: list = field(default_factory=list)
-
-
-def _recorder_factory(tally_holder: list):
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class StepRecorder(StatLoggerBase):
-        def __init__(self, vllm_config, engine_index: int = 0):
-            pass
-
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
-            if scheduler_stats is None:
-                return
-            tally = tally_holder[0]
-            details = scheduler_stats.iteration_details
-            if details is not None and not details.is_dummy:
-                tally.prefill_tokens += details.num_ctx_tokens
-                tally.prefill_requests += details.num_ctx_requests
-                tally.decode_seqs += details.num_generation_requests
-            cache = scheduler_stats.prefix_cache_stats
-            if cache is not None:
-                tally.prefix_queries += cache.queries
-                tally.prefix_hits += cache.hits
-
-        def log_engine_initialized(self):
-            pass
-
-    return StepRecorder
-
-
 class VllmStepper:
     def __init__(self, config: EngineConfig):
         started = time.perf_counter()
@@ -166,8 +87,8 @@ class VllmStepper:
             options.update(enable_lora=True, max_loras=config.max_loras, max_cpu_loras=config.max_loras,
                            max_lora_rank=config.max_lora_rank)
         self._adapters: dict[str, Any] = {}  # adapter directory -> its LoRARequest (ids from 1, in order of first use)
-        self._tally = [_IterationTally()]
-        self._engine = LLMEngine.from_engine_args(EngineArgs(**options), stat_loggers=[_recorder_factory(self._tally)])
+        self._tally = [IterationTally()]
+        self._engine = LLMEngine.from_engine_args(EngineArgs(**options), stat_loggers=[step_recorder(self._tally)])
         self._tokenizer = PromptTokenizer(config.model)
         vllm_config = self._engine.vllm_config
         kind = ModelKind.of(Path(config.model))
@@ -230,7 +151,7 @@ class VllmStepper:
         cosine); with a pair on a classifier (a cross-encoder) the two texts as one sequence, the
         pair's tokens marked as the second segment (what vLLM's score API sends such a model)."""
         if not self._pooling:
-            return [(str(request.request_id), self._prompt_ids(request))], self._sampling_params(request)
+            return [(str(request.request_id), self._prompt_ids(request))], sampling_params(request)
         from vllm.pooling_params import PoolingParams
 
         if request.pair is not None and self._classify:
@@ -269,26 +190,23 @@ class VllmStepper:
             self._adapters[path] = adapter
         return self._adapters[path]
 
-    @staticmethod
-    def _sampling_params(request: EngineRequest):
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        s = request.sampling
-        return SamplingParams(
-            n=s.n, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
-            seed=None if s.seed is None else request_seed(s.seed, request.request_id),
-            stop=list(s.stop) or None, presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
-            repetition_penalty=s.repetition_penalty, top_k=s.top_k, min_p=s.min_p, logit_bias=dict(s.logit_bias) or None,
-            ignore_eos=s.ignore_eos, min_tokens=s.min_tokens, logprobs=s.top_logprobs if s.logprobs else None,
-            output_kind=RequestOutputKind.DELTA, structured_outputs=_structured(request.output),
-        )
+    def _pooled(self, output, live: _LiveRequest) -> EngineResult | None:
+        """A pooling request's answer from its finished output; None for a score pair's half while the other is not computed."""
+        vector = cast("PoolingOutput", output.outputs).data.float().numpy()  # float32, whatever the engine's dtype
+        if self._classify and live.scores:  # a cross-encoder's one value for the pair
+            return EngineResult(live.request_id, ("",), live.prompt_tokens, 0, FinishReason.STOP, score=float(vector[0]))
+        if self._classify:  # the probabilities, and the likeliest label as the text
+            return EngineResult(live.request_id, (self._labels[int(vector.argmax())],), live.prompt_tokens, 0, FinishReason.STOP,
+                                vector=vector)
+        if not self._pairs.owns(output.request_id):
+            return EngineResult(live.request_id, ("",), live.prompt_tokens, 0, FinishReason.STOP, vector=vector)
+        return self._pairs.half_done(output.request_id, live.request_id, vector, live.prompt_tokens)
 
     def has_work(self) -> bool:
         return self._engine.has_unfinished_requests()
 
     def step(self) -> tuple[list[EngineResult], StepRecord]:
-        self._tally[0] = _IterationTally()
+        self._tally[0] = IterationTally()
         context_before = self._decode_context
         started = time.perf_counter()
         outputs = self._engine.step()
@@ -297,26 +215,17 @@ class VllmStepper:
         for output in outputs:
             live = self._live[output.request_id]
             if self._pooling:  # answered whole in the step that computed the last of its prompt
-                if not output.finished:
-                    continue
-                del self._live[output.request_id]
-                vector = cast("PoolingOutput", output.outputs).data.float().numpy()  # float32, whatever the engine's dtype
-                if self._classify and live.scores:  # a cross-encoder's one value for the pair
-                    finished.append(EngineResult(live.request_id, ("",), live.prompt_tokens, 0, FinishReason.STOP, score=float(vector[0])))
-                elif self._classify:  # the probabilities, and the likeliest label as the text
-                    finished.append(EngineResult(live.request_id, (self._labels[int(vector.argmax())],), live.prompt_tokens, 0,
-                                                 FinishReason.STOP, vector=vector))
-                elif not self._pairs.owns(output.request_id):
-                    finished.append(EngineResult(live.request_id, ("",), live.prompt_tokens, 0, FinishReason.STOP, vector=vector))
-                elif (scored := self._pairs.half_done(output.request_id, live.request_id, vector, live.prompt_tokens)) is not None:
-                    finished.append(scored)
+                if output.finished:
+                    del self._live[output.request_id]
+                    if (pooled := self._pooled(output, live)) is not None:
+                        finished.append(pooled)
                 continue
             if not live.decoding and output.prompt_token_ids is not None:  # with images expanded: vLLM's own count
                 live.prompt_tokens = len(output.prompt_token_ids)
             before = live.context() if live.decoding else 0
             for completion in cast("list[CompletionOutput]", output.outputs):  # a generating engine: no PoolingOutput
                 if live.logprobs is not None and completion.index == 0 and completion.logprobs:
-                    live.logprobs.extend(_token_logprobs(completion.token_ids, completion.logprobs, live.top_logprobs))
+                    live.logprobs.extend(token_logprobs(completion.token_ids, completion.logprobs, live.top_logprobs))
                 live.pieces[completion.index].append(completion.text)
                 live.output_tokens[completion.index] += len(completion.token_ids)
                 if completion.finish_reason is not None:
