@@ -211,3 +211,20 @@ def test_a_first_token_p99_in_a_wide_bucket_under_the_target_grows_on_its_centre
     latency = WindowLatency(ttft_p99_s=p99_s, itl_p99_s=0.01, ttft_count=8, itl_count=100, ttft_p99_bucket_s=bucket_s,
                             itl_p99_bucket_s=None, ttft_p99_centred_s=centred_s)
     assert band.lets_grow(latency) is grows
+
+
+@pytest.mark.parametrize("bucket_s, p99_s, grows", [
+    ((0.025, 0.05), 0.041, True),  # the whole bucket under the growth bound (0.0641)
+    ((0.05, 0.075), 0.058, False),  # interpolated under it, in a bucket that holds it: no evidence the p99 is under
+    ((0.05, 0.075), 0.07, False),  # over it
+    ((0.041, 0.063), 0.063, True),  # the batch's own gaps, known by bounds: the upper one under it
+    ((0.041, 0.066), 0.066, False),  # the upper one over it
+    (None, 0.058, True),  # exact values
+])
+def test_an_inter_token_p99_grows_the_batch_only_when_all_that_is_known_of_it_is_under_the_growth_bound(bucket_s, p99_s, grows):
+    """(a)'s heavy window on a host no matrix had run on broke at 1.29x alone's inter-token p99 after growth on 61
+    and 58 ms interpolated in vLLM's 50-75 ms bucket against a 64 ms growth bound (AVX-512 host, 2026-11-30)."""
+    band = GuardTargets.from_slo(LatencySlo(ttft_p99_s=None, itl_p99_s=0.0855), 0.75, 0.9)
+    latency = WindowLatency(ttft_p99_s=None, itl_p99_s=p99_s, ttft_count=0, itl_count=900, ttft_p99_bucket_s=None,
+                            itl_p99_bucket_s=bucket_s)
+    assert band.lets_grow(latency) is grows
