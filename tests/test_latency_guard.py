@@ -16,7 +16,14 @@ from batchllm.engines.endpoint.guard_evidence import WindowEvidence, excess, gro
 from batchllm.engines.endpoint.guard_policy import TRANSITIONS, GuardPhase, GuardPolicy, Levels, Verdict
 from batchllm.engines.endpoint.guard_targets import SERVER_METRICS, GuardChange, GuardReading, GuardTargets
 from batchllm.engines.endpoint.latency_guard import LatencyGuard
-from batchllm.engines.endpoint.latency_window import OwnTimings, WindowLatency, exactly, weighted_p99, weighted_p99_at_least
+from batchllm.engines.endpoint.latency_window import (
+    OwnTimings,
+    WindowLatency,
+    exactly,
+    weighted_p99,
+    weighted_p99_at_least,
+    weighted_p99_at_most,
+)
 from batchllm.engines.endpoint.server_history import ServerHistory
 from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
 from tests.scripted_server import (
@@ -549,6 +556,34 @@ def test_an_inter_token_excess_is_judged_beyond_the_noise_of_the_gaps_it_is_of()
     assert [weighted_p99_at_least(gaps(slow), 2.0) for slow in (6, 7)] == [0.02, 0.15]
     assert weighted_p99_at_least(gaps(7), 0.0) == weighted_p99(gaps(7)) == 0.15  # no sigmas: 1 % of the weight over it
     assert weighted_p99_at_least([], 2.0) is None
+
+
+def test_growth_is_judged_beyond_the_noise_of_the_gaps_too():
+    """The other side of a cut's noise: growth needs the p99 under its bound at the most the gaps' noise allows.
+    1,000 gaps of 20 ms with some of 70 ms: the nearest-rank p99 (their 11th largest) stays at 20 ms up to 10 slow
+    ones, and the p99 at the most their noise allows (more than 3.7 at or over it) is 70 ms from 4. Of 300 gaps, only their
+    largest bounds it."""
+    def gaps(count: int, slow: int) -> list[tuple[float, float]]:
+        return [(0.02, 1.0)] * (count - slow) + [(0.07, 1.0)] * slow
+
+    assert [weighted_p99(gaps(1000, slow)) for slow in (10, 11)] == [0.02, 0.07]
+    assert [weighted_p99_at_most(gaps(1000, slow), 2.0) for slow in (3, 4)] == [0.02, 0.07]
+    assert weighted_p99_at_most(gaps(1000, 11), 0.0) == weighted_p99(gaps(1000, 11)) == 0.07
+    assert [weighted_p99_at_most(gaps(300, slow), 2.0) for slow in (0, 1)] == [0.02, 0.07]
+    assert weighted_p99_at_most([], 2.0) is None
+    history, own = ServerHistory(GuardPolicy()), OwnTimings()
+    empty_ttft, empty_itl = Histogram.from_bucket_counts(TTFT_BOUNDS, [0.0] * len(TTFT_BOUNDS)), Histogram.from_bucket_counts(
+        ITL_BOUNDS, [0.0] * len(ITL_BOUNDS))
+    for k in range(11):  # a scrape a second; 100 gaps a second of the batch's one stream beside an online one, a 70 ms one in 5 seconds
+        if k:
+            own.add(k - 0.5, None, [0.07 if 2 <= k <= 6 else 0.01] + [0.01] * 99)
+        history.add(MetricsSnapshot(at_s=float(k), server_kind="vllm", running=2.0, waiting=0.0, kv_usage=0.1, preemptions=0.0,
+                                    generation_tokens=None, ttft=empty_ttft, itl=empty_itl), 1)
+    found = history.evidence(10.0, 0.0, own, 0.0)
+    assert found is not None
+    assert (found.latency.itl_p99_s, found.latency.itl_p99_bucket_s) == (0.01, (0.01, 0.07))
+    band = GuardTargets.from_slo(LatencySlo(ttft_p99_s=None, itl_p99_s=0.08), 0.75, 0.9)  # growth bound 60 ms
+    assert not band.lets_grow(found.latency)
 
 
 @pytest.mark.parametrize("before, after, eased", [

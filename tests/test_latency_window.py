@@ -222,8 +222,8 @@ def test_a_first_token_p99_in_a_wide_bucket_under_the_target_grows_on_its_centre
     (None, 0.058, True),  # exact values
 ])
 def test_an_inter_token_p99_grows_the_batch_only_when_all_that_is_known_of_it_is_under_the_growth_bound(bucket_s, p99_s, grows):
-    """(a)'s heavy window on a host no matrix had run on broke at 1.29x alone's inter-token p99 after growth on 61
-    and 58 ms interpolated in vLLM's 50-75 ms bucket against a 64 ms growth bound (AVX-512 host, 2026-11-30)."""
+    """A p99 interpolated under the growth bound in a histogram bucket that holds the bound is no evidence it is
+    under it; of the batch's own gaps, the upper bound (at the most their noise allows) judges."""
     band = GuardTargets.from_slo(LatencySlo(ttft_p99_s=None, itl_p99_s=0.0855), 0.75, 0.9)
     latency = WindowLatency(ttft_p99_s=None, itl_p99_s=p99_s, ttft_count=0, itl_count=900, ttft_p99_bucket_s=None,
                             itl_p99_bucket_s=bucket_s)

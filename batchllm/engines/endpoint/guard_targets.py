@@ -127,9 +127,10 @@ class GuardTargets:
         0.22 s (target 0.29 s) and held the batch at 1 through coserve (a)'s light phase, 17 scrapes
         in 33 s, where the clients' first-token p99 alone was 0.19 s (AVX-512 host, 2026-11-29).
         An inter-token p99 counts only when all that is known of it is under its growth bound: its
-        bucket's top, or the upper bound of the batch's own gaps. Grown on 61 and 58 ms interpolated in
-        vLLM's 50-75 ms bucket against a 64 ms bound at the start of coserve (a)'s heavy phase, the batch
-        left that window at 1.29x alone's inter-token p99 (a host no matrix had run on, 2026-11-30)."""
+        histogram bucket's top (at 0 in flight), or beside the batch's own requests the p99 of their gaps at
+        the most their noise allows (`latency_window.weighted_p99_at_most`). Grown on their nearest-rank
+        p99s, 61 and 58 ms against a 64 ms bound, at the start of coserve (a)'s heavy phase, the batch left
+        that window at 1.29x alone's inter-token p99 (a host no matrix had run on, 2026-11-30)."""
         return self._ttft_lets_grow(latency) and _surely_under(latency.itl_p99_s, latency.itl_p99_bucket_s, self.itl_grow_under_s)
 
     def _ttft_lets_grow(self, latency: WindowLatency) -> bool:

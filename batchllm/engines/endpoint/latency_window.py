@@ -59,6 +59,25 @@ def weighted_p99_at_least(values_s: Sequence[tuple[float, float]], sigmas: float
     return min(value for value, weight in values_s if weight > 0)
 
 
+def weighted_p99_at_most(values_s: Sequence[tuple[float, float]], sigmas: float) -> float | None:
+    """The p99 of the distribution exact values, each (value, weight), are a sample of, at the most their
+    noise allows (`weighted_p99_at_least`'s other side): the largest value with more than 1 % of the total
+    weight at or over it, less `sigmas` binomial sigmas; their largest when that is no weight at all. Of
+    1,000 values of weight 1, more than 3.7 at or over it: their 4th largest, where the nearest-rank p99 is their 11th; of
+    fewer than about 400, their largest (so few cannot tell a p99 from their maximum). None when there is
+    no weight."""
+    total = sum(weight for _, weight in values_s)
+    if not total > 0:
+        return None
+    over = (1 - P99) * total - sigmas * math.sqrt(total * P99 * (1 - P99))
+    running = 0.0
+    for value, weight in sorted(values_s, reverse=True):
+        running += weight
+        if running > over * (1 + 1e-12):
+            return value
+    return min(value for value, weight in values_s if weight > 0)
+
+
 def exactly(p99_s: float | None) -> tuple[float, float] | None:
     """What is known of a p99 of exact values: the value."""
     return None if p99_s is None else (p99_s, p99_s)
@@ -76,8 +95,9 @@ class WindowLatency:
     when it comes from a histogram (the p99 itself is interpolated inside it), (p99, p99) when it is
     of exact values. Of the batch's own token gaps and the gaps its prefills made (some known only by
     bounds, `server_history.ServerHistory`), (at least, at most): the p99 at the least their noise
-    allows with each of those at its lower bound (`weighted_p99_at_least`), and the nearest-rank p99
-    with each at its upper bound, which is then `itl_p99_s`."""
+    allows with each of those at its lower bound (`weighted_p99_at_least`), and at the most it allows
+    with each at its upper bound (`weighted_p99_at_most`); `itl_p99_s` is then their nearest-rank p99
+    with each at its upper bound."""
 
     ttft_p99_s: float | None
     itl_p99_s: float | None

@@ -30,6 +30,7 @@ from batchllm.engines.endpoint.latency_window import (
     server_median_gap_at_least,
     weighted_p99,
     weighted_p99_at_least,
+    weighted_p99_at_most,
 )
 from batchllm.engines.endpoint.server_metrics import MetricsSnapshot
 
@@ -253,11 +254,12 @@ class ServerHistory:
         if len(gaps) + len(waits) >= self.policy.own_gaps_min:
             silence = [(silent_s, beside[-1][2])] if silent_s > 0 else []  # gaps came from stretches: there is a newest
             exact, sigmas = gaps + silence, self.policy.excess_sigmas
-            at_most_s = weighted_p99(exact + [(most_s, weight) for _, most_s, weight in waits])
+            highest = exact + [(most_s, weight) for _, most_s, weight in waits]
+            p99_s, at_most_s = weighted_p99(highest), weighted_p99_at_most(highest, sigmas)
             at_least_s = weighted_p99_at_least(exact + [(least_s, weight) for least_s, _, weight in waits], sigmas)
             centred_s = weighted_p99_at_least(exact + [((least_s + most_s) / 2, weight) for least_s, most_s, weight in waits], sigmas)
-            assert at_most_s is not None and at_least_s is not None
-            return replace(online, itl_p99_s=at_most_s, itl_count=len(gaps) + len(waits),
+            assert p99_s is not None and at_most_s is not None and at_least_s is not None
+            return replace(online, itl_p99_s=p99_s, itl_count=len(gaps) + len(waits),
                            itl_p99_bucket_s=(at_least_s, at_most_s), itl_p99_centred_s=centred_s, itl_from_histogram=False), True, True
         everyone = server_latency(start, end, [silent_s] if silent_s > 0 else [])
         if everyone.itl_p99_s is None:  # no histogram to count the silence in
