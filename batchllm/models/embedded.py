@@ -65,7 +65,12 @@ class EmbeddedModel:
         target = self.converted_dir(home)
         if self.is_prepared(home):
             return target
-        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # a file there, a link to a folder that is gone, no permission
+            raise UserError(f"cannot make the models folder {str(target.parent)!r}: {error.strerror or error}", where="$BATCHLLM_HOME",
+                            hint="point BATCHLLM_HOME at a folder you can write (default ~/.cache/batchllm), or mend or remove what "
+                                 "is in the way") from error
         lock_path = target.parent / f".{self.name}.lock"
         with open(lock_path, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
