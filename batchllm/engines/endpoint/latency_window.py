@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
@@ -51,12 +51,7 @@ def weighted_p99_at_least(values_s: Sequence[tuple[float, float]], sigmas: float
     if not total > 0:
         return None
     over = (1 - P99) * total + sigmas * math.sqrt(total * P99 * (1 - P99))
-    running = 0.0
-    for value, weight in sorted(values_s, reverse=True):
-        running += weight
-        if running >= over * (1 - 1e-12):
-            return value
-    return min(value for value, weight in values_s if weight > 0)
+    return _from_the_top(values_s, lambda running: running >= over * (1 - 1e-12))
 
 
 def weighted_p99_at_most(values_s: Sequence[tuple[float, float]], sigmas: float) -> float | None:
@@ -70,10 +65,15 @@ def weighted_p99_at_most(values_s: Sequence[tuple[float, float]], sigmas: float)
     if not total > 0:
         return None
     over = (1 - P99) * total - sigmas * math.sqrt(total * P99 * (1 - P99))
+    return _from_the_top(values_s, lambda running: running > over * (1 + 1e-12))
+
+
+def _from_the_top(values_s: Sequence[tuple[float, float]], enough: Callable[[float], bool]) -> float:
+    """The largest value whose weight at or over it is `enough`; the smallest value with weight when none is."""
     running = 0.0
     for value, weight in sorted(values_s, reverse=True):
         running += weight
-        if running > over * (1 + 1e-12):
+        if enough(running):
             return value
     return min(value for value, weight in values_s if weight > 0)
 
