@@ -20,6 +20,7 @@ from benchmarks.coserve import (
     THREE_PHASES,
     ClosedLoop,
     Idle,
+    Judge,
     Load,
     OnlineResult,
     Phase,
@@ -213,7 +214,9 @@ def test_the_reference_is_alones_heaviest_p99_so_alone_keeps_every_window_it_is_
     windows = [{"ttft_p99": 0.5, "itl_p99": 0.1}, {"ttft_p99": 10.0, "itl_p99": float("nan")}, {"ttft_p99": 0.2, "itl_p99": 10.0}]
     reference = heaviest(by_phase, windows)
     assert (reference.ttft_p99_s, reference.itl_p99_s) == (10.0, 10.0)
-    assert worst_window(windows, reference) == (1.0, 1.0, 3, 3)
+    assert worst_window(windows, Judge(reference)) == (1.0, 1.0, 3, 3)
+    # against an SLO of alone itself the window at alone's heaviest keeps it, none over it does
+    assert worst_window(windows + [{"ttft_p99": 10.5, "itl_p99": 1.0}], Judge(reference, 1.0))[2:] == (3, 4)
     assert heaviest(by_phase, [{"ttft_p99": 0.1, "itl_p99": 0.05}]) == by_phase  # lighter windows leave the phases' p99
 
 
