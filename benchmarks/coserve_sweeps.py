@@ -7,9 +7,10 @@ A sweep runs the fixed client at 1, 2, 4, 8 ... in flight and stops at the first
 judged window, so a level above a broken one was not run: it is counted as broken (a larger fixed
 batch beside the same load is not kinder). Per report it prints the host's idle online request time,
 each level's worst judged window (the larger of its first-token and inter-token p99 over alone's
-heaviest, * where the report judged it over the SLO) and the level picked. Then per scenario and level over the reports:
-how often it kept every window, and its batch tokens/s over the level each run picked (its `c`, were
-it the batch side: the median over the runs that picked one).
+heaviest, * where the report judged it over the SLO) and the level picked. Then per scenario and level
+over the reports: how often it kept the reference (heavy) window, the later ones and every one, its
+batch tokens/s, and that over the level each run picked (the median over the runs that ran it and
+picked one, whether or not it kept its windows).
 
 Two rules of picking are read: the reference phase's windows only (how coserve.py picked until
 2026-12-07) and every window after the first (the issue's "best fixed concurrency that kept every
