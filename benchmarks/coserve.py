@@ -1,7 +1,7 @@
 """A batch beside an online service on one shared vLLM server: does the online traffic keep
 its latency, and how much batch work gets done? Over a matrix of online loads and servers.
 
-    .venv/bin/python benchmarks/coserve.py [--scenarios a,b,c,d,e] [--quick] [--phase-s S] [--port 8431] [--out FILE]
+    .venv/bin/python benchmarks/coserve.py [--scenarios a,b,c,d,e] [--quick] [--phase-s S] [--slo-margin 1.25] [--port 8431] [--out FILE]
 
 One real vLLM OpenAI server (`python -m vllm.entrypoints.openai.api_server`, priority
 scheduling) serves the embedded model (smollm2-135m) on ONE core (`--server-core`, default 0).
