@@ -1301,8 +1301,9 @@ def sweep_fixed(args, sweep: list[int], phases: list[Phase], arrivals: OnlineLoa
     is judged on, the issue's "best fixed concurrency that kept every window"), up to the first that breaks one; None when
     even 1 in flight breaks one. Until 2026-12-07 only the heavy phase's windows were judged here: in 2 of the 13 matrices
     of 2026-11-29 and -30 on hosts as fast as that day's, the level so picked broke a light window that batchllm was held
-    to ((a) at 4, 1.33x first-token; (e) at 4, 1.79x first-token: benchmarks/results/coserve-sweeps-2026-12-07.txt). A p99 over a short heavy-only run is kinder still: the concurrency it picks often
-    broke a window of the full run (benchmarks/results/coserve-guard-band-2026-11-26.txt)."""
+    to ((a) at 4, 1.33x first-token; (e) at 4, 1.79x first-token: benchmarks/results/coserve-sweeps-2026-12-07.txt).
+    A p99 over a short heavy-only run is kinder still: the concurrency it picks often broke a window of the full run
+    (benchmarks/results/coserve-guard-band-2026-11-26.txt)."""
     best, kept_run = 0, None
     for concurrency in sweep:
         run = run_side(f"sweep{concurrency}", base, phases, arrivals, fixed_client_command(base, batch_file, concurrency), workdir)

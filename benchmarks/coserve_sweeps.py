@@ -90,6 +90,16 @@ def picked(levels: list[Level], keeps: Callable[[Level], bool]) -> Level | None:
     return best
 
 
+def level_of(levels: list[Level], n: int) -> Level | None:
+    """The sweep's run at `n` in flight; None where it did not run (a level below it broke)."""
+    return next((lv for lv in levels if lv.in_flight == n), None)
+
+
+def kept_through(levels: list[Level], n: int) -> bool:
+    """`n` in flight ran and kept every window, and so did each level below it (a level not run counts as broken)."""
+    return level_of(levels, n) is not None and all(lv.keeps_every_window() for lv in levels if lv.in_flight <= n)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("reports", nargs="*", type=Path, help="coserve reports (default: the matrices in benchmarks/results)")
@@ -129,8 +139,8 @@ def as_batch_side(sweeps: dict[str, list[Level]], n: int) -> float | None:
     below it did) or a sweep picked no level; else its batch over the picked level's, the median over (a) and (e)."""
     shares = []
     for levels in sweeps.values():
-        mine, best = next((lv for lv in levels if lv.in_flight == n), None), picked(levels, Level.keeps_every_window)
-        if mine is None or best is None or not all(lv.keeps_every_window() for lv in levels if lv.in_flight <= n):
+        mine, best = level_of(levels, n), picked(levels, Level.keeps_every_window)
+        if mine is None or best is None or not kept_through(levels, n):
             return None
         shares.append(mine.tokens_per_s / best.tokens_per_s)
     return statistics.median(shares)
@@ -144,13 +154,12 @@ def summarize(label: str, sweeps: list[list[Level]], rule: Callable[[Level], boo
     print(f"{label} over {len(sweeps)} runs: picked " + ", ".join(
         f"{n or 'none'} x{levels_picked.count(n)}" for n in sorted(set(levels_picked))))
     for n in sorted({lv.in_flight for levels in sweeps for lv in levels}):
-        ran = [(next((lv for lv in levels if lv.in_flight == n), None), levels, choice) for levels, choice in zip(sweeps, choices)]
-        reference = sum(1 for lv, levels, _ in ran if lv is not None and lv.keeps_reference_window())
-        later = sum(1 for lv, levels, _ in ran if lv is not None and lv.keeps_later_windows())
-        every = sum(1 for lv, levels, _ in ran if lv is not None and lv.keeps_every_window()
-                    and all(x.keeps_every_window() for x in levels if x.in_flight < n))
-        shares = [lv.tokens_per_s / choice.tokens_per_s for lv, _, choice in ran if lv is not None and choice is not None]
-        rates = [lv.tokens_per_s for lv, _, _ in ran if lv is not None]
+        ran = [(level_of(levels, n), choice) for levels, choice in zip(sweeps, choices)]
+        reference = sum(1 for lv, _ in ran if lv is not None and lv.keeps_reference_window())
+        later = sum(1 for lv, _ in ran if lv is not None and lv.keeps_later_windows())
+        every = sum(1 for levels in sweeps if kept_through(levels, n))
+        shares = [lv.tokens_per_s / choice.tokens_per_s for lv, choice in ran if lv is not None and choice is not None]
+        rates = [lv.tokens_per_s for lv, _ in ran if lv is not None]
         share = f"{statistics.median(shares):.2f}x" if shares else "n/a"
         print(f"  fixed {n:>2}: ran in {len(rates):>2}; kept the reference window {reference:>2}, the later ones {later:>2}, every "
               f"window {every:>2} of {len(sweeps)} runs (not run: broken); batch {statistics.median(rates):5.0f} tok/s, "
