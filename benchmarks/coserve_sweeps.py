@@ -104,6 +104,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("reports", nargs="*", type=Path, help="coserve reports (default: the matrices in benchmarks/results)")
     paths = parser.parse_args().reports or sorted(RESULTS.glob("coserve-matrix-*.txt"))
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        parser.error(f"no such report: {', '.join(missing)} (coserve.py --out FILE writes one)")
     runs: list[tuple[str, dict[str, list[Level]]]] = []
     for path in paths:
         text = path.read_text()
