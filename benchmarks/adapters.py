@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/adapters.py [--questions 1400] [--max-tokens 64] [--out FILE]
 
 Three LoRA adapters of the embedded smollm2-135m (rank 8 on every layer's q_proj and v_proj,
-seeded random weights, B not zero: made here as tests/lora_adapters.py makes them), and each
+seeded random weights, B not zero: made here as testkit/lora_adapters.py makes them), and each
 adapter merged into a full model of its own (W + alpha/r B A on the base's weights, saved in
 the base's dtype: what PEFT's merge_and_unload gives). The questions are real ShareGPT prompts
 (profiles/prompts: 1,000 first turns and 400 multi-turn chats, each cut at 1,000 characters),
@@ -52,7 +52,7 @@ from batchllm.engines.devices import hardware_name  # noqa: E402
 from batchllm.models.embedded import SMOLLM2_135M  # noqa: E402
 from batchllm.models.registry import batchllm_home  # noqa: E402
 from benchmarks.reporting import host_line, publish  # noqa: E402
-from tests.lora_adapters import make_lora_adapter  # noqa: E402
+from testkit.lora_adapters import make_lora_adapter  # noqa: E402
 
 VARIANTS = ("a", "b", "c")
 RANK = 8

@@ -1,4 +1,4 @@
-"""The latency guard over scripted servers on a fake clock (tests/scripted_server.py), 8 seeds a load:
+"""The latency guard over scripted servers on a fake clock (testkit/scripted_server.py), 8 seeds a load:
 the batch's tokens against the best fixed concurrency that kept every 30 s window, and the windows it
 broke. A proxy of coserve.py's matrix that runs in seconds (11 s on an AVX-512 host) with no server, for trying a guard
 rule on many seeds before a real run; its servers are models, coserve's verdicts are the real ones.
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchllm.engines.endpoint.guard_policy import GuardPhase  # noqa: E402
 from batchllm.engines.endpoint.latency_guard import LatencyGuard  # noqa: E402
-from tests.scripted_server import FAST, Scenario, phased_arrivals, poisson, run, slo_of, worst_ratio  # noqa: E402
+from testkit.scripted_server import FAST, Scenario, phased_arrivals, poisson, run, slo_of, worst_ratio  # noqa: E402
 
 CPU_LIKE = lambda n: 0.016 + 0.0008 * n  # noqa: E731
 FIXED_LEVELS = (1, 2, 4, 8, 16)

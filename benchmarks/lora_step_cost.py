@@ -7,7 +7,7 @@ platform) and with vLLM's own.
 
 The embedded smollm2-135m on cpu:2 (eager, float32 where batchllm's engines run float32), each
 engine in its own process (vLLM's `LLM`), three adapters of rank 8 on q_proj and v_proj (made as
-tests/lora_adapters.py makes them), prefix caching off (a round would find the last one's prompts
+testkit/lora_adapters.py makes them), prefix caching off (a round would find the last one's prompts
 cached). Two workloads, each timed `--rounds` times per side after a warm-up: decode (real
 ShareGPT prompts cut to 200 characters, 96 tokens each, `ignore_eos`) and prefill (prompts of
 about 600 tokens, 1 token each). The adapter requests go round-robin over
@@ -42,7 +42,7 @@ from batchllm.engines.devices import engine_dtype  # noqa: E402
 from batchllm.models.embedded import SMOLLM2_135M  # noqa: E402
 from batchllm.models.registry import batchllm_home  # noqa: E402
 from benchmarks.reporting import host_line, publish  # noqa: E402
-from tests.lora_adapters import make_lora_adapter  # noqa: E402
+from testkit.lora_adapters import make_lora_adapter  # noqa: E402
 
 ENGINE = """
 import json, statistics, sys, time

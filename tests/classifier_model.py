@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.lora_adapters import write_safetensors
+from testkit.lora_adapters import write_safetensors
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 

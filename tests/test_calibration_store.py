@@ -190,7 +190,7 @@ def test_an_engine_with_adapters_is_learnt_apart_from_the_base_and_planned_from_
     from batchllm.costmodel.calibration.store import LORA_REVISION, LORA_SETTING
     from batchllm.costmodel.lora_cost import with_adapters
     from batchllm.dag.loader import load_dag
-    from tests.lora_adapters import TINY_BASE, make_lora_adapter
+    from testkit.lora_adapters import TINY_BASE, make_lora_adapter
 
     monkeypatch.setattr(cluster_module, "installed_engine_version", lambda: "fake")
     (workspace.root / "tiny-model" / "config.json").write_text(json.dumps(TINY_BASE))

@@ -113,7 +113,7 @@ class VllmServer:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from tests.lora_adapters import make_lora_adapter
+    from testkit.lora_adapters import make_lora_adapter
 
     os.environ["BATCHLLM_HOME"] = str(MODEL_HOME)
     folder = tmp_path_factory.mktemp("server")

@@ -19,9 +19,9 @@ from batchllm.planner.problem import GroupMember, NodeWorkload
 from batchllm.runtime.launch import run_dag_file
 from batchllm.runtime.run_state import NodeProgress
 from batchllm.runtime.stage_planner import group_progress
+from testkit.lora_adapters import TINY_BASE, make_lora_adapter
 from tests.conftest import QUESTIONS
 from tests.fakes import FakeEngineFactory, fake_text
-from tests.lora_adapters import TINY_BASE, make_lora_adapter
 
 ROUTER_DAG = """
     inputs:

@@ -1,5 +1,5 @@
 """The latency guard built as the endpoint engine builds it (`LatencyGuard(slo, max_in_flight)`,
-production defaults), run on a fake clock over scripted servers (tests/scripted_server.py):
+production defaults), run on a fake clock over scripted servers (testkit/scripted_server.py):
 idle, light, heavy, saturated before the batch, online requests longer than the window, a server
 that stops answering /metrics. Then its verdicts on exact evidence, and the transition table."""
 
@@ -26,7 +26,7 @@ from batchllm.engines.endpoint.latency_window import (
 )
 from batchllm.engines.endpoint.server_history import ServerHistory
 from batchllm.engines.endpoint.server_metrics import Histogram, MetricsSnapshot
-from tests.scripted_server import (
+from testkit.scripted_server import (
     FAST,
     ITL_BOUNDS,
     TTFT_BOUNDS,

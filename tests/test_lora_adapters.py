@@ -17,9 +17,9 @@ from batchllm.dag.loader import load_dag
 from batchllm.engines.devices import parse_devices
 from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.launch import run_dag_file
+from testkit.lora_adapters import TINY_BASE, make_lora_adapter
 from tests.conftest import QUESTIONS
 from tests.fakes import FakeEngineFactory
-from tests.lora_adapters import TINY_BASE, make_lora_adapter
 
 ADAPTER_DAG = """
     inputs:

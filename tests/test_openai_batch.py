@@ -328,7 +328,7 @@ def test_score_lines_run_in_a_score_node_and_give_vllms_score_response_shape(bat
 
 def test_a_model_mapped_to_base_and_adapter_runs_its_lines_with_the_adapter_in_the_bases_engine(batch, monkeypatch):
     from batchllm.openai_batch.model_map import model_map
-    from tests.lora_adapters import TINY_BASE, make_lora_adapter
+    from testkit.lora_adapters import TINY_BASE, make_lora_adapter
 
     adapter = make_lora_adapter(batch["root"] / "adapters" / "sql", TINY_BASE, seed=0)
     monkeypatch.chdir(batch["root"])

@@ -1,5 +1,5 @@
 """LoRA adapters on the real engine and the embedded model (slow: marked `engine`): a node on an
-adapter made here (seeded random weights, tests/lora_adapters.py) gives the tokens vLLM's own
+adapter made here (seeded random weights, testkit/lora_adapters.py) gives the tokens vLLM's own
 `LLM.chat(..., lora_request=...)` gives with the same adapter at temperature 0, and other
 tokens than the base's; the base's node and two adapters' run in one engine. On CPUs both run
 batchllm's LoRA ops (engines/cpu_lora_ops.py): their sums differ from vLLM's own ops' in the last
@@ -21,8 +21,8 @@ from rich.console import Console
 from batchllm.engines.devices import engine_dtype, parse_devices
 from batchllm.models.embedded import SMOLLM2_135M
 from batchllm.runtime.launch import run_dag_file
+from testkit.lora_adapters import make_lora_adapter
 from tests.killed_run import committed, kill_after_commits
-from tests.lora_adapters import make_lora_adapter
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parent.parent
