@@ -111,6 +111,7 @@ def main() -> int:
         cluster = LocalRayCluster.start([(0,), (1,)], port=free_port(), temp_dir=Path(f"/tmp/blrayb{os.getpid()}"))
         try:
             print(f"two-node Ray cluster on {cluster.address} started in {time.monotonic() - cluster_started:.1f} s", flush=True)
+            cluster.drive_from_here()  # the cluster's Ray settings (its token), not the user's
             session = RaySession.connect(cluster.address)
             on_ray = session.devices()
             measured: list[Measured] = []

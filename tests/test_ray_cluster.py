@@ -7,7 +7,6 @@ none of its processes is left. Runs go through the `batchllm` command as a user'
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -42,9 +41,8 @@ def cluster():
     assert started.leftovers() == []
 
 
-def batchllm_run(dag: Path, out: Path, *options: str) -> subprocess.Popen:
-    env = {**os.environ, "BATCHLLM_HOME": str(MODEL_HOME)}
-    env.pop("RAY_ADDRESS", None)
+def batchllm_run(dag: Path, out: Path, cluster: LocalRayCluster, *options: str) -> subprocess.Popen:
+    env = {**cluster.driver_env(), "BATCHLLM_HOME": str(MODEL_HOME)}  # the cluster's own Ray settings (its token)
     return subprocess.Popen([BATCHLLM, "run", str(dag), "--out", str(out), "--fresh", *options],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
@@ -83,7 +81,7 @@ def test_a_run_on_two_nodes_that_loses_one_is_replanned_and_every_unit_runs_once
                    "    sampling: {max_tokens: 32}\n")
     worker = cluster.nodes[1]  # not the head: the head holds the cluster's control store
     both = {n.node_id[:8] for n in cluster.nodes}
-    run = batchllm_run(dag, tmp_path / "out", "--cluster", cluster.address)
+    run = batchllm_run(dag, tmp_path / "out", cluster, "--cluster", cluster.address)
     try:
         while committed(tmp_path / "out", "story") < 4:  # a first wave is done; each engine runs 4 at a time, so both have more
             assert run.poll() is None, run.communicate()[1][-3000:]
@@ -99,3 +97,41 @@ def test_a_run_on_two_nodes_that_loses_one_is_replanned_and_every_unit_runs_once
     assert engine_nodes(tmp_path / "out") == both  # engines ran on both nodes before the loss
     assert committed(tmp_path / "out", "story") == rows  # each unit committed once: none lost, none twice
     assert keys(tmp_path / "out", "story") == sorted((f"r{i}", 0) for i in range(rows))
+
+
+# A driver that runs a task on each of the cluster's nodes (by its `core<N>` resource) and prints where they ran.
+ON_EACH_NODE = """
+import sys
+import ray
+from batchllm.cluster.session import RaySession
+RaySession.connect(sys.argv[1])
+@ray.remote
+def where():
+    return ray.get_runtime_context().get_node_id()
+print("ran on", *sorted(ray.get([where.options(resources={r: 1}, num_cpus=0).remote() for r in sys.argv[2:]])))
+"""
+
+
+def test_a_stale_ray_token_in_the_users_home_leaves_the_cluster_working(tmp_path, monkeypatch):
+    """Ray keeps a token in ~/.ray/auth_token (any `ray.init` of a new local cluster writes one), and a
+    `ray start --head` that finds one turns token authentication on; a worker node, or a driver given an
+    address, did not read it and failed to join (InvalidAuthToken). The cluster and its drivers use
+    Ray settings of their own: a stale token in the home they run with changes nothing."""
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("0" * 64)  # a token of a cluster long gone
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    started = LocalRayCluster.start([(0,), (1,)], port=free_port())
+    try:
+        assert len(started.nodes) == 2
+        done = subprocess.run([sys.executable, "-c", ON_EACH_NODE, started.address, "core0", "core1"],
+                              env=started.driver_env(), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        ran = next(line for line in done.stdout.splitlines() if line.startswith("ran on")).split()[2:]
+        assert ran == sorted(n.node_id for n in started.nodes)  # a task on each node: the worker node joined
+    finally:
+        started.stop()
+    assert started.leftovers() == []
+    assert (home / ".ray" / "auth_token").read_text() == "0" * 64  # the user's file is left as it was

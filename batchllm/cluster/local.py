@@ -7,6 +7,8 @@ advertises as resources `core<N>`: batchllm binds an engine on that node to exac
 those cores, as on one machine. Every process of the cluster has the cluster's own
 temp folder on its command line, so `stop` ends exactly those processes (never other
 Ray processes on the machine), and `kill_raylet` takes one node away as a lost machine.
+The cluster's Ray settings are its own, whatever the user's (`ray_env`): token authentication
+with a token made for the cluster, in its temp folder; a driver joins with `driver_env()`.
 A watchdog process stops the cluster when its owner (the process that started it) ends
 without stopping it, e.g. a test run killed by a timeout before its teardown.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -30,6 +33,14 @@ from typing import cast
 # Lost nodes are noticed in about 3 s (the defaults take about 30 s): the GCS probes each raylet.
 FAST_HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3",
                       "RAY_health_check_timeout_ms": "1000", "RAY_health_check_initial_delay_ms": "1000"}
+
+# What Ray 2.60 reads of a user's own set-up, none of which the cluster takes from the environment it starts in
+# (ray/_private/authentication/authentication_token_setup.py and its C++ token loader): the token itself
+# (RAY_AUTH_TOKEN, before any file), a token file (RAY_AUTH_TOKEN_PATH, before ~/.ray/auth_token), the mode
+# (RAY_AUTH_MODE: when unset, `ray start --head` turns tokens on if it finds ~/.ray/auth_token, which any
+# `ray.init` of a new local cluster writes, while `ray start --address` and `ray.init(address=...)` do not:
+# a stale token there left the worker node out with InvalidAuthToken), and the cluster to join (RAY_ADDRESS).
+USER_RAY_SETTINGS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE", "RAY_ADDRESS")
 
 
 @dataclass(frozen=True)
@@ -66,15 +77,55 @@ class LocalRayCluster:
             raise
         return cluster
 
+    @property
+    def token_file(self) -> Path:
+        return self.temp_dir / "auth_token"
+
+    def ray_settings(self) -> dict[str, str]:
+        """Token authentication on, with the cluster's own token file (never ~/.ray/auth_token, whatever HOME holds)."""
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token_file)}
+
+    def ray_env(self) -> dict[str, str]:
+        """This process's environment with the cluster's Ray settings in place of the user's."""
+        env = {name: value for name, value in os.environ.items() if name not in USER_RAY_SETTINGS}
+        return {**env, **self.ray_settings()}
+
+    def driver_env(self) -> dict[str, str]:
+        """The environment of a driver of this cluster in a process of its own (`batchllm run --cluster ADDRESS`)."""
+        return self.ray_env()
+
+    def drive_from_here(self) -> None:
+        """This process as a driver of the cluster: its Ray settings in place of the user's, before
+        `RaySession.connect(self.address)`. Ray reads them when imported, so an imported Ray reads them
+        again (as Ray's own `_enable_token_auth` does when it turns tokens on)."""
+        for name in USER_RAY_SETTINGS:
+            os.environ.pop(name, None)
+        os.environ.update(self.ray_settings())
+        if "ray._raylet" in sys.modules:
+            from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]  # not in its stub
+
+            Config.initialize("")
+            AuthenticationTokenLoader.instance().reset_cache()
+
+    def _new_token(self) -> None:
+        """A token of the cluster's own, readable by this user only (a new one for each head)."""
+        self.temp_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.token_file.unlink(missing_ok=True)
+        descriptor = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(secrets.token_hex(32))  # as Ray's own generate_new_authentication_token
+
     def add_node(self, cores: tuple[int, ...]) -> LocalNode:
         head = not self.nodes
+        if head:
+            self._new_token()
         resources = json.dumps({f"core{c}": 1 for c in cores})
         command = [sys.executable, "-m", "batchllm.cluster.loopback", "start", "--node-ip-address=127.0.0.1",
                    f"--num-cpus={len(cores)}", "--num-gpus=0", f"--resources={resources}", "--disable-usage-stats"]
         command += ([f"--port={self.port}", "--head", "--include-dashboard=false", f"--temp-dir={self.temp_dir}"]
                     if head else [f"--address={self.address}"])
         before = set(self._raylets())
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ, **FAST_HEALTH_CHECKS})
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, env={**self.ray_env(), **FAST_HEALTH_CHECKS})
         if done.returncode != 0:
             raise RuntimeError(f"`{' '.join(command)}` failed ({done.returncode}):\n{done.stderr[-2000:]}")
         started = [pid for pid in self._raylets() if pid not in before]
