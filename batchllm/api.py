@@ -34,6 +34,8 @@ from batchllm.dag.loader import load_dag, load_dag_mapping
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet, hardware_name, parse_devices
 from batchllm.engines.engine import EngineFactory
+from batchllm.io.result_store import STORE_FILE
+from batchllm.models.registry import batchllm_home
 from batchllm.planner.plan_file import PROFILES_ROOT, PlanReport, plan_dag
 from batchllm.runtime.console import run_console
 from batchllm.runtime.launch import run_dag
@@ -92,18 +94,24 @@ class RunOutput:
 def run(dag: str | os.PathLike | Mapping, inputs: Mapping[str, Any] | None = None, out: str | os.PathLike | None = None,
         devices: str | DeviceSet = "auto", schedule: str = "plan", fresh: bool = False, prefix_order: bool = True,
         engine_factory: EngineFactory | None = None, *, cluster: str | None = None, console: Console | None = None,
-        profiles_root: Path = PROFILES_ROOT) -> RunOutput:
+        profiles_root: Path = PROFILES_ROOT, reuse: bool | None = None, store: str | os.PathLike | None = None) -> RunOutput:
     """Run every node of `dag` and return its outputs; `batchllm run` with the same meaning
     of every option (`out` default: `runs/<DAG file stem or dict name>`; `cluster`: `--cluster`,
-    e.g. "ray" or "host:port", engines then run as Ray actors on the cluster's devices)."""
+    e.g. "ray" or "host:port", engines then run as Ray actors on the cluster's devices).
+
+    `reuse`: answer requests from the result store (`store`, default the home's
+    results.sqlite) and file what is computed there, as `batchllm run` does. None: on with
+    vLLM's engines, off with an `engine_factory` of the caller's (whose answers are its own)."""
     out_dir = Path(out) if out is not None else Path("runs") / _default_run_name(dag)
     spec, tables = _load(dag, inputs, lambda name: _input_folder(out_dir) / f"{name}.parquet")
     session = None if isinstance(devices, DeviceSet) else open_cluster(cluster, devices)
     written = _write_tables(tables)
     try:
         device_set = devices if isinstance(devices, DeviceSet) else session.devices() if session else parse_devices(devices)
+        reused = engine_factory is None if reuse is None else reuse
+        store_path = (Path(store) if store is not None else batchllm_home() / STORE_FILE) if reused else None
         result, progress = run_dag(spec, RunSpec(out_dir, device_set, fresh=fresh, schedule=schedule, prefix_order=prefix_order,
-                                                 profiles_root=profiles_root),
+                                                 profiles_root=profiles_root, store=store_path),
                                    console=console or run_console(), engine_factory=engine_factory, cluster=session)
     except UserError:
         written.undo()

@@ -29,6 +29,12 @@ def run(
     pilot: str = typer.Option("0.5%", help="A node whose prompt set is new starts with this random sample of its rows "
                               "(a share, kept within 64-2,000 rows, or a number of rows); the rest is planned on its answer lengths."),
     no_pilot: bool = typer.Option(False, "--no-pilot", help="Start every node on the profile's answer lengths, without a pilot."),
+    reuse: bool = typer.Option(True, "--reuse/--no-reuse", help="Take each request's answer from the result store when it "
+                               "holds the same request (same model files, settings, rendered prompt and sampling keys, seed "
+                               "included), from any earlier run, DAG or batch file; file what is computed there. --no-reuse "
+                               "computes every request anew (and files nothing)."),
+    store: Path = typer.Option(None, "--store", help="The result store: a SQLite file, which several runs and machines may "
+                               "share (over a shared file system). Default: $BATCHLLM_HOME/results.sqlite."),
     endpoint: list[str] = typer.Option(None, "--endpoint", metavar="MODEL=URL", help="Send MODEL's requests to this running "
                                        "OpenAI-compatible server (vLLM, SGLang; e.g. http://gpu-box:8000/v1) beside its online "
                                        "traffic, instead of to engines on --devices. Repeat for several servers; replaces the "
@@ -39,6 +45,10 @@ def run(
     Results are committed as each request finishes: run the same command again after a
     crash or Ctrl-C and it resumes, computing each (node, row, step) exactly once. A run
     that is already complete starts no engine.
+
+    Requests answered before (by any run on this machine, see --store) are taken from the
+    result store: after an edit only what changed is computed, and a run whose every
+    request is stored starts no engine. To draw new samples, change the seed or use --no-reuse.
 
     Example: batchllm run dags/ensemble_judge.yaml --out runs/demo --devices cpu:2
     """
@@ -63,7 +73,8 @@ def run(
             pilot_size = None if no_pilot else PilotSize.parse(pilot)
             spec = with_endpoint_options(load_dag(dag), endpoint or [])
             result, progress = run_dag(spec, RunSpec(out, device_set, fresh=fresh, schedule=schedule, prefix_order=prefix_order,
-                                                     pilot=pilot_size, command="run"), console=console, cluster=session)
+                                                     pilot=pilot_size, command="run", store=_store_path(reuse, store)),
+                                 console=console, cluster=session)
     finally:
         if session:
             session.close()
@@ -90,6 +101,9 @@ def run_batch(
     schedule: str = typer.Option("plan", help="plan, max, min or sequential, as for `batchllm run`."),
     engine: list[str] = typer.Option(None, "--engine", metavar="KEY=VALUE", help="An engine setting, as a DAG's `engine:` "
                                      "takes it: max_model_len, max_num_seqs, kv_cache_memory_bytes, enforce_eager. Repeat for more."),
+    reuse: bool = typer.Option(True, "--reuse/--no-reuse", help="Answer lines from the result store when it holds the same "
+                               "request (as `batchllm run` does); --no-reuse computes every line anew."),
+    store: Path = typer.Option(None, "--store", help="The result store (a SQLite file). Default: $BATCHLLM_HOME/results.sqlite."),
 ) -> None:
     """Run an OpenAI batch file on local models and write OpenAI batch output lines.
 
@@ -111,12 +125,19 @@ def run_batch(
         mapping = model_map(model or [], models, batchllm_home())
         done = run_batch_file(input_file, output, mapping, run_dir=run_dir or Path("runs") / output.stem,
                               devices=parse_devices(devices), fresh=fresh, schedule=schedule, console=console,
-                              engine=_key_values(engine or [], "--engine"))
+                              engine=_key_values(engine or [], "--engine"), store=_store_path(reuse, store))
     for line in done.summary:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     failed = ", ".join(f"{count:,} {code}" for code, count in done.counts.failed.items())
     typer.echo(f"{done.output}: {done.counts.lines:,} lines, {done.counts.succeeded:,} succeeded"
                + (f", {sum(done.counts.failed.values()):,} failed ({failed})" if failed else ""))
+
+
+def _store_path(reuse: bool, store: Path | None) -> Path | None:
+    """The result store a command uses (None: --no-reuse)."""
+    from batchllm.io.result_store import STORE_FILE
+
+    return (store or batchllm_home() / STORE_FILE) if reuse else None
 
 
 def _key_values(items: list[str], option: str) -> dict[str, object]:

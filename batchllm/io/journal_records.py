@@ -60,6 +60,10 @@ class JournalStats:
         return JournalStats(self.committed + other.committed, self.failed + other.failed,
                             self.prompt_tokens + other.prompt_tokens, self.output_tokens + other.output_tokens)
 
+    def minus(self, other: "JournalStats") -> "JournalStats":
+        return JournalStats(self.committed - other.committed, self.failed - other.failed,
+                            self.prompt_tokens - other.prompt_tokens, self.output_tokens - other.output_tokens)
+
     @classmethod
     def of(cls, records: Sequence[ResultRecord]) -> "JournalStats":
         if not records:

@@ -50,9 +50,10 @@ class BatchRun:
 def run_batch(requests_file: Path, output: Path, models: Mapping[str, str], *, run_dir: Path,
               devices: str | DeviceSet = "auto", fresh: bool = False, schedule: str = "plan", prefix_order: bool = True,
               engine_factory: EngineFactory | None = None, console: Console | None = None,
-              profiles_root: Path = PROFILES_ROOT, engine: Mapping[str, Any] | None = None) -> BatchRun:
+              profiles_root: Path = PROFILES_ROOT, engine: Mapping[str, Any] | None = None, store: Path | None = None) -> BatchRun:
     """`models`: body.model -> local model, as `model_map` checked it; `engine`: engine
-    settings as a DAG's `engine:` section takes them (max_num_seqs, max_model_len, ...).
+    settings as a DAG's `engine:` section takes them (max_num_seqs, max_model_len, ...);
+    `store`: the result store lines are answered from and filed in (None: none).
     Raises RunIncomplete (after writing the results file) when a node failed."""
     requests_file, output, run_dir = Path(requests_file), Path(output), Path(run_dir)
     if output.is_dir():
@@ -75,7 +76,7 @@ def run_batch(requests_file: Path, output: Path, models: Mapping[str, str], *, r
                 dag = load_dag_mapping(dag_mapping, Path.cwd(), BATCH_DAG_NAME)
                 device_set = devices if isinstance(devices, DeviceSet) else parse_devices(devices)
                 result, progress = run_dag(dag, RunSpec(run_dir, device_set, fresh=fresh, schedule=schedule, prefix_order=prefix_order,
-                                                        profiles_root=profiles_root),
+                                                        profiles_root=profiles_root, store=store),
                                            console=console or run_console(), engine_factory=engine_factory)
                 summary = tuple(closing_lines(result, progress, run_dir))
             except RunIncomplete as stopped:

@@ -17,6 +17,7 @@ from batchllm.runtime.node_run import NodeRun
 from batchllm.runtime.pilot import Pilots
 from batchllm.runtime.prepare import OutputForecast, PreparedWindow, RequestPreparer, split
 from batchllm.runtime.progress import NodeStats
+from batchllm.runtime.reuse import RunReuse
 
 FIRST_WINDOW_UNITS = 1_024  # a node's first window in a run (also a resumed one) is small: work at once
 WINDOW_UNITS = 8_192  # later windows: large enough for the prefix order to find what is shared
@@ -25,11 +26,13 @@ DEFAULT_BLOCK_SIZE_TOKENS = 16  # until an engine on devices says its own
 
 class EngineFeeding:
     def __init__(self, engines: EngineSet, ledger: Ledger, preparer: RequestPreparer, pilots: Pilots, pilots_only: bool,
-                 length_sampler: LengthSampler | None, forecast_for: Callable[[NodeRun], OutputForecast]):
+                 length_sampler: LengthSampler | None, forecast_for: Callable[[NodeRun], OutputForecast], reuse: RunReuse | None = None):
         """`forecast_for`: how long each request of a node will answer (the prefix order and the
-        split over replicas weigh requests by it)."""
+        split over replicas weigh requests by it); `reuse`: the result store's answers are taken
+        before a window is prepared."""
         self.engines, self.ledger, self.preparer = engines, ledger, preparer
         self.pilots, self.pilots_only, self.length_sampler, self.forecast_for = pilots, pilots_only, length_sampler, forecast_for
+        self.reuse = reuse
         self.block_size_tokens = DEFAULT_BLOCK_SIZE_TOKENS
 
     def feed(self, runs: Iterable[NodeRun], stats: Mapping[str, NodeStats]) -> int:
@@ -37,8 +40,11 @@ class EngineFeeding:
         many requests were handed to engines."""
         submitted = 0
         for run in runs:
+            reused_before = run.reused
             if (ideal_cached_tokens := self.admit(run)) is not None:
                 stats[run.name].ideal_cached_tokens = (stats[run.name].ideal_cached_tokens or 0) + ideal_cached_tokens
+            if run.reused.committed > reused_before.committed:  # taken from the result store: done, not by this run's engines
+                stats[run.name].reuse(run.reused.minus(reused_before))
             submitted += self.submit(run)
         return submitted
 
@@ -65,6 +71,10 @@ class EngineFeeding:
         units = self._take(run, at_once)
         if units is not None and len(units):
             requests = run.feed.render(units)
+            if self.reuse is not None:
+                units, requests = self.reuse.take_stored(run, units, requests)
+            if not requests:
+                return ideal_cached_tokens
             if self.length_sampler is not None:
                 self.length_sampler.remember(run.name, requests)
             run.preparing = (self.preparer.submit(requests, configs[0].model or None, self.block_size_tokens, len(configs),

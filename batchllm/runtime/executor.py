@@ -35,6 +35,7 @@ from batchllm.runtime.output_writer import write_outputs
 from batchllm.runtime.pilot import Pilots
 from batchllm.runtime.prepare import OutputForecast, RequestPreparer, most_output_tokens
 from batchllm.runtime.progress import RunProgress
+from batchllm.runtime.reuse import RunReuse
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_gantt import write_run_html
 from batchllm.runtime.run_report import RunReport, RunResult, StageLog
@@ -49,9 +50,11 @@ from batchllm.runtime.step_result import EngineStep, StepResult
 class Executor:
     def __init__(self, spec: RunSpec, inputs: RunInputs, run_dir: RunDir, engine_factory: EngineFactory, progress: RunProgress,
                  planning: RunPlanning, preparer: RequestPreparer, replanner: DeviceLossReplanner | None = None,
-                 length_sampler: LengthSampler | None = None):
+                 length_sampler: LengthSampler | None = None, reuse: RunReuse | None = None):
         """`inputs`: what the checks found (their known prompt sets need no pilot); `length_sampler`:
-        remembers a sample of each node's requests for the length model (an observer too)."""
+        remembers a sample of each node's requests for the length model (an observer too); `reuse`:
+        the result store requests are answered from, and what the engines compute is filed in
+        (`inputs.store_keys` gives each node's keys)."""
         dag, devices = inputs.dag, spec.devices
         self.dag, self.sources, self.run_dir, self.devices, self.home = dag, inputs.sources, run_dir, devices, spec.home
         self.vector_dimensions = inputs.vector_dimensions
@@ -61,6 +64,7 @@ class Executor:
         self._endpoint_configs = {model: endpoint_configs(dag, model, servers, run_dir, spec.home) for model, servers in inputs.endpoints.items()}
         self.progress, self.planning, self.preparer = progress, planning, preparer
         self.pilots, self.pilots_only, self.length_sampler = Pilots(spec.pilot, inputs.known_prompt_sets), spec.pilots_only, length_sampler
+        self.reuse, self._store_keys = reuse, inputs.store_keys
         self.nodes, self.ledger = NodeRuns([]), Ledger({})
         self.stage: StageLog | None = None  # the current stage's log; None: between stages
         self.stage_nodes: tuple[str, ...] = ()  # the current stage's nodes as it began
@@ -99,13 +103,26 @@ class Executor:
         """Each node's record: its journal, ledger and feed, and its pilot where its prompt set is new."""
         self.nodes, self.ledger, prints = open_node_runs(self.dag, self.sources, self.run_dir, self.progress.note, self.vector_dimensions)
         self.feeding = EngineFeeding(self.engines, self.ledger, self.preparer, self.pilots, self.pilots_only, self.length_sampler,
-                                     self._forecast_for)
+                                     self._forecast_for, self.reuse)
+        if self.reuse is not None:
+            self._take_stored()
         self.stage_engines = StageEngines(self.engines, self.nodes, self.ledger, self.feeding, self.progress.note)
         for run in self.nodes:
             if run.name in self.planning.lengths:  # a pilot teaches a node's lengths to a cost model
                 if pilot := self.pilots.begin(run.spec, run.ledger, prints[run.name]):
                     self.progress.note(pilot.note())
         self._started = time.monotonic()
+
+    def _take_stored(self) -> None:
+        """Before the first stage: what the result store answers is committed, and the nodes
+        it answers whole finish without an engine (`RunReuse.take_before_start`)."""
+        assert self.reuse is not None
+        for run in self.nodes:
+            run.keys = self._store_keys.get(run.name)
+        for name, count in self.reuse.take_before_start(self.nodes).items():
+            run = self.nodes[name]
+            run.earlier = run.earlier.plus(run.reused)  # done before this run's engines: in the counts, not in its pace
+            self.progress.note(f"{name}: {count:,} of {run.ledger.total_units:,} units taken from the result store")
 
     def _forecast_for(self, run: NodeRun) -> OutputForecast:
         lengths = self.planning.lengths.get(run.name)
@@ -129,6 +146,8 @@ class Executor:
         self.stage = self.recorder.log = None
         self.engines.stop_all()
         self.preparer.close()
+        if self.reuse is not None:
+            self.reuse.flush()
         for run in self.nodes:
             run.feed.close()
             run.journal.sync()
@@ -186,7 +205,10 @@ class Executor:
         commits = []
         for index in dict.fromkeys(indices.tolist()):  # nodes in the order their first result came
             picked = np.flatnonzero(indices == index)
-            commits.append(self.nodes.at(index).commit(units[picked], [polled.results[k] for k in picked.tolist()], self.ledger))
+            run, results = self.nodes.at(index), [polled.results[k] for k in picked.tolist()]
+            commits.append(run.commit(units[picked], results, self.ledger))
+            if self.reuse is not None:
+                self.reuse.keep(run, units[picked], results)
         engine_steps = tuple(EngineStep(owner.name if (owner := self.nodes.owner_of(config)) else None, config, step)
                              for config, step in polled.steps)
         self.stage_engines.release(polled.losses)

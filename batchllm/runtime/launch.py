@@ -6,7 +6,8 @@ import gc
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from batchllm.io.dag_checks import check_dag, node_vector_dimensions
 from batchllm.io.input_source import InputSource
 from batchllm.io.node_data import NodeFacts
 from batchllm.io.remote_files import check_copy_target
+from batchllm.io.result_store import ResultStore
 from batchllm.models.registry import batchllm_home
 from batchllm.planner.cluster import local_cluster, run_settings
 from batchllm.planner.from_dag import dag_workloads, measured_paces, server_node_facts
@@ -42,6 +44,8 @@ from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.length_learning import LengthSampler
 from batchllm.runtime.prepare import RequestPreparer
 from batchllm.runtime.progress import RunProgress
+from batchllm.runtime.request_keys import NodeKeys
+from batchllm.runtime.reuse import RunReuse
 from batchllm.runtime.run_calibration import RunCalibration
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_report import RunReport, RunResult
@@ -82,6 +86,9 @@ def run_dag(dag: DagSpec, spec: RunSpec, *, console: Console, engine_factory: En
     nodes' devices, engines run as Ray actors, and a lost node's work is re-planned on the
     devices that survive."""
     inputs, checks_s, lengths = _checked_inputs(dag, spec, vllm_engines=engine_factory is None, console=console)
+    if spec.store is not None:
+        inputs = replace(inputs, store_keys={name: NodeKeys.of(dag, node, spec.devices.kind, spec.home)
+                                             for name, node in dag.nodes.items() if not dag.on_endpoints(name)})
     on_devices = dag.on_devices()  # the part the planner places: nodes on servers take no devices
     planning = None
     if spec.planned and on_devices.nodes:
@@ -107,8 +114,10 @@ def run_dag(dag: DagSpec, spec: RunSpec, *, console: Console, engine_factory: En
     run_dir.open(fresh=spec.fresh)
     try:
         with _run_gc(), RunProgress(console, status_path=run_dir.status_path) as progress:
+            reuse = RunReuse(ResultStore(spec.store), f"{spec.out} {datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}",
+                             progress.note) if spec.store is not None else None
             executor = Executor(spec, inputs, run_dir, engine_factory or with_endpoints(start_vllm_engine), progress, planning,
-                                RequestPreparer(spec.prefix_order), replanner, sampler)
+                                RequestPreparer(spec.prefix_order), replanner, sampler, reuse)
             if timed is not None:
                 executor.report.command_start_s, progress.end_s = process_age_s(), timed.expected_end_s
             try:
@@ -120,6 +129,8 @@ def run_dag(dag: DagSpec, spec: RunSpec, *, console: Console, engine_factory: En
                 progress.close("incomplete")
                 raise
             finally:
+                if reuse is not None:
+                    reuse.close()
                 _save_learnt(executor.planning.calibration, console)
                 _save_lengths(sampler, spec.home, console)
                 _save_server_paces(dag, progress, spec.home, console)

@@ -15,6 +15,7 @@ per-slot and per-status counts are kept in step with the arrays by the same call
 
 Transitions:  WAITING -> READY -> QUEUED -> RUNNING -> COMMITTED
               READY <- RUNNING (engine lost);  WAITING/READY -> SKIPPED (the row is out)
+              READY/QUEUED -> COMMITTED (its result taken from the result store: see runtime/reuse.py)
 
 A unit's id is its index in its node's arrays (`unit_of`, `row_step_of` convert from and
 to (row, step)); a request carries `request_id(node_index, unit)`, one integer, and its
@@ -226,6 +227,16 @@ class NodeLedger:
         following = following[self.status[following] == UnitStatus.WAITING]
         self._move(following, UnitStatus.READY)
         return following
+
+    def reuse(self, units: np.ndarray) -> np.ndarray:
+        """READY or QUEUED units whose results were taken from the result store into the journal
+        (they never reach an engine). Returns the units that became READY (next steps)."""
+        units = np.asarray(units, np.int64)
+        bad = units[(self.status[units] != UnitStatus.READY) & (self.status[units] != UnitStatus.QUEUED)]
+        if len(bad):
+            raise ValueError(f"node {self.name!r}: a stored result for unit {int(bad[0])}, which is "
+                             f"{UnitStatus(self.status[bad[0]]).name}, not READY or QUEUED")
+        return self.commit(units)
 
     def make_ready(self, units: np.ndarray) -> None:
         """RUNNING units whose engine was stopped or lost are READY again."""

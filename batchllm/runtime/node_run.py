@@ -35,6 +35,7 @@ from batchllm.runtime.nearest_rows import NearestRows
 from batchllm.runtime.node_feed import MergedUpstream, Nearest, NodeFeed, Upstream
 from batchllm.runtime.prepare import PreparedWindow
 from batchllm.runtime.progress import NodeStats
+from batchllm.runtime.request_keys import NodeKeys
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_state import NodeProgress, RunningPlan, RunningSince
 from batchllm.runtime.step_result import NodeCommit
@@ -66,6 +67,9 @@ class NodeRun:
     since: RunningSince | None = None  # when that plan's engines were ready (or its pilot ended)
     preparing: tuple[Future[PreparedWindow], bool] | None = None  # the window being prepared, fresh units?
     took_window: bool = False  # took a window in this run (the first is small)
+    keys: NodeKeys | None = None  # its requests' keys in the result store (None: it neither reuses nor keeps results)
+    store_keys: dict[int, bytes] = field(default_factory=dict)  # the key of each of its units rendered and not yet committed
+    reused: JournalStats = JournalStats()  # its units taken from the result store in this run, with their tokens
 
     @property
     def is_open(self) -> bool:
@@ -98,7 +102,7 @@ class NodeRun:
     def stats(self, price: Price | None) -> NodeStats:
         """Its progress counters as it starts in this run (with what earlier invocations did)."""
         return NodeStats(self.name, self.spec.model, self.ledger.unit_counts, self.ledger.committed_units, earlier=self.earlier,
-                         price=price, pools=self.spec.task.pools)
+                         price=price, pools=self.spec.task.pools, reused=self.reused.committed)
 
     def commit(self, units: np.ndarray, results: list[EngineResult], ledger: Ledger) -> NodeCommit:
         """Journal its results (of `units`, in the same order) and mark them committed."""
@@ -108,6 +112,16 @@ class NodeRun:
             for row, step, r in zip(rows.tolist(), steps.tolist(), results)])
         self.feed.requeue(ledger.commit(self.name, units))
         return NodeCommit.of(self.name, results)
+
+    def commit_stored(self, units: np.ndarray, records: list[ResultRecord]) -> None:
+        """Journal results taken from the result store (of `units`, in the same order, their row
+        and step still the store's) and mark them committed: they never reach an engine."""
+        rows, steps = self.ledger.row_step_of(units)
+        self.journal.append_many([record._replace(row=row, step=step) for row, step, record in zip(rows.tolist(), steps.tolist(), records)])
+        self.feed.requeue(self.ledger.reuse(units))
+        self.reused = self.reused.plus(JournalStats.of(records))
+        for unit in units.tolist():
+            self.store_keys.pop(unit, None)
 
     def progress(self, now_s: float, producers_finished: bool) -> NodeProgress:
         """Its units done, and how long it has run on its current plan (from how many units done)."""

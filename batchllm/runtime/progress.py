@@ -28,7 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from batchllm.dag.model import Price
 from batchllm.io.journal_records import JournalStats
 from batchllm.runtime.ledger import UnitCounts
-from batchllm.runtime.status import END_STATES, NodeStatus, RunStatus, eta_text, write_status
+from batchllm.runtime.status import END_STATES, NodeStatus, RunStatus, earlier_status, eta_text, write_status
 
 RATE_WINDOW_S = 60.0  # the ETA uses the rate over this much recent time
 SAMPLE_SPACING_S = 1.0  # at most one (time, units done) sample per node per this long
@@ -65,6 +65,13 @@ class NodeStats:
     recent: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))  # (clock s, units done) samples
     servers: tuple[str, ...] = ()  # a node on servers: per server, its latency guard's line (see EndpointEngine.note)
     pools: bool = False  # an embed or score node: it reads prompts and writes no tokens, so its pace is prompt tokens
+    reused: int = 0  # units taken from the result store in this invocation (in the counts, in units_done_before and in earlier)
+
+    def reuse(self, taken: JournalStats) -> None:
+        """More units were taken from the result store: done, with their tokens, but not at this run's pace."""
+        self.reused += taken.committed
+        self.units_done_before += taken.committed
+        self.earlier = self.earlier.plus(taken)
 
     @property
     def units_total(self) -> int:
@@ -151,6 +158,7 @@ class RunProgress:
                  status_interval_s: float = 2.0, clock: Callable[[], float] = time.monotonic,
                  wall_time: Callable[[], str] = _wall_time, wall_clock: Callable[[], datetime] = _wall_clock):
         self.console, self.status_path, self.clock, self.wall_time = console, status_path, clock, wall_time
+        self._earlier = earlier_status(status_path) if status_path is not None else None  # the folder's last run's figures
         self.wall_clock = wall_clock  # when a node's ETA ends, in the lines
         self.line_interval_s, self.status_interval_s = line_interval_s, status_interval_s
         self.bars_shown = console.is_terminal
@@ -268,15 +276,23 @@ class RunProgress:
                 for line in (progress_line(s, now_s, wall_now), *(f"  server {n}" for n in (s.servers if s.finished_at is None else ())))]
 
     def status(self, now_s: float) -> RunStatus:
+        """The run as it stands. A node that computed nothing in this invocation (its results were
+        all there, or taken from the result store) keeps the pace the folder's earlier status gave
+        it, and a run that computed nothing keeps its elapsed time: a no-op run does not zero the
+        figures of the work it found done."""
+        before = self._earlier.nodes if self._earlier is not None else {}
         nodes = {s.node: NodeStatus(
             model=s.model, committed=s.units_done, total=s.units_total, failed=s.earlier.failed + s.failed,
             prompt_tokens=s.earlier.prompt_tokens + s.prompt_tokens, output_tokens=s.earlier.output_tokens + s.output_tokens,
-            output_tokens_per_s=s.output_tokens_per_s(now_s), eta_s=eta_s(s, now_s), failure=self._failures.get(s.node),
-            servers=s.servers if s.finished_at is None else ())
+            output_tokens_per_s=before[s.node].output_tokens_per_s if s.units_done_now == 0 and s.node in before
+            else s.output_tokens_per_s(now_s), eta_s=eta_s(s, now_s), failure=self._failures.get(s.node),
+            servers=s.servers if s.finished_at is None else (), reused=s.reused)
             for s in self.stats.values()}
         rest_s = None if self.rest is None or self.state != "running" else max(
             self.rest[0] - (now_s - self.rest[1]), *(n.eta_s for n in nodes.values() if n.eta_s is not None), 0.0) + self.end_s
-        return RunStatus(state=self.state, elapsed_s=now_s - self._started_s, nodes=nodes, started_at=self.started_at,
+        computed_nothing = self._earlier is not None and all(s.units_done_now == 0 for s in self.stats.values())
+        elapsed_s = self._earlier.elapsed_s if computed_nothing and self._earlier is not None else now_s - self._started_s
+        return RunStatus(state=self.state, elapsed_s=elapsed_s, nodes=nodes, started_at=self.started_at,
                          updated_at=self.wall_time(), rest_s=rest_s)
 
     def _print_lines(self, now_s: float, running_only: bool) -> None:

@@ -14,6 +14,7 @@ from batchllm.io.input_source import InputSource
 from batchllm.models.registry import batchllm_home
 from batchllm.planner.plan_file import PROFILES_ROOT
 from batchllm.runtime.pilot import PilotSize
+from batchllm.runtime.request_keys import NodeKeys
 from batchllm.runtime.stage_planner import SCHEDULE_METHODS
 
 SCHEDULES = (*SCHEDULE_METHODS, "sequential")
@@ -33,7 +34,9 @@ class RunSpec:
     and estimate the rest on them. `home`: batchllm's state (models, the local profile and
     length stores); `profiles_root`: the shipped profiles. `command`: the CLI command this
     process is (its own start and end are measured and kept for this machine; None: the
-    Python API, where the process is the caller's)."""
+    Python API, where the process is the caller's). `store`: the result store (a SQLite file)
+    that requests are answered from when it holds their key, and that what the engines compute
+    is filed in (None: every request is computed, and nothing is filed)."""
 
     out: Path
     devices: DeviceSet
@@ -45,6 +48,7 @@ class RunSpec:
     home: Path = field(default_factory=batchllm_home)
     profiles_root: Path = PROFILES_ROOT
     command: str | None = None
+    store: Path | None = None
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -74,3 +78,4 @@ class RunInputs:
     endpoints: dict[str, tuple[Endpoint, ...]] = field(default_factory=dict)
     known_prompt_sets: frozenset[str] = frozenset()
     vector_dimensions: dict[str, int] = field(default_factory=dict)  # each embed node's vector size
+    store_keys: dict[str, NodeKeys] = field(default_factory=dict)  # each node's keys in the result store (none: not reused)

@@ -42,6 +42,7 @@ class NodeStatus:
     eta_s: float | None  # None: no rate known yet
     failure: str | None = None  # why the node stopped with work left (its engine's failure); None: it did not fail
     servers: tuple[str, ...] = ()  # a node on servers: per server, what its latency guard allows and reads
+    reused: int = 0  # of `committed`, units taken from the result store (computed by earlier runs)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ def write_status(path: Path, status: RunStatus) -> None:
     for node in body["nodes"].values():
         if node["failure"] is None:
             del node["failure"]
+        if not node["reused"]:
+            del node["reused"]  # a run that reused nothing writes the file it always wrote
     write_text_atomically(path, json.dumps(body, indent=1) + "\n")
 
 
@@ -74,6 +77,14 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # exists, someone else's
         return True
     return True
+
+
+def earlier_status(path: Path) -> RunStatus | None:
+    """The status file a run finds in its folder as it starts (None: none, or one it cannot read)."""
+    try:
+        return read_status(path.parent.parent) if path.is_file() else None
+    except UserError:
+        return None
 
 
 def read_status(out: Path) -> RunStatus:
@@ -151,6 +162,7 @@ def status_lines(out: Path, status: RunStatus) -> list[str]:
     for name, node in status.nodes.items():
         share = f" ({node.committed / node.total:.0%})" if node.total else ""
         failed = f", {node.failed:,} failed" if node.failed else ""
+        failed += f", {node.reused:,} reused" if node.reused else ""
         eta = "" if status.state != "running" else f", {eta_text(node.eta_s, updated)}"
         lines.append(f"{name}: {node.committed:,}/{node.total:,} units{share}{failed}{eta}")
         lines.append(f"  tokens: prompt {node.prompt_tokens:,}, output {node.output_tokens:,}, "
@@ -168,5 +180,6 @@ def status_json(status: RunStatus) -> dict:
             "nodes": {name: {"model": n.model, "committed": n.committed, "total": n.total, "failed": n.failed,
                              "prompt_tokens": n.prompt_tokens, "output_tokens": n.output_tokens,
                              "output_tokens_per_s": n.output_tokens_per_s, "eta_s": n.eta_s,
+                             **({"reused": n.reused} if n.reused else {}),
                              **({"failure": n.failure} if n.failure else {}), **({"servers": list(n.servers)} if n.servers else {})}
                       for name, n in status.nodes.items()}}

@@ -1,0 +1,137 @@
+"""A run's side of the result store: requests whose key the store holds are answered from it,
+and what the engines compute goes into it.
+
+- Before the first stage (`take_before_start`), each node in topological order has its ready
+  units rendered, a window at a time, and those the store holds committed into its journal;
+  a node below them then finds its rows ready. A node all of whose requests are stored
+  finishes without an engine, and the planner plans only what is left.
+- While the run goes (`take_stored`), every window the feed renders is looked up before it is
+  prepared for the engines: a producer that recomputed a row can give its consumer a prompt
+  the store already answered.
+- A result an engine computed (`keep`) is filed under its request's key, with the run that
+  computed it; one that failed (finish reason error) or was aborted is not, so a later run
+  computes it again.
+
+Invariant: a unit is taken from the store only while READY or QUEUED (never RUNNING), through
+the ledger (`NodeLedger.reuse`), so it is committed once whether an engine or the store
+answered it. The store is a cache: its errors never lose the run's own results (a full disk
+stops keeping, with the reason printed once).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from batchllm.core.errors import UserError
+from batchllm.core.requests import EngineRequest, EngineResult, FinishReason
+from batchllm.io.journal_records import ResultRecord
+from batchllm.io.result_store import ResultStore
+from batchllm.runtime.ledger import UnitStatus
+from batchllm.runtime.node_run import NodeRun, NodeRuns
+
+SCAN_WINDOW_UNITS = 8_192  # units rendered and looked up at a time before the first stage
+KEEP_BATCH = 1_024  # computed results filed in the store per transaction
+NOT_KEPT = (FinishReason.ERROR, FinishReason.ABORT)
+
+
+class RunReuse:
+    def __init__(self, store: ResultStore, run_label: str, note: Callable[[str], None]):
+        """`run_label`: the provenance filed with what this run computes (its folder and start)."""
+        self.store, self.run_label, self.note = store, run_label, note
+        self._keeping = True
+        self._kept: list[tuple[bytes, bytes, ResultRecord]] = []
+
+    # -- before the first stage -------------------------------------------------------------
+    def take_before_start(self, nodes: NodeRuns) -> dict[str, int]:
+        """Commit every ready unit the store holds, node by node, producers first. Returns the
+        units taken per node (nodes with none left out)."""
+        taken = {}
+        for run in nodes:
+            if run.keys is None or run.ledger.is_settled() or not self.store.has_scope(run.keys.scope):
+                continue
+            count = sum(self._take_window(run, start, min(start + _rows_per_window(run), run.ledger.rows))
+                        for start in range(0, run.ledger.rows, _rows_per_window(run)))
+            if count:
+                taken[run.name] = count
+        return taken
+
+    def _take_window(self, run: NodeRun, start: int, stop: int) -> int:
+        """The window's rows decided where their producers allow, and its ready units the store
+        holds committed (an iterating row's next steps too, while the store holds them)."""
+        run.feed.admit(start, stop)
+        count = 0
+        while True:
+            first, last = run.ledger.unit_range(start, stop)
+            ready = first + np.flatnonzero(run.ledger.status[first:last] == UnitStatus.READY)
+            if not len(ready):
+                return count
+            left, _ = self.take_stored(run, ready, run.feed.render(ready), remember=False)
+            count += len(ready) - len(left)
+            if len(left) == len(ready) or run.spec.iterate is None:  # nothing taken, or no next steps to look at
+                return count
+
+    # -- while the run goes -----------------------------------------------------------------
+    def take_stored(self, run: NodeRun, units: np.ndarray, requests: list[EngineRequest],
+                    remember: bool = True) -> tuple[np.ndarray, list[EngineRequest]]:
+        """Commit the units whose requests the store answers; returns the others (units and
+        requests, in order), their keys remembered for `keep` (`remember`: they go to the engines now)."""
+        if run.keys is None or not len(units):
+            return units, requests
+        keys = run.keys.keys(requests)
+        found = self.store.get_many(keys)
+        if found:
+            hit = np.fromiter((key in found for key in keys), bool, len(keys))
+            hits = np.flatnonzero(hit)
+            run.commit_stored(units[hits], [found[keys[k]].record for k in hits.tolist()])
+            _note_provenance(run, units[hits], [found[keys[k]].run for k in hits.tolist()])
+            missed = np.flatnonzero(~hit)
+            units, requests, keys = units[missed], [requests[k] for k in missed.tolist()], [keys[k] for k in missed.tolist()]
+        if remember:
+            run.store_keys.update(zip(units.tolist(), keys))
+        return units, requests
+
+    def keep(self, run: NodeRun, units: np.ndarray, results: Sequence[EngineResult]) -> None:
+        """File what the engines computed for `units` (their keys taken when they were rendered)."""
+        if run.keys is None:
+            return
+        for unit, result in zip(units.tolist(), results):
+            key = run.store_keys.pop(unit, None)
+            if key is None or result.finish_reason in NOT_KEPT or not self._keeping:
+                continue
+            self._kept.append((key, run.keys.scope, ResultRecord(0, 0, result.texts, result.num_prompt_tokens, result.num_output_tokens,
+                                                                 result.finish_text(), result.logprobs, result.vector, result.score)))
+        if len(self._kept) >= KEEP_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        """File the results kept so far (at the end of the run, and every KEEP_BATCH)."""
+        kept, self._kept = self._kept, []
+        if not kept or not self._keeping:
+            return
+        try:
+            self.store.put_many(kept, self.run_label)
+        except UserError as error:  # a full disk: the run's own results are in its journals
+            self._keeping = False
+            self.note(f"[yellow]results are no longer filed in the result store:[/yellow] {error.paragraph()}")
+
+    def close(self) -> None:
+        self.flush()
+        self.store.close()
+
+
+def _rows_per_window(run: NodeRun) -> int:
+    return max(1, SCAN_WINDOW_UNITS * run.ledger.rows // max(run.ledger.units, 1))
+
+
+def _note_provenance(run: NodeRun, units: np.ndarray, sources: list[str]) -> None:
+    """Which run computed each reused unit: a line per source run in the node's `reused.jsonl`."""
+    rows, steps = run.ledger.row_step_of(units)
+    by_source: dict[str, list[list[int]]] = {}
+    for row, step, source in zip(rows.tolist(), steps.tolist(), sources):
+        by_source.setdefault(source, []).append([row, step])
+    with open(run.journal.folder / "reused.jsonl", "a", encoding="utf-8") as file:
+        for source, keys in by_source.items():
+            file.write(json.dumps({"computed_by": source, "rows_steps": keys}) + "\n")

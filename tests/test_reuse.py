@@ -1,0 +1,169 @@
+"""Reuse across runs through the result store, with the scripted engine: after an edit only the
+requests whose key changed reach an engine, in another run folder or DAG too; a run whose every
+request is stored starts no engine; exactly once across a crash of a reusing run; a damaged
+entry is recomputed; two runs at once over one store."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sqlite3
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from rich.console import Console
+
+from batchllm.engines.devices import DeviceSet
+from batchllm.io.result_store import ResultStore
+from batchllm.runtime.launch import run_dag_file
+from batchllm.runtime.ledger import UNIT_BITS, UNIT_MASK
+from tests.conftest import ENSEMBLE_DAG, QUESTIONS
+from tests.fakes import DriverCrash, FakeEngineFactory
+
+CPU2 = DeviceSet("cpu", (0, 1))
+ORDER = ["a", "b", "judge"]
+EDITED_JUDGE = ENSEMBLE_DAG.replace('prompt: "J {{ a }} | {{ b }}"', 'prompt: "Judge: {{ a }} or {{ b }}?"')
+
+
+def run(workspace, factory, out: Path, dag_text=ENSEMBLE_DAG, store: Path | None = None, fresh=False, name="dag.yaml"):
+    return run_dag_file(workspace.dag(dag_text, name), out, CPU2, console=Console(quiet=True), engine_factory=factory,
+                        prefix_order=False, schedule="sequential", fresh=fresh,
+                        store=store if store is not None else workspace.root / "store.sqlite")
+
+
+def sent(factory: FakeEngineFactory, order=ORDER) -> list[tuple[str, str]]:
+    """(node, row_id) of every request the engines were given."""
+    return sorted((order[r.request_id >> UNIT_BITS], QUESTIONS[r.request_id & UNIT_MASK][0]) for r in factory.requests)
+
+
+def node_rows(out: Path, node: str) -> list[dict]:
+    return pq.read_table(out / "nodes" / f"{node}.parquet").to_pylist()
+
+
+def test_an_edited_judge_alone_is_computed_and_equals_a_run_from_scratch(workspace):
+    assert EDITED_JUDGE != ENSEMBLE_DAG
+    run(workspace, FakeEngineFactory(), workspace.out)
+    edited = FakeEngineFactory()
+    run(workspace, edited, workspace.out, EDITED_JUDGE, fresh=True)
+    assert sent(edited) == [("judge", q) for q, _ in QUESTIONS]
+    scratch = FakeEngineFactory()
+    run_dag_file(workspace.dag(EDITED_JUDGE, "scratch.yaml"), workspace.root / "scratch", CPU2, console=Console(quiet=True),
+                 engine_factory=scratch, prefix_order=False, schedule="sequential")  # no store: everything computed
+    assert len(scratch.requests) == 3 * len(QUESTIONS)
+    for node in ORDER:
+        assert node_rows(workspace.out, node) == node_rows(workspace.root / "scratch", node), node
+    provenance = [json.loads(line) for line in (workspace.out / ".batchllm" / "journal" / "a" / "reused.jsonl").read_text().splitlines()]
+    assert sum(len(p["rows_steps"]) for p in provenance) == len(QUESTIONS)
+    assert {p["computed_by"].split(" ")[0] for p in provenance} == {str(workspace.out)}
+
+
+def test_nothing_changed_in_another_folder_starts_no_engine(workspace):
+    run(workspace, FakeEngineFactory(), workspace.out)
+    again = FakeEngineFactory()
+    result, progress = run(workspace, again, workspace.root / "elsewhere")
+    assert result.engines_started == 0 and again.requests == []
+    assert node_rows(workspace.root / "elsewhere", "judge") == node_rows(workspace.out, "judge")
+    assert {name: stats.reused for name, stats in progress.stats.items()} == {n: len(QUESTIONS) for n in ORDER}
+    status = json.loads((workspace.root / "elsewhere" / ".batchllm" / "status.json").read_text())
+    assert {n: status["nodes"][n]["reused"] for n in ORDER} == {n: len(QUESTIONS) for n in ORDER}
+
+
+def test_without_a_store_everything_is_computed(workspace):
+    run(workspace, FakeEngineFactory(), workspace.out)
+    again = FakeEngineFactory()
+    run_dag_file(workspace.dag(ENSEMBLE_DAG), workspace.root / "again", CPU2, console=Console(quiet=True), engine_factory=again,
+                 prefix_order=False, schedule="sequential", store=None)
+    assert len(again.requests) == 3 * len(QUESTIONS)
+
+
+def test_one_changed_input_row_computes_that_rows_requests_only(workspace):
+    run(workspace, FakeEngineFactory(), workspace.out)
+    table = pq.read_table(workspace.root / "questions.parquet").to_pylist()
+    table[2]["question"] = "What is a composite number?"
+    pq.write_table(pa.Table.from_pylist(table), workspace.root / "questions.parquet")
+    changed = FakeEngineFactory()
+    run(workspace, changed, workspace.root / "changed")
+    row = table[2]["id"]
+    assert sent(changed) == [("a", row), ("b", row), ("judge", row)]
+
+
+def test_a_second_dag_with_one_identical_node_reuses_it(workspace):
+    run(workspace, FakeEngineFactory(), workspace.out)
+    other = """
+        inputs:
+          questions: {path: questions.parquet, id_column: id}
+        nodes:
+          first:
+            model: ./tiny-model
+            prompt: "A {{ question }}"
+          second:
+            model: ./tiny-model
+            prompt: "Twice: {{ first }}"
+    """
+    factory = FakeEngineFactory()
+    run(workspace, factory, workspace.root / "other", other, name="other.yaml")
+    assert sent(factory, ["first", "second"]) == [("second", q) for q, _ in QUESTIONS]
+
+
+def test_a_changed_sampling_key_is_another_request_and_an_unchanged_answer_below_it_is_reused(workspace):
+    """The seed is a sampling key: node a runs again; the scripted engine's answers do not depend
+    on it, so the judge's prompts come out the same and are answered from the store as a commits."""
+    run(workspace, FakeEngineFactory(), workspace.out)
+    seeded = ENSEMBLE_DAG.replace('prompt: "A {{ question }}"', 'prompt: "A {{ question }}"\n        sampling: {seed: 3}')
+    assert seeded != ENSEMBLE_DAG
+    factory = FakeEngineFactory()
+    run(workspace, factory, workspace.root / "seeded", seeded)
+    assert sent(factory) == [("a", q) for q, _ in QUESTIONS]
+
+
+def test_a_crash_of_a_reusing_run_resumes_with_every_unit_once(workspace):
+    run(workspace, FakeEngineFactory(), workspace.out)
+    with pytest.raises(DriverCrash):
+        run(workspace, FakeEngineFactory(crash_after_results=2), workspace.out, EDITED_JUDGE, fresh=True)
+    resumed = FakeEngineFactory()
+    run(workspace, resumed, workspace.out, EDITED_JUDGE)
+    assert len(resumed.requests) == len(QUESTIONS) - 2
+    for node in ORDER:
+        assert sorted(r["row_id"] for r in node_rows(workspace.out, node)) == sorted(q for q, _ in QUESTIONS), node
+
+
+def test_a_damaged_entry_is_computed_again_never_returned(workspace):
+    store = workspace.root / "store.sqlite"
+    run(workspace, FakeEngineFactory(), workspace.out)
+    with sqlite3.connect(store) as db:
+        (count,) = db.execute("SELECT COUNT(*) FROM results").fetchone()
+        assert count == 3 * len(QUESTIONS)
+        db.execute("UPDATE results SET payload = CAST(replace(CAST(payload AS TEXT), 'prime', 'prim3') AS BLOB)")
+    damaged = sum(1 for _, text in QUESTIONS if "prime" in text)
+    assert damaged
+    again = FakeEngineFactory()
+    run(workspace, again, workspace.root / "again")
+    assert len(again.requests) >= damaged  # the damaged ones (and whatever reads their answers) are computed again
+    assert node_rows(workspace.root / "again", "judge") == node_rows(workspace.out, "judge")
+    with ResultStore(store) as reopened:
+        assert reopened.usage().damaged >= damaged
+
+
+def _run_in_process(root: str, out: str) -> None:
+    from tests.conftest import Workspace
+
+    workspace = Workspace(Path(root))
+    run(workspace, FakeEngineFactory(), Path(out))
+
+
+def test_two_runs_at_once_over_one_store_both_finish_with_every_row_once(workspace):
+    context = multiprocessing.get_context("spawn")
+    runs = [context.Process(target=_run_in_process, args=(str(workspace.root), str(workspace.root / f"out{k}"))) for k in range(2)]
+    for process in runs:
+        process.start()
+    for process in runs:
+        process.join(timeout=120)
+        assert process.exitcode == 0
+    for k in range(2):
+        for node in ORDER:
+            assert sorted(r["row_id"] for r in node_rows(workspace.root / f"out{k}", node)) == sorted(q for q, _ in QUESTIONS)
+    with sqlite3.connect(workspace.root / "store.sqlite") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert db.execute("SELECT COUNT(*) FROM results").fetchone() == (3 * len(QUESTIONS),)
