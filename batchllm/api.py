@@ -34,7 +34,7 @@ from batchllm.dag.loader import load_dag, load_dag_mapping
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet, hardware_name, parse_devices
 from batchllm.engines.engine import EngineFactory
-from batchllm.io.result_store import STORE_FILE
+from batchllm.io.result_store import default_store_path
 from batchllm.models.registry import batchllm_home
 from batchllm.planner.plan_file import PROFILES_ROOT, PlanReport, plan_dag
 from batchllm.runtime.console import run_console
@@ -109,7 +109,7 @@ def run(dag: str | os.PathLike | Mapping, inputs: Mapping[str, Any] | None = Non
     try:
         device_set = devices if isinstance(devices, DeviceSet) else session.devices() if session else parse_devices(devices)
         reused = engine_factory is None if reuse is None else reuse
-        store_path = (Path(store) if store is not None else batchllm_home() / STORE_FILE) if reused else None
+        store_path = (Path(store) if store is not None else default_store_path(batchllm_home())) if reused else None
         result, progress = run_dag(spec, RunSpec(out_dir, device_set, fresh=fresh, schedule=schedule, prefix_order=prefix_order,
                                                  profiles_root=profiles_root, store=store_path),
                                    console=console or run_console(), engine_factory=engine_factory, cluster=session)

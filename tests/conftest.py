@@ -101,6 +101,7 @@ def isolated_home(tmp_path, monkeypatch):
     """No test reads or writes the user's ~/.cache/batchllm."""
     home = tmp_path / "batchllm-home"
     monkeypatch.setenv("BATCHLLM_HOME", str(home))
+    monkeypatch.setenv("BATCHLLM_STORE", str(tmp_path / "results.sqlite"))  # a test's runs reuse only their own results
     return home
 
 

@@ -20,7 +20,8 @@ def store_cli(*args: object):
     return CliRunner().invoke(app, ["store", *map(str, args)])
 
 
-def test_store_info_of_the_home_store(isolated_home):
+def test_store_info_of_the_home_store(isolated_home, monkeypatch):
+    monkeypatch.delenv("BATCHLLM_STORE")  # the home's store, as a user without the variable has it
     assert store_cli("info").output == f"store: {isolated_home / 'results.sqlite'}\nempty: no run has stored results there yet\n"
     clock = Clock()
     with ResultStore.at_home(isolated_home) as store:

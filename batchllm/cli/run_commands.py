@@ -34,7 +34,7 @@ def run(
                                "included), from any earlier run, DAG or batch file; file what is computed there. --no-reuse "
                                "computes every request anew (and files nothing)."),
     store: Path = typer.Option(None, "--store", help="The result store: a SQLite file, which several runs and machines may "
-                               "share (over a shared file system). Default: $BATCHLLM_HOME/results.sqlite."),
+                               "share (on one machine). Default: $BATCHLLM_STORE, else $BATCHLLM_HOME/results.sqlite."),
     endpoint: list[str] = typer.Option(None, "--endpoint", metavar="MODEL=URL", help="Send MODEL's requests to this running "
                                        "OpenAI-compatible server (vLLM, SGLang; e.g. http://gpu-box:8000/v1) beside its online "
                                        "traffic, instead of to engines on --devices. Repeat for several servers; replaces the "
@@ -103,7 +103,7 @@ def run_batch(
                                      "takes it: max_model_len, max_num_seqs, kv_cache_memory_bytes, enforce_eager. Repeat for more."),
     reuse: bool = typer.Option(True, "--reuse/--no-reuse", help="Answer lines from the result store when it holds the same "
                                "request (as `batchllm run` does); --no-reuse computes every line anew."),
-    store: Path = typer.Option(None, "--store", help="The result store (a SQLite file). Default: $BATCHLLM_HOME/results.sqlite."),
+    store: Path = typer.Option(None, "--store", help="The result store (a SQLite file). Default: $BATCHLLM_STORE, else $BATCHLLM_HOME/results.sqlite."),
 ) -> None:
     """Run an OpenAI batch file on local models and write OpenAI batch output lines.
 
@@ -135,9 +135,9 @@ def run_batch(
 
 def _store_path(reuse: bool, store: Path | None) -> Path | None:
     """The result store a command uses (None: --no-reuse)."""
-    from batchllm.io.result_store import STORE_FILE
+    from batchllm.io.result_store import default_store_path
 
-    return (store or batchllm_home() / STORE_FILE) if reuse else None
+    return (store or default_store_path(batchllm_home())) if reuse else None
 
 
 def _key_values(items: list[str], option: str) -> dict[str, object]:

@@ -10,13 +10,13 @@ import typer
 
 from batchllm.cli.shell import fail
 from batchllm.core.errors import UserError
-from batchllm.io.result_store import STORE_FILE, ResultStore, StoreUsage, format_bytes
+from batchllm.io.result_store import STORE_FILE, ResultStore, StoreUsage, default_store_path, format_bytes
 from batchllm.models.registry import batchllm_home
 
 STORE_HELP = ("Results of earlier requests, reused by later runs: a request asked again with the same model, settings "
               "and prompt is not computed again. One SQLite file, $BATCHLLM_HOME/results.sqlite unless --store says; "
               "see docs/reuse.md.")
-STORE_OPTION = typer.Option(None, "--store", help=f"The store's file (default: $BATCHLLM_HOME/{STORE_FILE}).", show_default=False)
+STORE_OPTION = typer.Option(None, "--store", help=f"The store's file (default: $BATCHLLM_STORE, else $BATCHLLM_HOME/{STORE_FILE}).", show_default=False)
 DAY_S = 86_400.0
 SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]i?)?b?\s*", re.IGNORECASE)
 UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4, "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
@@ -32,7 +32,7 @@ def parse_size(text: str, where: str) -> int:
 
 def _open(store: Path | None) -> ResultStore | None:
     """The store, or None when there is none yet (nothing is created)."""
-    path = store if store is not None else batchllm_home() / STORE_FILE
+    path = store if store is not None else default_store_path(batchllm_home())
     if not path.exists():
         typer.echo(f"store: {path}\nempty: no run has stored results there yet")
         return None

@@ -33,6 +33,7 @@ was stored before stays readable.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import sqlite3
 import time
@@ -46,6 +47,7 @@ from batchllm.core.errors import UserError
 from batchllm.io.journal_records import ResultRecord, record_of
 
 STORE_FILE = "results.sqlite"
+STORE_ENV = "BATCHLLM_STORE"  # a store path that replaces the home's (e.g. one shared by several homes)
 SCHEMA_VERSION = 1  # PRAGMA user_version
 KEY_BYTES = 32
 DEFAULT_CAP_BYTES = 10 * 1024**3  # of payload
@@ -136,6 +138,7 @@ class ResultStore:
     @classmethod
     def at_home(cls, home: Path, *, cap_bytes: int = DEFAULT_CAP_BYTES) -> "ResultStore":
         return cls(home / STORE_FILE, cap_bytes=cap_bytes)
+
 
     def _open(self, max_pages: int | None) -> None:
         with self._errors():
@@ -345,3 +348,8 @@ class ResultStore:
         with contextlib.suppress(OSError):
             text += f"; {format_bytes(shutil.disk_usage(self.path.parent).free)} free on its disk"
         return text
+
+
+def default_store_path(home: Path) -> Path:
+    """The store a command uses unless told another: $BATCHLLM_STORE, else `home`'s results.sqlite."""
+    return Path(os.environ.get(STORE_ENV) or home / STORE_FILE)

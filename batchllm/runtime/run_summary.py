@@ -15,6 +15,10 @@ if TYPE_CHECKING:
 def closing_lines(result: RunResult, progress: RunProgress, out: Path) -> list[str]:
     """What `batchllm run` (and `batchllm.run`) says at the end: the summary and the stages."""
     if result.engines_started == 0:
+        reused = sum(s.reused for s in progress.stats.values())
+        if reused:
+            return [f"Nothing to compute: {reused:,} results taken from the result store (computed by earlier runs), "
+                    f"the rest of {out} was complete; no engine was started."]
         return [f"Nothing to do: every node's results in {out} are complete; no engine was started."]
     lines = summary_lines(progress.stats, progress.clock())
     r = result.report
@@ -40,7 +44,10 @@ def summary_lines(stats: dict[str, NodeStats], now_s: float) -> list[str]:
         if s.units_total == 0:
             lines += [f"{head} 0 units, no row reached it", "  (its `where:` held nowhere, or an upstream node had no output)"]
             continue
-        lines.append(f"{head} {s.units_done:,}/{s.units_total:,} units" + (f", {s.failed:,} failed" if s.failed else ""))
+        lines.append(f"{head} {s.units_done:,}/{s.units_total:,} units" + (f", {s.failed:,} failed" if s.failed else "")
+                     + (f", {s.reused:,} taken from the result store" if s.reused else ""))
+        if s.reused and s.units_done_now == 0:  # nothing of it computed here: no tokens, rates or times of its own
+            continue
         elapsed_s = (s.finished_at or now_s) - s.started_at
         lines.append(f"  tokens: prompt {s.prompt_tokens:,}, output {s.output_tokens:,}, {s.rate_text(now_s, digits=1)}")
         hit_rate = f"{s.prefix_hits / s.prompt_tokens:.0%}" if s.prompt_tokens else "-"
