@@ -167,3 +167,26 @@ def test_two_runs_at_once_over_one_store_both_finish_with_every_row_once(workspa
     with sqlite3.connect(workspace.root / "store.sqlite") as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         assert db.execute("SELECT COUNT(*) FROM results").fetchone() == (3 * len(QUESTIONS),)
+
+
+def test_run_batch_of_the_same_file_into_a_new_run_folder_starts_no_engine(tmp_path):
+    from batchllm.openai_batch.run import run_batch
+    from tests.conftest import make_model_dir
+
+    make_model_dir(tmp_path / "model-a")
+    lines = [{"custom_id": f"c{k}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "gpt-a", "messages": [{"role": "user", "content": text}], "max_tokens": 8}}
+             for k, (_, text) in enumerate(QUESTIONS)]
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    outputs = []
+    for attempt in ("first", "second"):
+        factory = FakeEngineFactory()
+        done = run_batch(requests, tmp_path / f"{attempt}.jsonl", {"gpt-a": str(tmp_path / "model-a")}, run_dir=tmp_path / attempt,
+                         devices=CPU2, prefix_order=False, schedule="sequential", engine_factory=factory, console=Console(quiet=True),
+                         store=tmp_path / "store.sqlite")
+        assert done.counts.succeeded == len(QUESTIONS)
+        outputs.append([json.loads(line)["response"]["body"]["choices"] for line in (tmp_path / f"{attempt}.jsonl").read_text().splitlines()])
+        if attempt == "second":
+            assert factory.requests == [] and not factory.started
+    assert outputs[0] == outputs[1]
