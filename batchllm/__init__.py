@@ -6,13 +6,15 @@ on first use so that `import batchllm` (and the command line) stays light.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = ["run", "plan", "RunOutput", "UserError", "RunIncomplete"]
 
 _API = {"run", "plan", "RunOutput"}
 _ERRORS = {"UserError", "RunIncomplete"}
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _API:
         from batchllm import api
 

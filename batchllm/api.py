@@ -17,7 +17,7 @@ import hashlib
 import os
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
@@ -150,7 +150,8 @@ def _default_run_name(dag: object) -> str:
     return Path(cast("str | os.PathLike[str]", dag)).stem  # not a mapping: a path
 
 
-def _load(dag: object, inputs: Mapping[str, Any] | None, table_path) -> tuple[DagSpec, dict[Path, pa.Table]]:
+def _load(dag: object, inputs: Mapping[str, Any] | None,
+          table_path: Callable[[str], Path]) -> tuple[DagSpec, dict[Path, pa.Table]]:
     """The DAG with `inputs=` in place of its own, and the tables to write (by their path)."""
     inputs = dict(inputs or {})
     given: dict[str, tuple[Path, str | None, pa.Table | None]] = {}  # name -> (path, format, table to write there)

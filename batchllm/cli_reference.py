@@ -25,7 +25,7 @@ def command_paths() -> list[tuple[str, ...]]:
     """Every command and group of the CLI, depth first, in the order `--help` lists them."""
     paths = []
 
-    def walk(command, path: tuple[str, ...]) -> None:
+    def walk(command: object, path: tuple[str, ...]) -> None:
         paths.append(path)
         for name, sub in getattr(command, "commands", {}).items():
             walk(sub, (*path, name))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -14,6 +15,11 @@ from batchllm.core.process_clock import process_age_s
 from batchllm.engines.devices import parse_devices
 from batchllm.models.registry import batchllm_home
 from batchllm.runtime.console import run_console
+
+if TYPE_CHECKING:
+    from batchllm.costmodel.command_times import CommandTimes
+    from batchllm.dag.model import DagSpec
+    from batchllm.planner.plan_file import PlanReport
 
 
 def plan(
@@ -68,7 +74,8 @@ def plan(
     console.print(f"gantt chart: {chart} and {html_path}")
 
 
-def _planned(dag: Path, devices: str, chart: Path | None, profiles: Path | None, compare: bool, endpoint: list[str]):
+def _planned(dag: Path, devices: str, chart: Path | None, profiles: Path | None, compare: bool,
+             endpoint: list[str]) -> tuple[PlanReport, Path, Path]:
     """The plan report of DAG on `devices` (this machine's: its models and settings checked as
     `run` checks them), its Gantt chart written: (report, chart PNG, chart HTML)."""
     from dataclasses import replace
@@ -139,7 +146,7 @@ def _plan_with_pilots(dag: Path, devices: str, out: Path, profiles: Path | None,
                   f"`batchllm run {dag} --out {out}` goes on from them.", highlight=False, soft_wrap=True)
 
 
-def _run_command_times(spec, fallback: str | None = None):
+def _run_command_times(spec: DagSpec, fallback: str | None = None) -> tuple[CommandTimes | None, str]:
     """A `run` of this DAG's models on this machine: its own start and end as kept here, else
     (`fallback`) another command's that does the same imports and checks, less vLLM's settings
     check (whose verdict that command kept for the run); with where they come from. (None, "")

@@ -81,7 +81,7 @@ class RaySession:
         if not ray.is_initialized():
             try:
                 # Ray annotates logging_level as int but takes level names too (its own default is "info")
-                ray.init(address=address, log_to_driver=False, logging_level="warning",  # type: ignore[arg-type]
+                ray.init(address=address, log_to_driver=False, logging_level="warning",
                          configure_logging=True, **extra)
             except (ConnectionError, RuntimeError, ValueError) as error:
                 raise UserError(f"cannot connect to the Ray cluster at {address!r}: {error}", where="--cluster",

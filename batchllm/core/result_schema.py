@@ -12,7 +12,13 @@ text and its labels' probabilities its vector; an output column names them `labe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from batchllm.core.requests import TokenLogprob
 
 RESULT_FIELDS = (("text", pa.string()), ("num_prompt_tokens", pa.int64()), ("num_output_tokens", pa.int64()),
                  ("finish_reason", pa.string()))
@@ -42,7 +48,7 @@ def result_schema(key: tuple[str, pa.DataType], samples: int = 1, logprobs: bool
                       *([SCORE_FIELD] if scores else [])])
 
 
-def logprobs_rows(logprobs) -> list[dict] | None:
+def logprobs_rows(logprobs: Sequence[TokenLogprob] | None) -> list[dict] | None:
     """A result's TokenLogprobs as the rows of a `logprobs` cell."""
     if logprobs is None:
         return None

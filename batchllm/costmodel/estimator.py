@@ -12,8 +12,10 @@ simulated with the profile's step latency, and a newly started model pays its lo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from batchllm.costmodel.lengths import output_lengths
 from batchllm.costmodel.profile import Profile, ReplicaShape
@@ -29,7 +31,7 @@ class ExecutionPlan:
     devices: int = field(init=False, compare=False, repr=False)  # dp x the shape's devices
     _hash: int = field(init=False, compare=False, repr=False)  # plans key the planner's tables
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "devices", self.dp * self.shape.devices)
         object.__setattr__(self, "_hash", hash((self.dp, self.shape.devices, self.shape.tp)))
 
@@ -54,7 +56,7 @@ class Workload:
             raise ValueError(f"{len(self.output_lengths)} output lengths for {np.size(self.prompt_tokens)} requests")
 
     @classmethod
-    def of(cls, prompt_tokens, max_tokens, **extra) -> "Workload":
+    def of(cls, prompt_tokens: npt.ArrayLike, max_tokens: npt.ArrayLike, **extra: Any) -> "Workload":
         prompt_tokens = np.asarray(prompt_tokens, np.int64)
         return cls(prompt_tokens, np.broadcast_to(np.asarray(max_tokens, np.int64), prompt_tokens.shape), **extra)
 

@@ -18,6 +18,7 @@ without a length model); 1 keeps the model as it is. Ties go to the smaller scal
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from batchllm.costmodel.lengths import LengthDistribution
 from batchllm.costmodel.request_lengths import RequestLengths, relative_shifts
@@ -25,7 +26,7 @@ from batchllm.costmodel.request_lengths import RequestLengths, relative_shifts
 SPREAD_SCALES = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
-def fitted_spread(level: LengthDistribution, shifts, lengths, caps) -> float:
+def fitted_spread(level: LengthDistribution, shifts: npt.ArrayLike, lengths: npt.ArrayLike, caps: npt.ArrayLike) -> float:
     """The scale of `shifts` (per request, the length model's) that best predicts `lengths`
     (each request's answer, as long as the engine let it be: a cut answer counts its cap)
     with `level` the set's length distribution; `caps` each request's max_tokens."""

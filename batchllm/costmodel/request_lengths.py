@@ -22,13 +22,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from batchllm.costmodel.lengths import LengthDistribution
 
 SOURCES = ("store", "pilot", "length model", "prior")
 
 
-def relative_shifts(shifts) -> np.ndarray:
+def relative_shifts(shifts: npt.ArrayLike) -> np.ndarray:
     """Shifts moved so that their mean factor is 1: they spread requests against each other
     and leave the level (the base's mean) alone."""
     shifts = np.asarray(shifts, float)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from batchllm.costmodel.latency import StepLatencyModel
 
@@ -34,7 +35,7 @@ class SchedulerLimits:
     kv_capacity_tokens: int
     block_size_tokens: int
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs})")
 
@@ -58,7 +59,7 @@ class SimulationResult:
     trace: list[TraceSegment]
 
 
-def _simulate(prompt, output, cached, ready_s, limits: SchedulerLimits, latency: StepLatencyModel, jump: bool) -> SimulationResult:
+def _simulate(prompt: np.ndarray | list[int], output: npt.ArrayLike, cached: npt.ArrayLike, ready_s: npt.ArrayLike, limits: SchedulerLimits, latency: StepLatencyModel, jump: bool) -> SimulationResult:
     """The scheduler loop, written as one function over local variables: it runs once per
     event (a finish, an admission, a prefill chunk), so attribute and call overhead count."""
     prompt_arr = np.asarray(prompt, np.int64)
@@ -206,8 +207,8 @@ def _simulate(prompt, output, cached, ready_s, limits: SchedulerLimits, latency:
     return SimulationResult(now, np.array(finish_s), steps, preemptions, [TraceSegment(*segment) for segment in trace])
 
 
-def simulate_replica(prompt_tokens, output_tokens, limits: SchedulerLimits, latency: StepLatencyModel,
-                     cached_tokens=None, ready_s=None, jump: bool = True) -> SimulationResult:
+def simulate_replica(prompt_tokens: np.ndarray | list[int], output_tokens: npt.ArrayLike, limits: SchedulerLimits,
+                     latency: StepLatencyModel, cached_tokens: npt.ArrayLike | None = None, ready_s: npt.ArrayLike | None = None, jump: bool = True) -> SimulationResult:
     """Simulate one replica serving the requests; arrays are per request.
 
     `jump=False` advances one step at a time: the slow reference the jumps must match.

@@ -9,7 +9,13 @@ run), its tokens are estimated from its characters (`core.text_tokens`).
 
 from __future__ import annotations
 
+from typing import TypeVar
 
-def request_work(prompt_tokens, output_tokens, cached_tokens=0):
+import numpy as np
+
+Tokens = TypeVar("Tokens", float, np.ndarray)
+
+
+def request_work(prompt_tokens: Tokens, output_tokens: Tokens, cached_tokens: Tokens | int = 0) -> Tokens:
     """Scalars or numpy arrays alike; `output_tokens` for all of a request's n samples."""
     return prompt_tokens - cached_tokens + output_tokens

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from batchllm.core.errors import UserError
 from batchllm.core.latency_slo import LatencySlo
@@ -46,7 +47,7 @@ def _endpoint(item: Section, line: int) -> EndpointSpec:
     slo = None
     if "slo" in item.mapping:
         body = Section(item.file, item.mapping["slo"], f"{item.where}.slo", item.line("slo"), SLO_KEYS)
-        bound = dict(default=None, check=lambda v: v > 0, expect="a number of seconds > 0")
+        bound: dict[str, Any] = dict(default=None, check=lambda v: v > 0, expect="a number of seconds > 0")
         slo = LatencySlo(body.get("ttft_p99_s", (int, float), **bound), body.get("itl_p99_s", (int, float), **bound))
     return EndpointSpec(urls=tuple(u.rstrip("/") for u in urls), served_model=item.get("model", str, default=None),
                         api_key_env=api_key_env, slo=slo,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import networkx as nx
 
@@ -82,7 +82,7 @@ def _parse_prices(top: _Section, path: Path, nodes: dict[str, NodeSpec]) -> dict
     prices = {}
     for model, body in raw.items():
         item = _Section(path, body, f"prices.{model}", section.line(model), {"prompt_per_1m", "output_per_1m"})
-        number = dict(check=lambda v: v >= 0, expect="a number >= 0")
+        number: dict[str, Any] = dict(check=lambda v: v >= 0, expect="a number >= 0")
         prices[model] = Price(float(item.get("prompt_per_1m", (int, float), **number)),
                               float(item.get("output_per_1m", (int, float), **number)))
     return prices
@@ -164,7 +164,7 @@ def _parse_engine(top: _Section, path: Path) -> EngineSpec:
         return EngineSpec()
     keys = {"max_model_len", "max_num_seqs", "kv_cache_memory_bytes", "enforce_eager"}
     e = _Section(path, top.mapping["engine"], "engine", top.line("engine"), keys)
-    positive = dict(check=lambda v: v > 0, expect="a positive integer")
+    positive: dict[str, Any] = dict(check=lambda v: v > 0, expect="a positive integer")
     return EngineSpec(
         max_model_len=e.get("max_model_len", int, None, **positive),
         max_num_seqs=e.get("max_num_seqs", int, None, **positive),

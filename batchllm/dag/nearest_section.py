@@ -12,6 +12,7 @@ corpus's input; `k` over its rows is refused with the data (`io.dag_checks`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from batchllm.core.requests import ModelTask
@@ -21,7 +22,7 @@ from batchllm.dag.yaml_section import Section, names_section
 KEYS = {"query", "corpus", "k"}
 
 
-def parse_nearest(top: Section, path: Path, check_name) -> dict[str, NearestSpec]:
+def parse_nearest(top: Section, path: Path, check_name: Callable[[Section, str, str], None]) -> dict[str, NearestSpec]:
     """Each entry's fields, typed; what they name is checked by `check_nearest` once the nodes are parsed."""
     section = names_section(top, "nearest", "a mapping of names to {query, corpus, k}")
     if section is None:

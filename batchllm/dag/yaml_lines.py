@@ -25,7 +25,7 @@ class LineDict(dict):
 
 
 class _LineLoader(yaml.SafeLoader):
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> LineDict:
         mapping = LineDict(super().construct_mapping(node, deep=deep))
         mapping.line = node.start_mark.line + 1
         mapping.key_lines = {}

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from batchllm.core.errors import UserError
 from batchllm.dag.yaml_lines import LineDict
@@ -36,7 +37,8 @@ class Section:
     def line(self, key: str) -> int:
         return self.mapping.line_of(key)
 
-    def get(self, key: str, kind: type | tuple[type, ...], default: object = ..., *, check=None, expect=""):
+    def get(self, key: str, kind: type | tuple[type, ...], default: object = ..., *, check: Callable[[Any], object] | None = None,
+            expect: str = "") -> Any:
         if key not in self.mapping:
             if default is ...:
                 self.fail(None, f"{self.where} needs the key {key!r}", f"add `{key}:` to {self.where}")

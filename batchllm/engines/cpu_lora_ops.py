@@ -100,7 +100,7 @@ def skip_base_tokens(op: Callable[..., Any]) -> Callable[..., Any]:
     """`op` over (inputs, weights, output, indices, ...) with the rows of tokens of index < 0 left as they were."""
 
     @functools.wraps(op)
-    def kept(inputs, weights, output, indices, *args, **kwargs):
+    def kept(inputs: Any, weights: Any, output: Any, indices: Any, *args: Any, **kwargs: Any) -> Any:
         base = indices < 0
         if not bool(base.any()):
             return op(inputs, weights, output, indices, *args, **kwargs)
@@ -119,12 +119,12 @@ def stacked_in_place_of(op: Callable[..., Any], stacked: Callable[..., None]) ->
     fallback = skip_base_tokens(op)
 
     @functools.wraps(op)
-    def chosen(inputs, weights, output, indices, *args, **kwargs):
+    def chosen(inputs: Any, weights: Any, output: Any, indices: Any, *args: Any, **kwargs: Any) -> Any:
         if inputs.shape[0] == indices.shape[0] == output.shape[0]:
             return stacked(inputs, weights, output, indices, *args, **kwargs)
         return fallback(inputs, weights, output, indices, *args, **kwargs)
 
-    chosen.batchllm_stacked = True  # type: ignore[attr-defined]
+    chosen.batchllm_stacked = True  # type: ignore[attr-defined]  # a mark on the function object, read back by getattr
     return chosen
 
 
@@ -152,7 +152,8 @@ def skipping_empty_slices(add_lora_linear: Callable[..., Any], all_zeros: AllZer
     float32 shrink buffer (or the caller's), then the expand into the slice's columns."""
 
     @functools.wraps(add_lora_linear)
-    def kept(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, *, buffer=None, **kwargs):
+    def kept(self: Any, y: Any, x: Any, lora_a_stacked: Any, lora_b_stacked: Any, scale: float, output_slices: tuple[int, ...], *,
+             buffer: Any = None, **kwargs: Any) -> None:
         import torch
 
         for i in range(len(output_slices)):
@@ -173,7 +174,7 @@ def skipping_when_empty(add: Callable[..., Any], all_zeros: AllZeros, *weights_a
     positions `weights_at` (after self) is all zeros: it would add exactly 0."""
 
     @functools.wraps(add)
-    def kept(self, *args, **kwargs):
+    def kept(self: Any, *args: Any, **kwargs: Any) -> Any:
         if any(all_zeros(args[k]) for k in weights_at):
             return None
         return add(self, *args, **kwargs)
@@ -202,7 +203,7 @@ def use_stacked_cpu_lora_ops() -> bool:
             if hasattr(module, name):
                 setattr(module, name, chosen)
     all_zeros = AllZeros()
-    PunicaWrapperCPU.add_lora_linear = skipping_empty_slices(PunicaWrapperCPU.add_lora_linear, all_zeros)  # type: ignore[method-assign]
-    PunicaWrapperCPU.add_lora_logits = skipping_when_empty(PunicaWrapperCPU.add_lora_logits, all_zeros, 2, 3)  # type: ignore[method-assign]
-    PunicaWrapperCPU.add_lora_embedding = skipping_when_empty(PunicaWrapperCPU.add_lora_embedding, all_zeros, 2)  # type: ignore[method-assign]
+    PunicaWrapperCPU.add_lora_linear = skipping_empty_slices(PunicaWrapperCPU.add_lora_linear, all_zeros)
+    PunicaWrapperCPU.add_lora_logits = skipping_when_empty(PunicaWrapperCPU.add_lora_logits, all_zeros, 2, 3)
+    PunicaWrapperCPU.add_lora_embedding = skipping_when_empty(PunicaWrapperCPU.add_lora_embedding, all_zeros, 2)
     return True

@@ -18,19 +18,21 @@ import queue
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Sequence
 
 from batchllm.core.requests import EngineRequest, EngineResult
-from batchllm.engines.engine import EngineFailed, StepperFactory
+from batchllm.engines.engine import EngineFailed, Stepper, StepperFactory
 from batchllm.engines.protocol import (
+    DriverMessage,
     EngineConfig,
     StepRecord,
     StopWorker,
     SubmitRequests,
     WorkerFailed,
+    WorkerMessage,
     WorkerReady,
     WorkerResults,
 )
@@ -80,14 +82,14 @@ class WorkerEngine:
         log = self.config.log_path if self.config.log_path and Path(self.config.log_path).is_file() else None
         return EngineFailed(f"engine for {self.config.model} {what}", cause or log_cause(log), log_path=log)
 
-    def _send(self, message) -> None:
+    def _send(self, message: DriverMessage) -> None:
         raise NotImplementedError
 
-    def _next_message(self, timeout_s: float):
+    def _next_message(self, timeout_s: float) -> WorkerMessage | None:
         """The worker's next message, None after `timeout_s`; EngineFailed if it is gone."""
         raise NotImplementedError
 
-    def _take_nowait(self):
+    def _take_nowait(self) -> WorkerMessage | None:
         return self._next_message(0.0)
 
     def _kill(self) -> None:
@@ -164,10 +166,10 @@ class ProcessEngine(WorkerEngine):
     def is_alive(self) -> bool:
         return self._process.is_alive()
 
-    def _send(self, message) -> None:
+    def _send(self, message: DriverMessage) -> None:
         self._inbox.put(message)
 
-    def _next_message(self, timeout_s: float):
+    def _next_message(self, timeout_s: float) -> WorkerMessage | None:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -178,7 +180,7 @@ class ProcessEngine(WorkerEngine):
                 if time.monotonic() >= deadline:
                     return None
 
-    def _take_nowait(self):
+    def _take_nowait(self) -> WorkerMessage | None:
         try:
             return self._outbox.get_nowait()
         except queue.Empty:
@@ -225,9 +227,9 @@ def start_vllm_engine(config: EngineConfig) -> ProcessEngine:
 class _VllmStepperFactory:
     """Picklable: sets the device environment in the child before vLLM is imported."""
 
-    def __init__(self, configure, stepper_class):
+    def __init__(self, configure: Callable[[EngineConfig], None], stepper_class: Callable[[EngineConfig], Stepper]):
         self._configure, self._stepper_class = configure, stepper_class
 
-    def __call__(self, config: EngineConfig):
+    def __call__(self, config: EngineConfig) -> Stepper:
         self._configure(config)
         return self._stepper_class(config)

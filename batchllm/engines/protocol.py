@@ -102,3 +102,7 @@ class SubmitRequests:
 @dataclass(frozen=True)
 class StopWorker:
     pass
+
+
+DriverMessage = SubmitRequests | StopWorker  # driver -> worker
+WorkerMessage = WorkerReady | WorkerResults | WorkerFailed  # worker -> driver

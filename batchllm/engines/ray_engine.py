@@ -24,9 +24,17 @@ import time
 from pathlib import Path
 from typing import cast
 
-from batchllm.engines.engine import EngineFailed
+from batchllm.engines.engine import EngineFailed, StepperFactory
 from batchllm.engines.process_engine import WorkerEngine, _VllmStepperFactory
-from batchllm.engines.protocol import EngineConfig, StopWorker, WorkerFailed, exception_cause
+from batchllm.engines.protocol import (
+    DriverMessage,
+    EngineConfig,
+    StopWorker,
+    WorkerFailed,
+    WorkerMessage,
+    WorkerReady,
+    exception_cause,
+)
 from batchllm.engines.worker import worker_main
 
 TAKE_WAIT_S = 1.0  # an outstanding take returns after this long with nothing to say
@@ -36,7 +44,7 @@ PLACEMENT_TIMEOUT_S = 120.0  # devices not reserved by then: the node is gone or
 class EngineActor:
     """Inside the actor: the worker loop in its own thread, queues to the driver's calls."""
 
-    def __init__(self, config: EngineConfig, stepper_factory):
+    def __init__(self, config: EngineConfig, stepper_factory: StepperFactory):
         import ray
 
         if config.replica.kind == "gpu":  # Ray chose the GPUs inside the node; bind to those
@@ -50,12 +58,12 @@ class EngineActor:
                                         name="batchllm-engine", daemon=True)
         self._thread.start()
 
-    def send(self, message) -> None:
+    def send(self, message: DriverMessage) -> None:
         self._inbox.put(message)
 
-    def take(self, wait_s: float) -> list:
+    def take(self, wait_s: float) -> list[WorkerMessage]:
         """Messages from the worker: waits up to `wait_s` for the first, then takes all there are."""
-        messages = []
+        messages: list[WorkerMessage] = []
         try:
             messages.append(self._outbox.get(timeout=wait_s))
             while True:
@@ -83,7 +91,7 @@ def replica_bundle(config: EngineConfig, node_resources: dict[str, float]) -> di
 
 
 class RayEngine(WorkerEngine):
-    def __init__(self, config: EngineConfig, stepper_factory, start_timeout_s: float = 1800.0):
+    def __init__(self, config: EngineConfig, stepper_factory: StepperFactory, start_timeout_s: float = 1800.0):
         import ray
         from ray.util import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -106,14 +114,14 @@ class RayEngine(WorkerEngine):
             runtime_env={"env_vars": config.replica.environment() if config.replica.kind == "cpu" else {}},
             max_concurrency=4, max_restarts=0, name=None,
         ).remote(config, stepper_factory)
-        self._buffer: collections.deque = collections.deque()
-        self._pending = self._actor.take.remote(TAKE_WAIT_S)  # type: ignore[attr-defined]  # Ray types undecorated actor methods without .remote
+        self._buffer: collections.deque[WorkerMessage] = collections.deque()
+        self._pending = self._actor.take.remote(TAKE_WAIT_S)
 
     @property
     def node(self) -> str:
         return cast(str, self.config.replica.node)  # a Ray engine's replica always names its node (checked in __init__)
 
-    def _wait_ready(self, timeout_s: float):
+    def _wait_ready(self, timeout_s: float) -> WorkerReady:
         import ray
 
         placed, _ = ray.wait([self._placed], timeout=min(timeout_s, PLACEMENT_TIMEOUT_S))
@@ -124,10 +132,10 @@ class RayEngine(WorkerEngine):
                                "(node lost, or its devices taken)")
         return super()._wait_ready(timeout_s)
 
-    def _send(self, message) -> None:
-        self._actor.send.remote(message)  # type: ignore[attr-defined]  # Ray types undecorated actor methods without .remote
+    def _send(self, message: DriverMessage) -> None:
+        self._actor.send.remote(message)
 
-    def _next_message(self, timeout_s: float):
+    def _next_message(self, timeout_s: float) -> WorkerMessage | None:
         import ray
         from ray.exceptions import RayError
 
@@ -140,14 +148,14 @@ class RayEngine(WorkerEngine):
                 self._buffer.extend(ray.get(self._pending))
             except RayError as error:
                 raise self._failure(f"actor on node {self.node!r} lost", exception_cause(error)) from None
-            self._pending = self._actor.take.remote(TAKE_WAIT_S)  # type: ignore[attr-defined]  # Ray types undecorated actor methods without .remote
+            self._pending = self._actor.take.remote(TAKE_WAIT_S)
         return self._buffer.popleft()
 
     def _kill(self) -> None:
         import ray
         from ray.util import remove_placement_group
 
-        ray.kill(self._actor, no_restart=True)  # type: ignore[arg-type]  # Ray types .remote() as ActorHandle | the class
+        ray.kill(self._actor, no_restart=True)
         remove_placement_group(self._group)
 
     def stop(self) -> None:
@@ -155,7 +163,7 @@ class RayEngine(WorkerEngine):
         from ray.exceptions import RayError
 
         try:
-            ray.get(self._actor.stop.remote(30.0), timeout=40.0)  # type: ignore[attr-defined]  # Ray types undecorated actor methods without .remote
+            ray.get(self._actor.stop.remote(30.0), timeout=40.0)
         except (RayError, TimeoutError):
             pass  # lost already, or stuck: killed below either way
         self._kill()

@@ -126,14 +126,14 @@ def _verdict(settings: EngineSettings) -> SettingsVerdict:
     try:
         # vLLM's annotations are narrower than what it takes: max_model_len=None is its own default, and any
         # dtype name is checked when it runs (a refusal lands below)
-        config = ModelConfig(model=settings.config_dir, max_model_len=settings.max_model_len, dtype=settings.dtype or "auto",  # type: ignore[arg-type]
+        config = ModelConfig(model=settings.config_dir, max_model_len=settings.max_model_len, dtype=settings.dtype or "auto",
                              skip_tokenizer_init=True)
     except Exception as error:  # noqa: BLE001  pydantic's ValidationError, ValueError: the refusal is the answer
         cause = exception_cause(error)
         return SettingsVerdict(cause, "max_model_len" if "max_model_len" in cause else "model")
     parallel = ParallelConfig()
     # vLLM annotates the dtype field as its input (a name or a torch.dtype); __post_init__ makes it a torch.dtype
-    per_token = 2 * config.get_num_layers(parallel) * config.get_num_kv_heads(parallel) * config.get_head_size() * config.dtype.itemsize  # type: ignore[union-attr]
+    per_token = 2 * config.get_num_layers(parallel) * config.get_num_kv_heads(parallel) * config.get_head_size() * config.dtype.itemsize
     needed = per_token * config.max_model_len
     if settings.kv_cache_memory_bytes is not None and settings.kv_cache_memory_bytes < needed:
         dtype = str(config.dtype).removeprefix("torch.")

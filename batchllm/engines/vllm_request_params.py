@@ -5,11 +5,17 @@ only inside the calls (the worker has set its environment by then)."""
 from __future__ import annotations
 
 import io
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from batchllm.core.images import ImageSource, ImageUnreadable, image_bytes
+from batchllm.core.output_constraint import OutputConstraint
 from batchllm.core.requests import EngineRequest, TokenLogprob
 from batchllm.core.sampling import request_seed
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
 
 
 def read_images(sources: tuple[ImageSource, ...]) -> list[Any]:
@@ -31,7 +37,7 @@ def read_images(sources: tuple[ImageSource, ...]) -> list[Any]:
     return images
 
 
-def structured_outputs(output):
+def structured_outputs(output: OutputConstraint | None) -> StructuredOutputsParams | None:
     """vLLM's structured-output parameters for a node's constraint (None: free text)."""
     if output is None:
         return None
@@ -41,7 +47,7 @@ def structured_outputs(output):
                                    regex=output.regex)
 
 
-def sampling_params(request: EngineRequest):
+def sampling_params(request: EngineRequest) -> SamplingParams:
     """vLLM's SamplingParams of a generating request: deltas streamed, the seed per request."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
@@ -57,7 +63,7 @@ def sampling_params(request: EngineRequest):
     )
 
 
-def token_logprobs(token_ids, positions, top_k: int) -> list[TokenLogprob]:
+def token_logprobs(token_ids: Sequence[int], positions: Sequence[Mapping[int, Any]], top_k: int) -> list[TokenLogprob]:
     """vLLM's per-position {token id: Logprob} (the sampled token, and the `top_k` most
     likely ranked 1..top_k) -> ours."""
     tokens = []

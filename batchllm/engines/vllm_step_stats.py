@@ -4,6 +4,7 @@ record: prompt tokens computed, requests prefilled, sequences decoded, prefix-ca
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -17,15 +18,15 @@ class IterationTally:
     prefix_hits: int = 0
 
 
-def step_recorder(tally_holder: list):
+def step_recorder(tally_holder: list[IterationTally]) -> type:
     """A StatLoggerBase class that adds each iteration's details to `tally_holder[0]`."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class StepRecorder(StatLoggerBase):
-        def __init__(self, vllm_config, engine_index: int = 0):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             pass
 
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
             if scheduler_stats is None:
                 return
             tally = tally_holder[0]
@@ -39,7 +40,7 @@ def step_recorder(tally_holder: list):
                 tally.prefix_queries += cache.queries
                 tally.prefix_hits += cache.hits
 
-        def log_engine_initialized(self):
+        def log_engine_initialized(self) -> None:
             pass
 
     return StepRecorder

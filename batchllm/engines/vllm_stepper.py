@@ -26,6 +26,7 @@ from batchllm.core.images import ImageUnreadable
 from batchllm.core.requests import EngineRequest, EngineResult, FinishReason, ModelTask, RequestId, TokenLogprob
 from batchllm.core.sampling import SamplingSpec
 from batchllm.engines.cpu_lora_ops import use_stacked_cpu_lora_ops
+from batchllm.engines.cpu_seeded_sampling import use_offset_free_generators
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady
 from batchllm.engines.score_pairs import PAIR_HALF, ScorePairs
 from batchllm.engines.vllm_request_params import read_images, sampling_params, token_logprobs
@@ -34,7 +35,9 @@ from batchllm.models.model_kind import ModelKind
 from batchllm.models.tokens import PromptTokenizer
 
 if TYPE_CHECKING:
-    from vllm.outputs import CompletionOutput, PoolingOutput
+    from transformers import PreTrainedTokenizerBase
+    from vllm.lora.request import LoRARequest
+    from vllm.outputs import CompletionOutput, PoolingOutput, PoolingRequestOutput
 
 
 def configure_environment(config: EngineConfig) -> None:
@@ -86,6 +89,8 @@ class VllmStepper:
             use_stacked_cpu_lora_ops()  # vLLM's CPU ops give a base request beside adapter ones an adapter, and run slowly
             options.update(enable_lora=True, max_loras=config.max_loras, max_cpu_loras=config.max_loras,
                            max_lora_rank=config.max_lora_rank)
+        if config.replica.kind == "cpu":
+            use_offset_free_generators()  # a seeded request's prompt split over steps would kill the engine (cpu_seeded_sampling.py)
         self._adapters: dict[str, Any] = {}  # adapter directory -> its LoRARequest (ids from 1, in order of first use)
         self._tally = [IterationTally()]
         self._engine = LLMEngine.from_engine_args(EngineArgs(**options), stat_loggers=[step_recorder(self._tally)])
@@ -167,7 +172,7 @@ class VllmStepper:
     def _prompt_ids(self, request: EngineRequest) -> list[int]:
         return list(request.prompt_token_ids) if request.prompt_token_ids is not None else self._tokenizer.token_ids(request)
 
-    def _pair_tokenizer(self):
+    def _pair_tokenizer(self) -> PreTrainedTokenizerBase:
         """The model's own tokenizer (transformers'), for pairs of texts as a cross-encoder reads them."""
         if self._cross_tokenizer is None:
             from transformers import AutoTokenizer
@@ -175,7 +180,7 @@ class VllmStepper:
             self._cross_tokenizer = AutoTokenizer.from_pretrained(self._model_dir)
         return self._cross_tokenizer
 
-    def _adapter(self, path: str | None):
+    def _adapter(self, path: str | None) -> LoRARequest | None:
         """The LoRARequest of an adapter directory (None: the base model), loaded into the engine at
         its first use, before its request is added: left to vLLM, it is read from disk inside the
         step that first runs it, and the cost model would take that load for step time."""
@@ -190,7 +195,7 @@ class VllmStepper:
             self._adapters[path] = adapter
         return self._adapters[path]
 
-    def _pooled(self, output, live: _LiveRequest) -> EngineResult | None:
+    def _pooled(self, output: PoolingRequestOutput, live: _LiveRequest) -> EngineResult | None:
         """A pooling request's answer from its finished output; None for a score pair's half while the other is not computed."""
         vector = cast("PoolingOutput", output.outputs).data.float().numpy()  # float32, whatever the engine's dtype
         if self._classify and live.scores:  # a cross-encoder's one value for the pair

@@ -16,6 +16,8 @@ import queue
 import signal
 import sys
 import traceback
+from collections.abc import Callable
+from typing import Any
 
 from batchllm.engines.engine import Stepper, StepperFactory
 from batchllm.engines.protocol import EngineConfig, StopWorker, SubmitRequests, WorkerFailed, WorkerResults
@@ -38,8 +40,8 @@ def _redirect_output(log_path: str | None) -> None:
         os.close(fd)
 
 
-def worker_main(config: EngineConfig, inbox, outbox, stepper_factory: StepperFactory) -> None:
-    """Entry point of the worker process (spawned)."""
+def worker_main(config: EngineConfig, inbox: Any, outbox: Any, stepper_factory: StepperFactory) -> None:
+    """Entry point of the worker process (spawned). `inbox` and `outbox`: multiprocessing queues (queue.Queue in a Ray actor's thread)."""
     _die_with_parent()
     _redirect_output(config.log_path)
     parent = os.getppid()
@@ -53,7 +55,7 @@ def worker_main(config: EngineConfig, inbox, outbox, stepper_factory: StepperFac
     _end(outbox)
 
 
-def _end(outbox) -> None:
+def _end(outbox: Any) -> None:
     """Exit once everything put on the outbox is in the pipe and the log is flushed, skipping the
     interpreter's teardown (other exit handlers, module and object finalisation: 1.1 s and 2.3 s
     with vLLM loaded on a 2-core host). The OS frees the engine's memory; vLLM's own worker
@@ -61,13 +63,13 @@ def _end(outbox) -> None:
     outbox.close()
     outbox.join_thread()
     # what exit runs for multiprocessing (CPython's own handler): semaphores made here (tqdm's lock) unlinked, else its tracker warns
-    multiprocessing.util._exit_function()  # type: ignore[attr-defined]
+    multiprocessing.util._exit_function()  # type: ignore[attr-defined]  # private, not in typeshed
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
-def serve(stepper: Stepper, inbox, outbox, parent_alive) -> None:
+def serve(stepper: Stepper, inbox: Any, outbox: Any, parent_alive: Callable[[], bool]) -> None:
     while True:
         messages = _take_messages(inbox, block=not stepper.has_work(), parent_alive=parent_alive)
         for message in messages:
@@ -82,7 +84,7 @@ def serve(stepper: Stepper, inbox, outbox, parent_alive) -> None:
             outbox.put(WorkerResults(tuple(finished), (record,)))
 
 
-def _take_messages(inbox, *, block: bool, parent_alive) -> list:
+def _take_messages(inbox: Any, *, block: bool, parent_alive: Callable[[], bool]) -> list:
     messages: list = []
     while block and not messages:
         try:

@@ -59,7 +59,7 @@ def _is_message_list(kind: pa.DataType) -> bool:
     return "role" in names and "content" in names and _is_text(names["role"]) and _is_text(names["content"])
 
 
-def check_dag(dag: DagSpec, home, *, resolve_models: bool = True) -> dict[str, InputSource]:
+def check_dag(dag: DagSpec, home: Path, *, resolve_models: bool = True) -> dict[str, InputSource]:
     """Validate everything that needs data or models; returns the opened inputs.
     Planning for other hardware names models by profile only: `resolve_models=False`."""
     sources = open_inputs(dag.inputs)

@@ -16,8 +16,9 @@ import csv
 import gzip
 import json
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from io import BufferedReader
 from pathlib import Path
 
 import duckdb
@@ -150,7 +151,7 @@ def _stem_suffix(path: Path) -> str:
     return suffixes[-2] if len(suffixes) >= 2 and suffixes[-1] == ".gz" else (suffixes[-1] if suffixes else "")
 
 
-def _open_binary(path: Path):
+def _open_binary(path: Path) -> gzip.GzipFile | BufferedReader:
     return gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")
 
 
@@ -178,7 +179,7 @@ class _NotText(Exception):
         self.line = line
 
 
-def _decoded(handle, counter: list[int]) -> Iterator[str]:
+def _decoded(handle: Iterable[bytes], counter: list[int]) -> Iterator[str]:
     for raw in handle:
         counter[0] += 1
         try:
@@ -220,7 +221,7 @@ def _parquet_batches(path: Path) -> Iterator[pa.RecordBatch]:
         yield from handle.iter_batches(batch_size=BATCH_ROWS, use_threads=False)
 
 
-def _ipc_reader(handle: pa.NativeFile):
+def _ipc_reader(handle: pa.NativeFile) -> pa.ipc.RecordBatchStreamReader | pa.ipc.RecordBatchFileReader:
     """`save_to_disk` writes Arrow IPC streams; the IPC file format is read as well."""
     try:
         return pa.ipc.open_stream(handle)

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -77,7 +78,8 @@ class ResultJournal:
                 raise UserError(
                     f"the results already in {str(self.folder.parent.parent.parent)!r} were made by a different version "
                     f"of node {self.node!r} (its prompt, model, sampling, routing or input data changed)",
-                    where=f"nodes.{self.node}", hint="pass --fresh (Python: fresh=True) to discard the old results, or choose another --out (out=)")
+                    where=f"nodes.{self.node}", hint="pass --fresh (Python: fresh=True) to discard the old results (what the result store holds is taken from "
+                         "it, not computed again), or choose another --out (out=)")
             return
         write_text_atomically(header, json.dumps({"node": self.node, "fingerprint": fingerprint}) + "\n")
 
@@ -202,7 +204,8 @@ class ResultJournal:
             raise ValueError(f"node {self.node!r} is no score node: its journal holds no scores")
         return self._values(rows, steps, "score", lambda record: record.score, lambda column, at: column[at].as_py())
 
-    def _values(self, rows: np.ndarray, steps: np.ndarray, column: str, of_record, of_segment) -> list:
+    def _values(self, rows: np.ndarray, steps: np.ndarray, column: str, of_record: Callable[[ResultRecord], Any],
+                of_segment: Callable[[pa.Array, int], Any]) -> list:
         """A column's value of each (row, step): from the tail's record (`of_record`), else from
         the segment that holds it (`of_segment(column array, position)`); None where nothing is committed."""
         keys = key_of(rows, steps)

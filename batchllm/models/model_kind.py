@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 GENERATING_ARCHITECTURES = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")
 
@@ -89,7 +90,7 @@ def _labels(config: dict) -> tuple[str, ...]:
     return tuple(f"LABEL_{k}" for k in range(count)) if isinstance(count, int) and count > 0 else ()
 
 
-def _json(path: Path):
+def _json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):

@@ -21,10 +21,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple, cast
+from typing import TYPE_CHECKING, NamedTuple, NoReturn, cast
 
 from batchllm.core.requests import EngineRequest
 from batchllm.models.model_kind import ModelKind
+
+if TYPE_CHECKING:
+    import jinja2
+    import tokenizers
 
 _SENTINEL = "\ue000batchllm-message\ue001"
 _PROBE = "  A probe: two  spaces,\na new line, {braces} and <tags>.  \n"  # a template that trims or escapes fails it
@@ -49,7 +53,7 @@ class _RustTokenizer:
     renders it (Jinja2 sandbox, trim_blocks, lstrip_blocks, loop controls, the special
     tokens and `raise_exception` in scope)."""
 
-    def __init__(self, tokenizer, template, special_tokens: dict[str, str]):
+    def __init__(self, tokenizer: tokenizers.Tokenizer, template: jinja2.Template, special_tokens: dict[str, str]):
         self._tokenizer, self._template, self._special = tokenizer, template, special_tokens
         self._cut_tokens = _cut_tokens(list(tokenizer.get_added_tokens_decoder().values()))
 
@@ -69,7 +73,7 @@ class _RustTokenizer:
         import tokenizers
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        def raise_exception(message):
+        def raise_exception(message: str) -> NoReturn:
             raise jinja2.exceptions.TemplateError(message)
 
         environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])

@@ -48,7 +48,7 @@ class NodeWorkload:
     summary: NodeSummary | None = None  # its data, when planned from a DAG
     members: tuple[GroupMember, ...] = ()  # an engine group's DAG nodes (none: the node is a DAG node)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.rounds or min(self.rounds) < 0:
             raise ValueError(f"node {self.name!r}: rounds must be non-empty counts, got {self.rounds!r}")
         if self.requests_per_unit < 1:
@@ -76,7 +76,7 @@ class PlanProblem:
     nodes: dict[str, PlanNode]  # in topological order
     notes: tuple[str, ...] = field(default=())
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name, node in self.nodes.items():
             if not any(plan.devices <= self.cluster.devices for plan in node.speeds):
                 raise ValueError(f"node {name!r} ({node.model}) has no plan on {self.cluster}: "

@@ -27,7 +27,7 @@ from batchllm.costmodel.latency import FEATURES, StepFeatures, StepLatencyModel,
 from batchllm.costmodel.lengths import LengthDistribution
 from batchllm.costmodel.profile import ModelFacts, Profile, ReplicaShape, ShapeProfile
 from batchllm.engines.devices import DeviceSet, Replica, engine_dtype
-from batchllm.engines.engine import EngineFactory
+from batchllm.engines.engine import Engine, EngineFactory
 from batchllm.engines.hardware import this_machine
 from batchllm.engines.protocol import EngineConfig, StepRecord
 
@@ -84,7 +84,7 @@ def prompts(name: str, start: int, count: int, max_chars: int | None = None) -> 
     return texts[:count]
 
 
-def run_requests(engine, requests: list[EngineRequest], on_result: Callable[[int], None]) -> tuple[list[EngineResult], list[StepRecord]]:
+def run_requests(engine: Engine, requests: list[EngineRequest], on_result: Callable[[int], None]) -> tuple[list[EngineResult], list[StepRecord]]:
     engine.drain_steps()
     engine.submit(requests)
     results: list[EngineResult] = []

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -54,6 +54,9 @@ from batchllm.runtime.sequential_stages import SequentialStages
 from batchllm.runtime.server_paces import save_server_paces
 from batchllm.runtime.stage_chooser import RunPlanning
 
+if TYPE_CHECKING:
+    from batchllm.cluster.session import RaySession
+
 RUN_GC_THRESHOLD = 50_000  # allocations between young collections during a run (Python's default: 700)
 
 
@@ -71,14 +74,14 @@ def _run_gc() -> Iterator[None]:
 
 
 def run_dag_file(dag_path: Path, out: Path, devices: DeviceSet, *, console: Console, engine_factory: EngineFactory | None = None,
-                 cluster=None, **spec: Any) -> tuple[RunResult, RunProgress]:
+                 cluster: RaySession | None = None, **spec: Any) -> tuple[RunResult, RunProgress]:
     """`run_dag` on a DAG file, the `RunSpec` given by its fields."""
     return run_dag(load_dag(dag_path), RunSpec(out, devices, **spec), console=console, engine_factory=engine_factory,
                    cluster=cluster)
 
 
 def run_dag(dag: DagSpec, spec: RunSpec, *, console: Console, engine_factory: EngineFactory | None = None,
-            cluster=None) -> tuple[RunResult, RunProgress]:
+            cluster: RaySession | None = None) -> tuple[RunResult, RunProgress]:
     """Check everything first (nothing is written on bad input), then run.
 
     `engine_factory`: the engines (None: vLLM's, which check the DAG's settings first).

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rich.console import Console
 from rich.markup import escape
@@ -29,6 +29,9 @@ from batchllm.dag.model import Price
 from batchllm.io.journal_records import JournalStats
 from batchllm.runtime.ledger import UnitCounts
 from batchllm.runtime.status import END_STATES, NodeStatus, RunStatus, earlier_status, eta_text, write_status
+
+if TYPE_CHECKING:
+    from batchllm.engines.protocol import StepRecord
 
 RATE_WINDOW_S = 60.0  # the ETA uses the rate over this much recent time
 SAMPLE_SPACING_S = 1.0  # at most one (time, units done) sample per node per this long
@@ -185,7 +188,7 @@ class RunProgress:
         self._write_status(self.clock())  # `batchllm status` sees the run before its engines are up
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self._bars.__exit__(*exc)
 
     def node_failed(self, node: str, cause: str) -> None:
@@ -219,7 +222,7 @@ class RunProgress:
             self._bars.update(self._tasks[node], total=counts.total, completed=counts.committed,
                               rate=f"{stats.output_tokens_per_s(now_s):,.0f} tok/s")
 
-    def count_steps(self, node: str, steps) -> None:
+    def count_steps(self, node: str, steps: Iterable[StepRecord]) -> None:
         stats = self.stats[node]
         for step in steps:
             stats.engine_steps += 1

@@ -46,7 +46,7 @@ class CensoredFit:
     iterations: int
     out_of_fold: np.ndarray  # each training row's prediction by a fit without it
 
-    def predict(self, features) -> np.ndarray:
+    def predict(self, features: Any) -> np.ndarray:  # features: dense or scipy sparse rows
         return np.asarray(features @ self.coef, float).ravel() + self.intercept
 
 
@@ -166,7 +166,7 @@ def _expected(targets: np.ndarray, censored: np.ndarray, mu: np.ndarray, sigma: 
     return expected, variance
 
 
-def fit_censored(features, targets: np.ndarray, censored: np.ndarray, *, alpha: float | None = None,
+def fit_censored(features: Any, targets: np.ndarray, censored: np.ndarray, *, alpha: float | None = None,
                  iterations: int = 8, folds: int = 4, seed: int = 0) -> CensoredFit:
     """`targets` log lengths; `censored[i]`: row i is only a lower bound. `alpha` None: the
     ridge penalty of ALPHAS whose out-of-fold predictions order the rows best (concordance,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from batchllm.core.length_prompt import LengthPrompt
 from batchllm.costmodel.length_model.censored_fit import concordance
@@ -47,7 +48,7 @@ class GateVerdict:
         return not np.isnan(self.model_score)
 
 
-def within_sets_concordance(model: LengthModel, prompts: Sequence[LengthPrompt], lengths, finished,
+def within_sets_concordance(model: LengthModel, prompts: Sequence[LengthPrompt], lengths: npt.ArrayLike, finished: npt.ArrayLike,
                             groups: Sequence[str]) -> float:
     """Harrell's C of the model's shifts against the lengths, inside each prompt set (levels
     differ between sets; the runtime learns a set's level from its own answers), averaged."""
@@ -57,7 +58,7 @@ def within_sets_concordance(model: LengthModel, prompts: Sequence[LengthPrompt],
     return float(np.mean(scores)) if scores else float("nan")
 
 
-def gate(model: LengthModel, cdf: LengthDistribution, prompts: Sequence[LengthPrompt], lengths, finished, *,
+def gate(model: LengthModel, cdf: LengthDistribution, prompts: Sequence[LengthPrompt], lengths: npt.ArrayLike, finished: npt.ArrayLike, *,
          margin: float = MARGIN, min_outputs: int = MIN_OUTPUTS) -> GateVerdict:
     """`prompts`, `lengths`, `finished`: held-out outputs (neither was fit on them)."""
     if len(prompts) < min_outputs:

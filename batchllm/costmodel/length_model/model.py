@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from batchllm.core.files import replacing
 from batchllm.core.length_prompt import LengthPrompt
@@ -56,14 +57,14 @@ class LengthModel:
     outside_shift: float = 0.0  # base x exp(it) has the per-model CDF's capped mean at the training outputs' caps
 
     @classmethod
-    def fit(cls, prompts: Sequence[LengthPrompt], lengths, finished, *, groups: Sequence[str] | None = None,
+    def fit(cls, prompts: Sequence[LengthPrompt], lengths: npt.ArrayLike, finished: npt.ArrayLike, *, groups: Sequence[str] | None = None,
             alpha: float | None = None, seed: int = 0) -> "LengthModel":
         """`lengths` output tokens; `finished[i]` False when output i was cut (max_tokens, or
         still running): then its length is only a lower bound. `groups` each output's prompt
         set: with three or more, the model also learns how it carries over to a new set
         (for_new_set). `alpha` the ridge penalty (None: chosen out of fold; a refit with a few
         more outputs can keep the last one's)."""
-        lengths = np.maximum(np.asarray(lengths, float), 1.0)
+        lengths = np.asarray(lengths, float).clip(min=1.0)
         finished = np.asarray(finished, bool)
         if len(prompts) != lengths.size or lengths.size != finished.size:
             raise ValueError(f"{len(prompts)} prompts, {lengths.size} lengths, {finished.size} finished flags")
@@ -112,7 +113,7 @@ class LengthModel:
         """Every request's length times exp(offset)."""
         return replace(self, intercept=self.intercept + float(offset), outside_shift=self.outside_shift + float(offset))
 
-    def scaled_to(self, prompts: Sequence[LengthPrompt], lengths, caps=None) -> "LengthModel":
+    def scaled_to(self, prompts: Sequence[LengthPrompt], lengths: npt.ArrayLike, caps: npt.ArrayLike | None = None) -> "LengthModel":
         """This model moved by the one offset that makes its expected capped length over these
         outputs (a pilot's) their mean. `lengths` as the engine reported them (a cut output
         counts its cap, exactly what min(length, cap) is); `caps` each one's max_tokens (by

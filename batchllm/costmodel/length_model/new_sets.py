@@ -21,6 +21,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,7 @@ def residual_base(lengths: np.ndarray, finished: np.ndarray, shifts: np.ndarray)
     return LengthDistribution.fit(residual, finished)
 
 
-def calibrate_new_sets(matrix, lengths: np.ndarray, finished: np.ndarray, groups: Sequence[str], alpha: float,
+def calibrate_new_sets(matrix: Any, lengths: np.ndarray, finished: np.ndarray, groups: Sequence[str], alpha: float,
                        seed: int = 0) -> NewSetCalibration | None:
     """None when the outputs come from fewer than MIN_SETS prompt sets."""
     keys = sorted(set(groups))

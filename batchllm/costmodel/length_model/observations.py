@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -71,7 +72,7 @@ class ObservationStore:
     def _table(self) -> pa.Table:
         return pq.read_table(self.path, schema=SCHEMA) if self.path.is_file() else SCHEMA.empty_table()
 
-    def add(self, prompts: Sequence[LengthPrompt], lengths, finished, prompt_set: str) -> None:
+    def add(self, prompts: Sequence[LengthPrompt], lengths: npt.ArrayLike, finished: npt.ArrayLike, prompt_set: str) -> None:
         lengths, finished = np.asarray(lengths, np.int64), np.asarray(finished, bool)
         if not len(prompts) == lengths.size == finished.size:
             raise ValueError(f"{len(prompts)} prompts, {lengths.size} lengths, {finished.size} finished flags")

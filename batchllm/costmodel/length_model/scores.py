@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from batchllm.costmodel.lengths import LengthDistribution
 
@@ -12,7 +13,7 @@ def median(distribution: LengthDistribution) -> float:
     return float(distribution.lengths[index])
 
 
-def log_error(base: LengthDistribution, log_shift: np.ndarray, lengths, finished) -> float:
+def log_error(base: LengthDistribution, log_shift: np.ndarray, lengths: npt.ArrayLike, finished: npt.ArrayLike) -> float:
     """Mean over outputs of |log length - log predicted median| (the median of base x
     exp(shift)); for a cut output, only how far the prediction falls short of its length
     (predicting longer than an output that was cut is no error)."""

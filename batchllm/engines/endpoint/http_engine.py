@@ -259,7 +259,7 @@ class EndpointEngine:
         known = CHAT_KEYS if request.chat else COMPLETION_KEYS
         create = self._client.chat.completions.create if request.chat else self._client.completions.create
         sent = time.monotonic()
-        stream = await create(**{k: v for k, v in body.items() if k in known},  # type: ignore[call-overload]
+        stream = await create(**{k: v for k, v in body.items() if k in known},
                               extra_body={k: v for k, v in body.items() if k not in known} or None,
                               extra_headers={"X-Request-Id": f"batchllm-{request.request_id}-{attempt}"})
         with self._lock:
