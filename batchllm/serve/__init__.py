@@ -1,0 +1,8 @@
+"""`batchllm serve`: OpenAI's Files and Batches API on this machine's models.
+
+`files` keeps uploaded and produced files; `batches` is the batch lifecycle (one record per
+batch, its status the one truth of where it is, persisted atomically); `validation` reads an
+uploaded request file before it runs; `worker` runs queued batches one after another through
+`openai_batch.run_batch` in a child process (`child`), so a cancel or a shutdown stops it
+cleanly and a restart resumes its run folder; `app` is the FastAPI routes; `page` the HTML page.
+"""
