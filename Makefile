@@ -36,7 +36,7 @@ demo: install
 # the first time) on one core while the checks run on the other.
 test: install
 	BATCHLLM_HOME=.batchllm-home $(BIN)/batchllm models prepare smollm2-135m > .prepare.log 2>&1 & prepare=$$!; \
-	$(BIN)/ruff check batchllm tests testkit benchmarks profiles examples && $(BIN)/lint-imports && $(BIN)/mypy batchllm; checks=$$?; \
+	$(BIN)/ruff check batchllm tests testkit benchmarks profiles examples setup.py && $(BIN)/lint-imports && $(BIN)/mypy batchllm; checks=$$?; \
 	wait $$prepare || { cat .prepare.log; exit 1; }; rm -f .prepare.log; exit $$checks
 	BATCHLLM_HOME=.batchllm-home $(BIN)/batchllm models prepare minilm-l6 > /dev/null
 	$(BIN)/python -m pytest

@@ -51,7 +51,7 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -204,7 +204,7 @@ def main() -> None:
     home = batchllm_home()
     model_dir = Path(resolve_model(MODEL, dag_dir=REPO, home=home, where="benchmark").materialise(home))
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(f"calibration benchmark at {commit}, {datetime.now(timezone.utc).isoformat(timespec='seconds')}, {this_machine('cpu').describe()}, "
+    print(f"calibration benchmark at {commit}, {datetime.now(UTC).isoformat(timespec='seconds')}, {this_machine('cpu').describe()}, "
           f"load average {os.getloadavg()[0]:.1f} (2 cores; shared with other jobs)", flush=True)
     arguments = [a for a in sys.argv[1:] if not a.startswith("--")]
     foreign = ["xeon"] if "--xeon-only" in sys.argv else FOREIGN  # the learnt cases and the runs they learn from

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -123,7 +123,7 @@ def main() -> None:
     SMOLLM2_135M.prepare(batchllm_home())  # once, outside the timed commands: the shared home's models are linked in
     (home / "models").symlink_to(batchllm_home() / "models")
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(f"command estimates at {commit}, {datetime.now(timezone.utc).isoformat(timespec='seconds')}, "
+    print(f"command estimates at {commit}, {datetime.now(UTC).isoformat(timespec='seconds')}, "
           f"{this_machine('cpu').describe()}, load average {os.getloadavg()[0]:.1f}", flush=True)
     rows = []
     for label in ("first", "second"):

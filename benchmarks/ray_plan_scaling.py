@@ -33,7 +33,7 @@ NODE_COUNTS = (1, 2, 4)
 def misplaced(schedule: Schedule, cluster: Cluster) -> list[str]:
     """Replicas that cross a node boundary or are not aligned to their size inside a node."""
     starts, bad = [], []
-    for size in cluster.nodes:
+    for _size in cluster.nodes:
         starts.append(sum(cluster.nodes[:len(starts)]))
     for stage in schedule.stages:
         for name, plan in stage.plans.items():

@@ -528,7 +528,7 @@ def _deadline_at(text: str | None) -> float | None:
     if not text:
         return None
     hour, minute = map(int, text.split(":"))
-    return datetime.datetime.now(datetime.timezone.utc).replace(hour=hour, minute=minute, second=0, microsecond=0).timestamp()
+    return datetime.datetime.now(datetime.UTC).replace(hour=hour, minute=minute, second=0, microsecond=0).timestamp()
 
 
 def main() -> int:

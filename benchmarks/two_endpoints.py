@@ -64,7 +64,7 @@ class EndWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
-    def __enter__(self) -> "EndWatch":
+    def __enter__(self) -> EndWatch:
         self.started = time.monotonic()
         self.first = {b: (scrape_sync(b).generation_tokens or 0.0) for b in self.bases}
         self._thread.start()

@@ -123,7 +123,7 @@ class SteppingEngine(FakeEngine):
             features = StepFeatures(prefill, prefill * prefill, running, running * (60 + 5 * k))
             self._steps.append(StepRecord(self.latency.step_s(features), prefill, 1 if prefill else 0, running,
                                           running * (60 + 5 * k), 0, 0))
-        lengths = [8 + (sum(map(ord, '%d:%d' % (r.request_id >> UNIT_BITS, r.request_id & UNIT_MASK))) % 40) for r in results]
+        lengths = [8 + (sum(map(ord, f'{r.request_id >> UNIT_BITS}:{r.request_id & UNIT_MASK}')) % 40) for r in results]
         return [r._replace(num_output_tokens=n, finish_reason="length" if n >= 40 else "stop")
                 for r, n in zip(results, lengths)]
 

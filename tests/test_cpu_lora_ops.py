@@ -85,7 +85,7 @@ def test_the_stacked_ops_are_put_in_place_once_wherever_vllm_holds_them_and_leav
         assert use_stacked_cpu_lora_ops()  # these machines run vLLM's CPU platform
         assert not _base_token_gets_a_delta()
         assert all(getattr(punica_cpu, name) is getattr(lora_ops, name) is not originals[name] for name in REPLACED_OPS)
-        assert use_stacked_cpu_lora_ops() and getattr(lora_ops, "bgmv_shrink").__wrapped__ is originals["bgmv_shrink"]
+        assert use_stacked_cpu_lora_ops() and lora_ops.bgmv_shrink.__wrapped__ is originals["bgmv_shrink"]
     finally:
         import vllm.lora.ops.torch_ops as package
 

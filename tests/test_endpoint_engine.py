@@ -233,7 +233,7 @@ def test_a_cut_aborts_the_youngest_calls_at_once_and_sends_them_again_when_allow
     try:
         for request_id in (1, 2, 3):  # 1 is the oldest
             engine.submit([EngineRequest(request_id, f"slow {request_id}")])
-            wait_until(lambda: script.streams == request_id)
+            wait_until(lambda: script.streams == request_id)  # noqa: B023  called in this iteration only
         guard.value = 1  # a cut: 2 and 3 go back, 1 runs on
         wait_until(lambda: script.streams == 1, timeout_s=2.0)  # within a few scrapes, long before 1's stream ends
         script.mark()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from rich.console import Console
@@ -34,7 +34,7 @@ def commit(progress: RunProgress, node: str, units: int, **tokens) -> None:
     progress.advance(node, **tokens)
 
 
-MIDNIGHT = datetime(2026, 11, 25, tzinfo=timezone.utc)  # the wall clock when the progress clock reads 0
+MIDNIGHT = datetime(2026, 11, 25, tzinfo=UTC)  # the wall clock when the progress clock reads 0
 
 
 class Clock:

@@ -38,7 +38,7 @@ def run_exits() -> Iterator[None]:
         for name, path in incomplete.outputs.items():
             console.print(f"{name}: {path} (incomplete: the results so far; the run that completes replaces it)", markup=False,
                           highlight=False, soft_wrap=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     except KeyboardInterrupt:
         run_console().print("interrupted: finished results are kept; run the same command again to resume.")
-        raise typer.Exit(130)
+        raise typer.Exit(130) from None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
@@ -40,7 +40,7 @@ def _open(store: Path | None) -> ResultStore | None:
 
 
 def _date(unix_s: float | None) -> str:
-    return "-" if unix_s is None else datetime.fromtimestamp(unix_s, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return "-" if unix_s is None else datetime.fromtimestamp(unix_s, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _size(usage: StoreUsage) -> str:

@@ -62,7 +62,7 @@ class LocalRayCluster:
         return f"127.0.0.1:{self.port}"
 
     @classmethod
-    def start(cls, cores_per_node: list[tuple[int, ...]], port: int = 6390, temp_dir: Path | None = None) -> "LocalRayCluster":
+    def start(cls, cores_per_node: list[tuple[int, ...]], port: int = 6390, temp_dir: Path | None = None) -> LocalRayCluster:
         """Head on the first cores, one worker node per further entry; stops what it started if a step fails,
         and when this process ends without calling `stop`."""
         cluster = cls(port, temp_dir or Path(f"/tmp/blray{port}"))

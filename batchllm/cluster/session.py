@@ -69,7 +69,7 @@ class RaySession:
     address: str
 
     @classmethod
-    def connect(cls, address: str) -> "RaySession":
+    def connect(cls, address: str) -> RaySession:
         """ray.init on `address` (a loopback cluster stays on 127.0.0.1); an error quotes the address."""
         try:
             import ray

@@ -30,6 +30,6 @@ class RunIncomplete(Exception):
     """The run stopped with work left (a node failed). `outputs`: the data sets written with
     the results so far (marked incomplete in run.json; the run that completes replaces them)."""
 
-    def __init__(self, message: str, outputs: "dict[str, Path] | None" = None):
+    def __init__(self, message: str, outputs: dict[str, Path] | None = None):
         super().__init__(message)
         self.outputs = dict(outputs or {})

@@ -26,7 +26,7 @@ class LengthPrompt:
     history_chars: int | None = 0  # characters of the turns before the last user turn (None: not recorded)
 
     @classmethod
-    def of(cls, request: EngineRequest, template: str, prompt_tokens: int | None = None) -> "LengthPrompt":
+    def of(cls, request: EngineRequest, template: str, prompt_tokens: int | None = None) -> LengthPrompt:
         """The one way a request becomes what the length model reads (the planner's sample
         rows and the runtime's requests alike); `prompt_tokens` when counted elsewhere, else
         its token ids', else estimated from its characters. A request on a LoRA adapter has the

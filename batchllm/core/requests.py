@@ -46,7 +46,7 @@ class EngineRequest(NamedTuple):
     def n(self) -> int:
         return self.sampling.n
 
-    def with_token_ids(self, token_ids: Sequence[int]) -> "EngineRequest":
+    def with_token_ids(self, token_ids: Sequence[int]) -> EngineRequest:
         """This request with its prompt's token ids (positional: `_replace` costs twice as much)."""
         return EngineRequest(self.request_id, self.prompt, self.system, self.chat, self.sampling, tuple(token_ids), self.output,
                              self.messages, self.pair, self.adapter, self.images)
@@ -135,7 +135,7 @@ class EngineResult(NamedTuple):
     score: float | None = None  # a score request's (texts are empty then)
 
     @classmethod
-    def failed(cls, request_id: RequestId, num_prompt_tokens: int, why: str) -> "EngineResult":
+    def failed(cls, request_id: RequestId, num_prompt_tokens: int, why: str) -> EngineResult:
         """The result of a request that could not run."""
         return cls(request_id, ("",), num_prompt_tokens, 0, FinishReason.ERROR, why)
 

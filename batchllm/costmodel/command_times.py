@@ -41,12 +41,12 @@ class CommandTimes:
     def total_s(self) -> float:
         return self.start_s + self.end_s
 
-    def with_measured(self, start_s: float, end_s: float, checks_s: float = 0.0) -> "CommandTimes":
+    def with_measured(self, start_s: float, end_s: float, checks_s: float = 0.0) -> CommandTimes:
         weight = 1.0 / min(self.commands + 1, KEPT_COMMANDS)
         return CommandTimes(self.start_s + weight * (start_s - self.start_s), self.end_s + weight * (end_s - self.end_s),
                             self.commands + 1, self.checks_s + weight * (checks_s - self.checks_s))
 
-    def with_checks_kept(self) -> "CommandTimes":
+    def with_checks_kept(self) -> CommandTimes:
         """As a later command of the same DAG would take it: vLLM's settings check answered by
         the verdict the first one kept (a `run` after `plan --pilot`)."""
         return CommandTimes(max(0.0, self.start_s - self.checks_s), self.end_s, self.commands, 0.0)
@@ -62,7 +62,7 @@ class CommandTimesStore:
     store: ProfileStore
 
     @classmethod
-    def at_home(cls, home: Path) -> "CommandTimesStore":
+    def at_home(cls, home: Path) -> CommandTimesStore:
         return cls(ProfileStore.at_home(home))
 
     def path(self, identity: HardwareIdentity) -> Path:

@@ -56,7 +56,7 @@ class Workload:
             raise ValueError(f"{len(self.output_lengths)} output lengths for {np.size(self.prompt_tokens)} requests")
 
     @classmethod
-    def of(cls, prompt_tokens: npt.ArrayLike, max_tokens: npt.ArrayLike, **extra: Any) -> "Workload":
+    def of(cls, prompt_tokens: npt.ArrayLike, max_tokens: npt.ArrayLike, **extra: Any) -> Workload:
         prompt_tokens = np.asarray(prompt_tokens, np.int64)
         return cls(prompt_tokens, np.broadcast_to(np.asarray(max_tokens, np.int64), prompt_tokens.shape), **extra)
 
@@ -95,7 +95,7 @@ def estimate(profile: Profile, plan: ExecutionPlan, workload: Workload, *, seed:
     finish = np.zeros(len(workload))
     results = []
     for indices in balance(split, plan.dp):
-        pick = lambda values: None if values is None else np.asarray(values)[indices]  # noqa: E731
+        pick = lambda values: None if values is None else np.asarray(values)[indices]  # noqa: E731, B023  called in this iteration only
         result = simulate_replica(workload.prompt_tokens[indices], outputs[indices], limits, shape_profile.latency,
                                   cached_tokens=pick(workload.cached_tokens), ready_s=pick(workload.ready_s))
         finish[indices] = result.finish_s + load_s

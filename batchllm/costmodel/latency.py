@@ -58,7 +58,7 @@ class StepLatencyModel:
         return asdict(self)
 
     @classmethod
-    def fit(cls, features: np.ndarray, seconds: np.ndarray) -> "StepLatencyModel":
+    def fit(cls, features: np.ndarray, seconds: np.ndarray) -> StepLatencyModel:
         """Non-negative least squares on relative error (a 0.1 s step counts as much as a
         10 s one), then once more without the steps the first fit misses by over 2x
         (a step that stalled, or whose work was miscounted)."""
@@ -66,7 +66,7 @@ class StepLatencyModel:
         return model
 
     @classmethod
-    def fit_robust(cls, features: np.ndarray, seconds: np.ndarray) -> tuple["StepLatencyModel", int]:
+    def fit_robust(cls, features: np.ndarray, seconds: np.ndarray) -> tuple[StepLatencyModel, int]:
         """The fitted model and how many outlying steps the second pass left out."""
         design = np.column_stack([np.ones(len(features)), np.asarray(features, float)])
         seconds = np.asarray(seconds, float)

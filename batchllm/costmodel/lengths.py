@@ -20,7 +20,7 @@ class LengthDistribution:
     censored_at: int  # the largest length an output was cut at (the profiling cap)
 
     @classmethod
-    def fit(cls, lengths: list[int] | np.ndarray, finished: list[bool] | np.ndarray) -> "LengthDistribution":
+    def fit(cls, lengths: list[int] | np.ndarray, finished: list[bool] | np.ndarray) -> LengthDistribution:
         """`finished[i]` is False when output i was cut by the cap (finish_reason 'length')."""
         lengths = np.asarray(lengths, dtype=np.int64)
         finished = np.asarray(finished, dtype=bool)
@@ -50,7 +50,7 @@ class LengthDistribution:
         return [{"length": int(l), "cdf": float(c)} for l, c in zip(self.lengths, self.cdf)]
 
     @classmethod
-    def from_rows(cls, rows: list[dict], censored_at: int) -> "LengthDistribution":
+    def from_rows(cls, rows: list[dict], censored_at: int) -> LengthDistribution:
         return cls(np.array([r["length"] for r in rows], np.int64), np.array([r["cdf"] for r in rows], float), censored_at)
 
 

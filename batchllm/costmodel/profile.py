@@ -45,7 +45,7 @@ class ReplicaShape:
         return f"w{self.devices}-tp{self.tp}"
 
     @classmethod
-    def parse(cls, key: str) -> "ReplicaShape":
+    def parse(cls, key: str) -> ReplicaShape:
         match = re.fullmatch(r"w(\d+)-tp(\d+)", key)
         if not match:
             raise ValueError(f"bad replica shape {key!r}; expected like 'w2-tp1'")
@@ -128,7 +128,7 @@ class Profile:
             _write_csv(directory / f"steps-{key}.csv", rows)
 
     @classmethod
-    def load(cls, directory: Path) -> "Profile":
+    def load(cls, directory: Path) -> Profile:
         path = directory / "profile.json"
         if not path.is_file():
             raise UserError(f"no profile at {str(directory)!r}", hint="run `batchllm profile`, or pick a profiled model")

@@ -47,17 +47,17 @@ class RequestLengths:
             raise ValueError(f"length source must be one of {SOURCES}, got {self.source!r}")
 
     @classmethod
-    def shared(cls, base: LengthDistribution, count: int, source: str) -> "RequestLengths":
+    def shared(cls, base: LengthDistribution, count: int, source: str) -> RequestLengths:
         """Every request alike: the base distribution itself."""
         return cls(base, np.zeros(count), source)
 
     def __len__(self) -> int:
         return int(self.log_shift.size)
 
-    def take(self, indices: Sequence[int] | np.ndarray) -> "RequestLengths":
+    def take(self, indices: Sequence[int] | np.ndarray) -> RequestLengths:
         return RequestLengths(self.base, self.log_shift[np.asarray(indices, np.int64)], self.source)
 
-    def repeat(self, times: int) -> "RequestLengths":
+    def repeat(self, times: int) -> RequestLengths:
         """Each request `times` times over in a row (a node's `n` samples of one prompt)."""
         return RequestLengths(self.base, np.repeat(self.log_shift, times), self.source)
 

@@ -167,7 +167,7 @@ class DagSpec:
     nearest: dict[str, NearestSpec] = field(default_factory=dict)  # name -> the nearest rows templates read under it
     endpoints: dict[str, EndpointSpec] = field(default_factory=dict)  # model (as nodes name it) -> the servers that serve it
 
-    def on_devices(self) -> "DagSpec":
+    def on_devices(self) -> DagSpec:
         """The DAG of the nodes that run on devices (the planner's part): nodes on servers
         left out, and with them the edges from them."""
         if not self.endpoints:

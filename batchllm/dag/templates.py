@@ -111,7 +111,7 @@ class ExpressionTemplate:
 
     def evaluate(self, context: dict[str, object], *, where: str) -> object:
         try:
-            return self.compiled(**context)  # type: ignore[operator]
+            return self.compiled(**context)  # type: ignore[operator]  # `compiled` is held as object: a Jinja compiled expression, callable
         except jinja2.exceptions.UndefinedError as exc:
             raise UserError(f"expression error: {exc.message}", where=where) from None
         except (jinja2.exceptions.SecurityError, TypeError, ValueError, ArithmeticError, jinja2.TemplateError) as exc:

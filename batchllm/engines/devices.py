@@ -51,7 +51,7 @@ class DeviceSet:
         """Devices per node (one machine: one node of all its devices)."""
         return tuple(len(n.ids) for n in self.nodes) if self.nodes else (len(self.ids),)
 
-    def replica(self, indices: tuple[int, ...], tp: int) -> "Replica":
+    def replica(self, indices: tuple[int, ...], tp: int) -> Replica:
         """The replica on these device indices; on a cluster they must share one node."""
         if not self.nodes:
             return Replica(self.kind, tuple(self.ids[i] for i in indices), tp)  # indices are positions in `ids`
@@ -68,7 +68,7 @@ class DeviceSet:
             index -= len(node.ids)
         raise ValueError(f"device index {index} is beyond the cluster's {len(self.ids)} devices")
 
-    def without_nodes(self, lost: set[str]) -> "DeviceSet":
+    def without_nodes(self, lost: set[str]) -> DeviceSet:
         """The cluster's devices once the `lost` nodes are gone (the others keep their labels)."""
         ids: list[int]
         kept, ids, position = [], [], 0

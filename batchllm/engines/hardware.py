@@ -68,7 +68,7 @@ class HardwareIdentity:
         return {key: value for key, value in body.items() if value is not None}
 
     @classmethod
-    def from_dict(cls, body: dict[str, Any]) -> "HardwareIdentity":
+    def from_dict(cls, body: dict[str, Any]) -> HardwareIdentity:
         flags = body.get("cpu_flags")
         return cls(str(body["kind"]), body.get("name"), body.get("dtype"),
                    None if flags is None else tuple(f for f in KERNEL_FLAGS if f in flags),

@@ -18,10 +18,10 @@ import queue
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from batchllm.core.requests import EngineRequest, EngineResult
 from batchllm.engines.engine import EngineFailed, Stepper, StepperFactory

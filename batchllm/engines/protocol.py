@@ -76,7 +76,7 @@ class WorkerFailed:
     traceback: str = ""
 
     @classmethod
-    def of(cls, error: BaseException, traceback_text: str = "") -> "WorkerFailed":
+    def of(cls, error: BaseException, traceback_text: str = "") -> WorkerFailed:
         return cls(exception_cause(error), traceback_text)
 
 

@@ -60,7 +60,7 @@ class _LiveRequest:
     scores: bool = False  # a score request (a pair of texts)
 
     @classmethod
-    def new(cls, request_id: RequestId, prompt_tokens: int, sampling: SamplingSpec, scores: bool = False) -> "_LiveRequest":
+    def new(cls, request_id: RequestId, prompt_tokens: int, sampling: SamplingSpec, scores: bool = False) -> _LiveRequest:
         n = sampling.n
         return cls(request_id, prompt_tokens, [[] for _ in range(n)], [0] * n, [None] * n,
                    [] if sampling.logprobs else None, sampling.top_logprobs, scores=scores)

@@ -56,16 +56,16 @@ class JournalStats:
     prompt_tokens: int = 0
     output_tokens: int = 0
 
-    def plus(self, other: "JournalStats") -> "JournalStats":
+    def plus(self, other: JournalStats) -> JournalStats:
         return JournalStats(self.committed + other.committed, self.failed + other.failed,
                             self.prompt_tokens + other.prompt_tokens, self.output_tokens + other.output_tokens)
 
-    def minus(self, other: "JournalStats") -> "JournalStats":
+    def minus(self, other: JournalStats) -> JournalStats:
         return JournalStats(self.committed - other.committed, self.failed - other.failed,
                             self.prompt_tokens - other.prompt_tokens, self.output_tokens - other.output_tokens)
 
     @classmethod
-    def of(cls, records: Sequence[ResultRecord]) -> "JournalStats":
+    def of(cls, records: Sequence[ResultRecord]) -> JournalStats:
         if not records:
             return cls()
         _, _, _, prompt_tokens, output_tokens, reasons, *_ = zip(*records)  # the records' fields as columns

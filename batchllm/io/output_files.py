@@ -119,7 +119,7 @@ class _Segments:
     ranges: tuple[tuple[int, int], ...]  # (first row, last row) of each
 
     @classmethod
-    def of(cls, journal: ResultJournal) -> "_Segments":
+    def of(cls, journal: ResultJournal) -> _Segments:
         paths = tuple(journal.segment_paths())
         return cls(paths, tuple(_row_range(p) for p in paths))
 

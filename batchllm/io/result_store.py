@@ -136,7 +136,7 @@ class ResultStore:
             raise
 
     @classmethod
-    def at_home(cls, home: Path, *, cap_bytes: int = DEFAULT_CAP_BYTES) -> "ResultStore":
+    def at_home(cls, home: Path, *, cap_bytes: int = DEFAULT_CAP_BYTES) -> ResultStore:
         return cls(home / STORE_FILE, cap_bytes=cap_bytes)
 
 
@@ -293,7 +293,7 @@ class ResultStore:
     def close(self) -> None:
         self._db.close()
 
-    def __enter__(self) -> "ResultStore":
+    def __enter__(self) -> ResultStore:
         return self
 
     def __exit__(self, *_: object) -> None:

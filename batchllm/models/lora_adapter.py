@@ -38,7 +38,7 @@ class LoraAdapter:
     layers: int  # one more than the highest layer it adapts
 
     @classmethod
-    def read(cls, path: Path) -> "LoraAdapter":
+    def read(cls, path: Path) -> LoraAdapter:
         config_path, weights_path = path / CONFIG_FILE, path / WEIGHTS_FILE
         if not path.is_dir():
             raise AdapterError(f"adapter directory {str(path)!r} does not exist", "give the folder PEFT's save_pretrained wrote")

@@ -42,7 +42,7 @@ class ModelKind:
         return any(a.endswith("ForSequenceClassification") for a in self.architectures)
 
     @classmethod
-    def of(cls, config_dir: Path) -> "ModelKind":
+    def of(cls, config_dir: Path) -> ModelKind:
         config = _json(config_dir / "config.json") or {}
         architectures = tuple(config.get("architectures") or ())
         size = config.get("hidden_size") or config.get("d_model")

@@ -58,7 +58,7 @@ class _RustTokenizer:
         self._cut_tokens = _cut_tokens(list(tokenizer.get_added_tokens_decoder().values()))
 
     @classmethod
-    def load(cls, model_dir: Path) -> "_RustTokenizer | None":
+    def load(cls, model_dir: Path) -> _RustTokenizer | None:
         """None when the directory lacks what the fast path needs (transformers then loads it)."""
         files = model_dir / "tokenizer.json", model_dir / "tokenizer_config.json"
         if not all(f.is_file() for f in files):

@@ -42,7 +42,7 @@ class LengthModels:
     known_prompt_sets: frozenset[str]
 
     @classmethod
-    def at_home(cls, home: Path, model_names: Sequence[str]) -> "LengthModels":
+    def at_home(cls, home: Path, model_names: Sequence[str]) -> LengthModels:
         models, rankers, verdicts, known = {}, {}, {}, set()
         for name in dict.fromkeys(model_names):
             store = ObservationStore.at_home(home, name)

@@ -16,7 +16,7 @@ class Schedule:
     optimal: bool | None = None  # exact search: True when proven within its budget
 
     @classmethod
-    def of(cls, method: str, timeline: Timeline, search_s: float, optimal: bool | None = None) -> "Schedule":
+    def of(cls, method: str, timeline: Timeline, search_s: float, optimal: bool | None = None) -> Schedule:
         if not timeline.done:
             raise ValueError(f"{method}: the timeline still has unfinished nodes {sorted(timeline.states)}")
         return cls(method, timeline.stages, timeline.now_s, search_s, optimal)

@@ -48,7 +48,7 @@ class ShapeSpeed:
     start_s: float  # engine start + warm-up
     max_running: int = 0  # requests one replica runs at once (its max_num_seqs); 0: unknown
 
-    def plan_speed(self, plan: ExecutionPlan, output_curve: tuple[float, ...] = ()) -> "PlanSpeed":
+    def plan_speed(self, plan: ExecutionPlan, output_curve: tuple[float, ...] = ()) -> PlanSpeed:
         return PlanSpeed(plan, self.per_request_s / plan.dp, self.drain_s, self.request_latency_s, self.start_s,
                          output_curve, self.max_running * plan.dp)
 

@@ -48,7 +48,7 @@ class NodeState:
         done = float(sum(rounds[: self.round_index]))
         return done + (self.head_done * rounds[self.round_index] if self.round_index < len(rounds) else 0.0)
 
-    def advanced(self, node: PlanNode, speed: PlanSpeed, seconds: float) -> "NodeState":
+    def advanced(self, node: PlanNode, speed: PlanSpeed, seconds: float) -> NodeState:
         index, head_done, left = self.round_index, self.head_done, seconds
         while index < len(node.rounds) and left > EPSILON_S:
             round_s = (1.0 - head_done) * speed.round_s(node.rounds[index])
@@ -66,7 +66,7 @@ class NodeState:
             drain_left = max(0.0, drain_left - left / speed.drain_s)
         return NodeState(index, head_done, drain_left)
 
-    def capped(self, node: PlanNode, done_requests: float) -> "NodeState":
+    def capped(self, node: PlanNode, done_requests: float) -> NodeState:
         """This state, but with no more than `done_requests` done (pipelining)."""
         if self.done_requests(node) <= done_requests:
             return self
@@ -132,7 +132,7 @@ class Timeline:
             self._alone_finish[key] = self.start_cost_s(name, plan, self._alone_claim(name, plan)) + self.remaining_s(name, plan)
         return self._alone_finish[key]
 
-    def _alone_claim(self, name: str, plan: ExecutionPlan) -> "Claim | None":
+    def _alone_claim(self, name: str, plan: ExecutionPlan) -> Claim | None:
         """`claims({name: plan})[name]`, from an index of replicas by (model, shape)."""
         if not self._replicas and self.engines:
             for owner, engine in self.engines.items():
@@ -169,7 +169,7 @@ class Timeline:
         return self._remaining[key]
 
     @classmethod
-    def start(cls, problem: PlanProblem) -> "Timeline":
+    def start(cls, problem: PlanProblem) -> Timeline:
         return cls(problem, states={name: NodeState() for name in problem.nodes})
 
     @property
@@ -207,7 +207,7 @@ class Timeline:
         return {n: Claim(tuple(ids for _, ids in got), max(e.load_left_s for e, _ in got), len(got) == plans[n].dp)
                 for n, got in found.items() if got}
 
-    def start_cost_s(self, name: str, plan: ExecutionPlan, claim: "Claim | None") -> float:
+    def start_cost_s(self, name: str, plan: ExecutionPlan, claim: Claim | None) -> float:
         """Engine start for `name` on `plan`: none when every replica is claimed (what is
         left of their own start). A node that leaves its engine also loses the requests
         it had in flight (half a drain of its old plan)."""
@@ -256,7 +256,7 @@ class Timeline:
         kept = {n: tuple(d for ids in c.replicas for d in ids) for n, c in self.claims(plans).items()}
         return place(blocks, kept, self.problem.cluster.devices, self.problem.cluster.node_sizes)
 
-    def advance(self, plans: dict[str, ExecutionPlan]) -> "Timeline":
+    def advance(self, plans: dict[str, ExecutionPlan]) -> Timeline:
         """Run one stage of these (node, plan) pairs until its first node finishes."""
         if not plans:
             raise ValueError("a stage needs at least one node")

@@ -14,9 +14,10 @@ import dataclasses
 import json
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, cast
+from typing import cast
 
 import numpy as np
 import pyarrow.parquet as pq

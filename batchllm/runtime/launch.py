@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,7 +117,7 @@ def run_dag(dag: DagSpec, spec: RunSpec, *, console: Console, engine_factory: En
     run_dir.open(fresh=spec.fresh)
     try:
         with _run_gc(), RunProgress(console, status_path=run_dir.status_path) as progress:
-            reuse = RunReuse(ResultStore(spec.store), f"{spec.out} {datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}",
+            reuse = RunReuse(ResultStore(spec.store), f"{spec.out} {datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}",
                              progress.note) if spec.store is not None else None
             executor = Executor(spec, inputs, run_dir, engine_factory or with_endpoints(start_vllm_engine), progress, planning,
                                 RequestPreparer(spec.prefix_order), replanner, sampler, reuse)

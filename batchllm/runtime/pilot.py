@@ -38,7 +38,7 @@ class PilotSize:
         return int(min(total_rows, max(self.min_rows, min(self.max_rows, round(total_rows * self.share)))))
 
     @classmethod
-    def parse(cls, text: str) -> "PilotSize":
+    def parse(cls, text: str) -> PilotSize:
         """`1%` (a share of the rows, within the default bounds) or `500` (rows)."""
         text = text.strip()
         if match := re.fullmatch(r"(\d+(?:\.\d+)?)\s*%", text):

@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -149,7 +149,7 @@ def progress_line(stats: NodeStats, now_s: float, wall_now: datetime | None = No
 
 
 def _wall_clock() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _wall_time() -> str:
@@ -183,7 +183,7 @@ class RunProgress:
         self._next_line_s = self._started_s + line_interval_s
         self._next_status_s = self._started_s + status_interval_s
 
-    def __enter__(self) -> "RunProgress":
+    def __enter__(self) -> RunProgress:
         self._bars.__enter__()
         self._write_status(self.clock())  # `batchllm status` sees the run before its engines are up
         return self

@@ -38,7 +38,7 @@ class NodeKeys:
         self.scope = scope  # 32 bytes
 
     @classmethod
-    def of(cls, dag: DagSpec, node: NodeSpec, device_kind: str, home: Path) -> "NodeKeys":
+    def of(cls, dag: DagSpec, node: NodeSpec, device_kind: str, home: Path) -> NodeKeys:
         """The node's scope from its model's files and settings (the model is prepared if it is embedded)."""
         ref = resolve_model(node.model, dag_dir=dag.path.parent, home=home, where=f"nodes.{node.name}.model")
         identity = model_digest(Path(ref.materialise(home)), home)
@@ -72,7 +72,7 @@ class NodeKeys:
         return digest.digest()
 
 
-def _part(digest: "hashlib.blake2b", text: str | None) -> None:
+def _part(digest: hashlib.blake2b, text: str | None) -> None:
     """A text with its length ahead of it (None apart from ""), so parts cannot run into each other."""
     if text is None:
         digest.update(b"-\0")

@@ -22,7 +22,7 @@ the rest of the runtime never sees a group.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from batchllm.planner.baselines import max_heuristic, min_heuristic
 from batchllm.planner.best import best_schedule

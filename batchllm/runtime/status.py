@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from batchllm.core.errors import UserError
@@ -27,7 +27,7 @@ ADVICE = {
 
 
 def _now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def ends_at(seconds: float, now: datetime | None) -> str:
     `now` is unknown or nothing is left."""
     if now is None or seconds < 1:
         return ""
-    return f" (ends {(now + timedelta(seconds=seconds)).astimezone(timezone.utc):%Y-%m-%d %H:%M} UTC)"
+    return f" (ends {(now + timedelta(seconds=seconds)).astimezone(UTC):%Y-%m-%d %H:%M} UTC)"
 
 
 def eta_text(seconds: float | None, now: datetime | None) -> str:

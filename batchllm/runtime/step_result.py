@@ -25,7 +25,7 @@ class NodeCommit:
     failed: int  # results of requests that could not run
 
     @classmethod
-    def of(cls, node: str, results: list[EngineResult]) -> "NodeCommit":
+    def of(cls, node: str, results: list[EngineResult]) -> NodeCommit:
         return cls(node, tuple(results), sum(r.num_prompt_tokens for r in results),
                    sum(r.num_output_tokens for r in results), sum(1 for r in results if r.is_error))
 

@@ -90,7 +90,7 @@ class LatencyCalibration:
 
     @classmethod
     def for_engine(cls, prior: StepLatencyModel, max_num_seqs: int, max_num_batched_tokens: int,
-                   prior_steps: float = PRIOR_STEPS) -> "LatencyCalibration":
+                   prior_steps: float = PRIOR_STEPS) -> LatencyCalibration:
         return cls(prior, prior_design(max_num_seqs, max_num_batched_tokens), prior_steps)
 
     def observe(self, features: StepFeatures | tuple[float, ...], wall_s: float) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from batchllm.core.errors import UserError
@@ -71,7 +71,7 @@ class ProfileStore:
     root: Path
 
     @classmethod
-    def at_home(cls, home: Path) -> "ProfileStore":
+    def at_home(cls, home: Path) -> ProfileStore:
         return cls(Path(home) / STORE_FOLDER)
 
     def folder(self, identity: HardwareIdentity, model: str, settings: dict[str, object]) -> Path:
@@ -95,7 +95,7 @@ class ProfileStore:
         folder = self.folder(identity, profile.model, settings)
         previous = self.load(identity, profile.model, settings) if (folder / RECORD_FILE).is_file() else None
         record = {"identity": identity.to_dict(), "model": profile.model, "settings": key_settings(settings),
-                  "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "source": source,
+                  "saved_at": datetime.now(UTC).isoformat(timespec="seconds"), "source": source,
                   "runs": (int(previous.record.get("runs", 1)) + 1) if previous else 1, "evidence": evidence}
         folder.parent.mkdir(parents=True, exist_ok=True)
         with replacing(folder) as fresh:

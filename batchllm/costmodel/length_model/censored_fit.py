@@ -190,7 +190,7 @@ def fit_censored(features: Any, targets: np.ndarray, censored: np.ndarray, *, al
     mu = _out_of_fold(ridge, splits, current, alpha)
     sigma = float(np.sqrt(np.mean((targets - mu)[~censored] ** 2))) if (~censored).any() else 1.0
     done = 0
-    for done in range(1, iterations + 1 if censored.any() else 1):
+    for done in range(1, iterations + 1 if censored.any() else 1):  # noqa: B007  `done` is read after the loop
         current, variance = _expected(targets, censored, mu, max(sigma, 1e-3))
         mu = _out_of_fold(ridge, splits, current, alpha)
         sigma, before = float(np.sqrt(np.mean(variance + (current - mu) ** 2))), sigma

@@ -58,7 +58,7 @@ class LengthModel:
 
     @classmethod
     def fit(cls, prompts: Sequence[LengthPrompt], lengths: npt.ArrayLike, finished: npt.ArrayLike, *, groups: Sequence[str] | None = None,
-            alpha: float | None = None, seed: int = 0) -> "LengthModel":
+            alpha: float | None = None, seed: int = 0) -> LengthModel:
         """`lengths` output tokens; `finished[i]` False when output i was cut (max_tokens, or
         still running): then its length is only a lower bound. `groups` each output's prompt
         set: with three or more, the model also learns how it carries over to a new set
@@ -85,7 +85,7 @@ class LengthModel:
         return cls(fit.coef.astype(np.float32), fit.intercept - centre, fit.sigma, base, int(lengths.size), fit.alpha, new_set,
                    history_limit, _offset_to_mean(base, np.zeros(caps.size), caps, cdf_mean))
 
-    def for_new_set(self) -> "LengthModel":
+    def for_new_set(self) -> LengthModel:
         """The model for a prompt set none of its outputs came from: each shift times the share
         that carried over to held-out sets, on their residual base (itself when it was not fit
         on three or more prompt sets)."""
@@ -109,11 +109,11 @@ class LengthModel:
         shifts[np.array(outside, bool)] = self.outside_shift
         return RequestLengths(self.base, shifts, source)
 
-    def shifted(self, offset: float) -> "LengthModel":
+    def shifted(self, offset: float) -> LengthModel:
         """Every request's length times exp(offset)."""
         return replace(self, intercept=self.intercept + float(offset), outside_shift=self.outside_shift + float(offset))
 
-    def scaled_to(self, prompts: Sequence[LengthPrompt], lengths: npt.ArrayLike, caps: npt.ArrayLike | None = None) -> "LengthModel":
+    def scaled_to(self, prompts: Sequence[LengthPrompt], lengths: npt.ArrayLike, caps: npt.ArrayLike | None = None) -> LengthModel:
         """This model moved by the one offset that makes its expected capped length over these
         outputs (a pilot's) their mean. `lengths` as the engine reported them (a cut output
         counts its cap, exactly what min(length, cap) is); `caps` each one's max_tokens (by
@@ -142,7 +142,7 @@ class LengthModel:
             new.path.write_text(json.dumps(record, indent=1) + "\n")
 
     @classmethod
-    def load(cls, folder: Path) -> "LengthModel":
+    def load(cls, folder: Path) -> LengthModel:
         folder = Path(folder)
         record = json.loads((folder / MODEL_FILE).read_text())
         if record.get("features_version") != FEATURES_VERSION or record.get("width") != width():

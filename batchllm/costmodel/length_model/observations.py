@@ -51,7 +51,7 @@ class Observations:
     def __len__(self) -> int:
         return len(self.prompts)
 
-    def newest(self, count: int) -> "Observations":
+    def newest(self, count: int) -> Observations:
         if len(self) <= count:
             return self
         return Observations(self.prompts[-count:], self.lengths[-count:], self.finished[-count:], self.prompt_sets[-count:])
@@ -66,7 +66,7 @@ class ObservationStore:
     path: Path
 
     @classmethod
-    def at_home(cls, home: Path, model: str) -> "ObservationStore":
+    def at_home(cls, home: Path, model: str) -> ObservationStore:
         return cls(Path(home) / FOLDER / model.replace("/", "_") / FILE)
 
     def _table(self) -> pa.Table:
