@@ -39,6 +39,8 @@ test: install
 	$(BIN)/ruff check batchllm tests testkit benchmarks profiles examples setup.py && $(BIN)/lint-imports && $(BIN)/mypy batchllm; checks=$$?; \
 	wait $$prepare || { cat .prepare.log; exit 1; }; rm -f .prepare.log; exit $$checks
 	BATCHLLM_HOME=.batchllm-home $(BIN)/batchllm models prepare minilm-l6 > /dev/null
+	# A real browser for the page test of `batchllm serve` (tests/test_serve.py skips it when none is found).
+	command -v chromium > /dev/null || { command -v apt-get > /dev/null && (apt-get update -qq && apt-get install -y -qq chromium) > /dev/null 2>&1; } || true
 	$(BIN)/python -m pytest
 
 clean:

@@ -11,6 +11,7 @@ from batchllm.cli.check_commands import status, validate
 from batchllm.cli.model_commands import models_list, models_prepare, profile
 from batchllm.cli.plan_command import plan
 from batchllm.cli.run_commands import run, run_batch
+from batchllm.cli.serve_command import serve
 from batchllm.cli.store_commands import STORE_HELP, store_info, store_prune
 
 app = typer.Typer(
@@ -23,6 +24,7 @@ store_app = typer.Typer(help=STORE_HELP, no_args_is_help=True)
 app.add_typer(store_app, name="store")
 app.command()(run)
 app.command("run-batch")(run_batch)
+app.command()(serve)
 app.command()(plan)
 app.command()(status)
 app.command()(validate)
