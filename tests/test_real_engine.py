@@ -465,3 +465,28 @@ def test_the_readmes_python_api_example_runs_as_a_plain_script(tmp_path, model_h
     assert done.stdout.splitlines()[0] == "4 rows judged"
     judged = pq.read_table(tmp_path / "runs" / "api" / "judged.parquet").to_pylist()
     assert len(judged) == 4 and all(row["verdict"] for row in judged)
+
+
+def test_a_seeded_node_whose_prompts_are_split_over_steps_completes(tmp_path, model_home, shared_engines):
+    """16 prompts of about 250 tokens at once pass the engine's 2,048-token step: some are computed
+    over two steps, and a seeded request's dropped sample made vLLM's CPU path rewind a generator
+    that has no offset (the engine died, three times, and the node failed:
+    engines/cpu_seeded_sampling.py)."""
+    import pyarrow as pa
+
+    long_prompts = [f"Question {k}: " + "Explain, with care and in plain words, why the sky looks blue by day. " * 18
+                    for k in range(16)]
+    pq.write_table(pa.table({"id": [f"r{k}" for k in range(16)], "text": long_prompts}), tmp_path / "long.parquet")
+    dag = tmp_path / "seeded.yaml"
+    dag.write_text(f"""inputs:
+  rows: {{path: {tmp_path / 'long.parquet'}, id_column: id}}
+nodes:
+  sampled:
+    model: smollm2-135m
+    prompt: "{{{{ text }}}}"
+    sampling: {{max_tokens: 4, temperature: 0.8, seed: 7}}
+""")
+    result, _ = run_dag_file(dag, tmp_path / "out", parse_devices("cpu:2"), console=Console(quiet=True), engine_factory=shared_engines,
+                             schedule="sequential")
+    assert result.nodes_failed == {}
+    assert len(results(tmp_path / "out", "sampled")) == 16
