@@ -34,6 +34,7 @@ from batchllm.dag.loader import load_dag, load_dag_mapping
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet, hardware_name, parse_devices
 from batchllm.engines.engine import EngineFactory
+from batchllm.io.input_source import open_inputs
 from batchllm.io.result_store import default_store_path
 from batchllm.models.registry import batchllm_home
 from batchllm.planner.plan_file import PROFILES_ROOT, PlanReport, plan_dag
@@ -136,6 +137,25 @@ def plan(dag: str | os.PathLike | Mapping, inputs: Mapping[str, Any] | None = No
         spec, tables = _load(dag, inputs, lambda name: Path(folder) / f"{name}.parquet")
         _write_tables(tables)
         return plan_dag(spec, devices, profiles_root=profiles_root, compare=compare)
+
+
+def with_first_rows(dag: DagSpec, rows: int, out: Path) -> tuple[DagSpec, Callable[[], None]]:
+    """The DAG over the first `rows` rows of each of its inputs (a try-out on a sample), written to
+    `<out>/.batchllm/inputs/<name>.parquet` as `inputs=` tables are; also what undoes the writes
+    (for an error before the run). Its results go to the result store like any run's, so the
+    whole run after it computes only the rest."""
+    if rows < 1:
+        raise UserError(f"--rows {rows} is not a number of rows", where="--rows", hint="give a positive count, e.g. --rows 20")
+    tables = {}
+    for name, source in open_inputs(dag.inputs).items():
+        try:
+            tables[_input_folder(out) / f"{name}.parquet"] = source.head(rows)
+        finally:
+            source.close()
+    written = _write_tables(tables)
+    folder = _input_folder(out).absolute()
+    return replace(dag, inputs={name: replace(item, path=folder / f"{name}.parquet", format="parquet", uri=None)
+                                for name, item in dag.inputs.items()}), written.undo
 
 
 # -- DAG and inputs --------------------------------------------------------------------------------

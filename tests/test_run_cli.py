@@ -60,3 +60,53 @@ def test_a_finished_run_run_again_says_nothing_to_do(workspace, monkeypatch):
         "Nothing to do: every node's results in out are complete; no engine was started.",
         "judged: out/judged.parquet",
     ]
+
+
+def run_cli_with(workspace, monkeypatch, factory: FakeEngineFactory, *args: str):
+    monkeypatch.setattr("batchllm.runtime.launch.start_vllm_engine", factory)
+    monkeypatch.setattr("batchllm.runtime.launch.check_engine_settings", lambda dag, home, kind: None)
+    monkeypatch.chdir(workspace.root)
+    return CliRunner().invoke(app, ["run", str(workspace.dag(ENSEMBLE_DAG)), "--devices", "cpu:2", "--schedule", "sequential",
+                                    "--no-prefix-order", *args], env={"COLUMNS": "80"})
+
+
+def test_a_try_out_on_the_first_rows_then_the_whole_run_computes_only_the_rest(workspace, monkeypatch):
+    """`--rows 2`: the first two questions through every node, in runs/dag-first2; the whole run
+    after it takes their answers from the result store and computes the other two rows'."""
+    from batchllm.runtime.ledger import UNIT_BITS, UNIT_MASK
+    from tests.conftest import QUESTIONS
+
+    tried = FakeEngineFactory()
+    result = run_cli_with(workspace, monkeypatch, tried, "--rows", "2")
+    assert result.exit_code == 0, result.output
+    assert sorted(r.request_id & UNIT_MASK for r in tried.requests) == [0, 0, 0, 1, 1, 1]
+    assert (workspace.root / "runs" / "dag-first2" / "judged.parquet").is_file()
+    whole = FakeEngineFactory()
+    result = run_cli_with(workspace, monkeypatch, whole, "--out", "whole")
+    assert result.exit_code == 0, result.output
+    assert sorted((r.request_id >> UNIT_BITS, r.request_id & UNIT_MASK) for r in whole.requests) == [
+        (node, row) for node in range(3) for row in range(2, len(QUESTIONS))]
+    assert "a (tiny-model): 4/4 units, 2 taken from the result store" in result.output
+
+
+def test_a_try_out_of_no_rows_is_refused_and_writes_nothing(workspace, monkeypatch):
+    result = run_cli_with(workspace, monkeypatch, FakeEngineFactory(), "--rows", "0")
+    assert result.exit_code == 2
+    assert "--rows 0 is not a number of rows" in result.output
+    assert not (workspace.root / "runs").exists()
+
+
+def test_validate_says_what_the_result_store_answers_of_each_node(workspace, monkeypatch):
+    """After a run, the DAG with its judge edited: the generators' requests are stored, the judge's
+    prompts are new (counted through the stored answers above them, as a run renders them)."""
+    assert run_cli_with(workspace, monkeypatch, FakeEngineFactory(), "--out", "out").exit_code == 0
+    monkeypatch.setattr("batchllm.engines.settings_check.check_engine_settings", lambda dag, home, kind: None)
+    edited = workspace.dag(ENSEMBLE_DAG.replace('prompt: "J {{ a }} | {{ b }}"', 'prompt: "Judge {{ a }} or {{ b }}"'), "edited.yaml")
+    result = CliRunner().invoke(app, ["validate", str(edited)], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[1:] == [
+        f"the result store ({workspace.root.parent / 'results.sqlite'}) answers, of each node's requests:",
+        "  a: 4 of 4 requests stored",
+        "  b: 4 of 4 requests stored",
+        "  judge: 0 of 4 requests stored",
+    ]

@@ -56,14 +56,22 @@ def validate(
     from batchllm.engines.endpoint.server_check import check_endpoints
     from batchllm.engines.settings_check import check_engine_settings
     from batchllm.io.dag_checks import check_dag
+    from batchllm.io.result_store import default_store_path
+    from batchllm.runtime.reuse_census import stored_census
 
     try:
         spec = with_endpoint_options(load_dag(dag), endpoint or [])
-        check_dag(spec, batchllm_home())
+        sources = check_dag(spec, batchllm_home())
         check_endpoints(spec)
-        check_engine_settings(spec, batchllm_home(), parse_devices("auto").kind)
+        kind = parse_devices("auto").kind
+        check_engine_settings(spec, batchllm_home(), kind)
+        census = stored_census(spec, sources, default_store_path(batchllm_home()), kind, batchllm_home())
     except UserError as error:
         fail(error)
     for warning in dag_warnings(spec):
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(f"{dag}: ok ({len(spec.nodes)} nodes: {', '.join(spec.topological_order())})")
+    if any(node.stored for node in census):
+        typer.echo(f"the result store ({default_store_path(batchllm_home())}) answers, of each node's requests:")
+        for node in census:
+            typer.echo(f"  {node.line()}")

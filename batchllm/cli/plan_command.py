@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from batchllm.costmodel.command_times import CommandTimes
     from batchllm.dag.model import DagSpec
     from batchllm.planner.plan_file import PlanReport
+    from batchllm.runtime.reuse_census import NodeCensus
 
 
 def plan(
@@ -66,12 +67,46 @@ def plan(
         report, chart, html_path = _planned(dag, devices, chart, profiles, compare, endpoint or [])
     except UserError as error:
         fail(error)
+    census = _census(dag, devices, endpoint or [])
     if as_json:
-        typer.echo(json.dumps({**report_json(report), "chart_png": str(chart), "chart_html": str(html_path)}, indent=2))
+        stored = {"stored": {node.node: {"stored": node.stored, "units": node.units} for node in census}} if census else {}
+        typer.echo(json.dumps({**report_json(report), "chart_png": str(chart), "chart_html": str(html_path), **stored}, indent=2))
         return
     console = Console(highlight=False, width=max(Console().width, 120))
     print_report(report, console)
     console.print(f"gantt chart: {chart} and {html_path}")
+    if any(node.stored for node in census):
+        from batchllm.io.result_store import default_store_path
+        from batchllm.planner.preflight import node_times
+
+        held_s = {name: held for name, (held, _) in node_times(report.chosen).items()}
+        console.print(f"the result store ({default_store_path(batchllm_home())}) answers, of each node's requests (the estimate "
+                      "above computes them all; `run` takes them from the store):", soft_wrap=True)
+        for node in census:
+            console.print(f"  {node.line(held_s.get(node.node))}", markup=False)
+
+
+def _census(dag: Path, devices: str, endpoint: list[str]) -> list[NodeCensus]:
+    """What the result store answers of the DAG's requests, for a plan of this machine (else none)."""
+    if devices not in ("auto", _this_machine_devices()):
+        return []
+    from batchllm.dag.endpoints_section import with_endpoint_options
+    from batchllm.dag.loader import load_dag
+    from batchllm.io.input_source import open_inputs
+    from batchllm.io.result_store import default_store_path
+    from batchllm.runtime.reuse_census import stored_census
+
+    spec = with_endpoint_options(load_dag(dag), endpoint)
+    sources = open_inputs(spec.inputs)
+    try:
+        census = stored_census(spec, sources, default_store_path(batchllm_home()), parse_devices("auto").kind, batchllm_home())
+    except UserError as error:
+        fail(error)
+        raise
+    finally:
+        for source in sources.values():
+            source.close()
+    return census
 
 
 def _planned(dag: Path, devices: str, chart: Path | None, profiles: Path | None, compare: bool,

@@ -29,6 +29,9 @@ def run(
     pilot: str = typer.Option("0.5%", help="A node whose prompt set is new starts with this random sample of its rows "
                               "(a share, kept within 64-2,000 rows, or a number of rows); the rest is planned on its answer lengths."),
     no_pilot: bool = typer.Option(False, "--no-pilot", help="Start every node on the profile's answer lengths, without a pilot."),
+    rows: int = typer.Option(None, "--rows", metavar="N", help="A try-out: run on the first N rows of each input (the "
+                             "first, not a random sample: the same rows every time). Default --out: runs/<DAG file name>-first<N>. "
+                             "Its answers go to the result store, so the whole run after it computes only the rest."),
     reuse: bool = typer.Option(True, "--reuse/--no-reuse", help="Take each request's answer from the result store when it "
                                "holds the same request (same model files, settings, rendered prompt and sampling keys, seed "
                                "included), from any earlier run, DAG or batch file; file what is computed there. --no-reuse "
@@ -62,8 +65,8 @@ def run(
 
     limit_malloc_arenas()  # this process is the driver, from here on (runtime/memory.py says why)
     console = run_console()
-    out = out or Path("runs") / dag.stem
-    session = None
+    out = out or Path("runs") / (dag.stem if rows is None else f"{dag.stem}-first{rows}")
+    session, undo_sample = None, None
     try:
         with run_exits():
             session = open_cluster(cluster, devices)
@@ -72,9 +75,18 @@ def run(
                 console.print(f"Ray cluster {session.address}: {device_set}", highlight=False)
             pilot_size = None if no_pilot else PilotSize.parse(pilot)
             spec = with_endpoint_options(load_dag(dag), endpoint or [])
-            result, progress = run_dag(spec, RunSpec(out, device_set, fresh=fresh, schedule=schedule, prefix_order=prefix_order,
-                                                     pilot=pilot_size, command="run", store=_store_path(reuse, store)),
-                                 console=console, cluster=session)
+            if rows is not None:
+                from batchllm.api import with_first_rows
+
+                spec, undo_sample = with_first_rows(spec, rows, out)
+            try:
+                result, progress = run_dag(spec, RunSpec(out, device_set, fresh=fresh, schedule=schedule, prefix_order=prefix_order,
+                                                         pilot=pilot_size, command="run", store=_store_path(reuse, store)),
+                                           console=console, cluster=session)
+            except UserError:
+                if undo_sample is not None:  # bad input: nothing of this command stays written
+                    undo_sample()
+                raise
     finally:
         if session:
             session.close()
