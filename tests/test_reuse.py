@@ -190,3 +190,24 @@ def test_run_batch_of_the_same_file_into_a_new_run_folder_starts_no_engine(tmp_p
         if attempt == "second":
             assert factory.requests == [] and not factory.started
     assert outputs[0] == outputs[1]
+
+
+def test_the_scan_before_the_engines_stops_at_a_window_mostly_new_and_the_rest_is_looked_up_as_fed(workspace, monkeypatch):
+    """Windows of two units: the first rows changed, so the first window is all new and the scan
+    before the first stage stops there; the unchanged rows after it are still taken from the store,
+    as the feed renders them."""
+    from batchllm.runtime import reuse
+
+    run(workspace, FakeEngineFactory(), workspace.out)
+    table = pq.read_table(workspace.root / "questions.parquet").to_pylist()
+    for row in table[:2]:
+        row["question"] += " (changed)"
+    pq.write_table(pa.Table.from_pylist(table), workspace.root / "questions.parquet")
+    monkeypatch.setattr(reuse, "SCAN_WINDOW_UNITS", 2)
+    scanned = []
+    take = reuse.RunReuse.take_before_start
+    monkeypatch.setattr(reuse.RunReuse, "take_before_start", lambda self, nodes, whole=False: scanned.append(take(self, nodes, whole)) or scanned[-1])
+    changed = FakeEngineFactory()
+    run(workspace, changed, workspace.root / "changed")
+    assert scanned == [{}]  # a's first window: 0 of 2 stored
+    assert sent(changed) == sorted((node, row["id"]) for node in ORDER for row in table[:2])

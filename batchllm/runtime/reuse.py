@@ -4,7 +4,9 @@ and what the engines compute goes into it.
 - Before the first stage (`take_before_start`), each node in topological order has its ready
   units rendered, a window at a time, and those the store holds committed into its journal;
   a node below them then finds its rows ready. A node all of whose requests are stored
-  finishes without an engine, and the planner plans only what is left.
+  finishes without an engine, and the planner plans only what is left. The scan of a node
+  stops at the first window the store answers less than half of: what is new is not rendered
+  twice before the engines start (the rest of the node is looked up as it is fed).
 - While the run goes (`take_stored`), every window the feed renders is looked up before it is
   prepared for the engines: a producer that recomputed a row can give its consumer a prompt
   the store already answered.
@@ -45,33 +47,40 @@ class RunReuse:
         self._kept: list[tuple[bytes, bytes, ResultRecord]] = []
 
     # -- before the first stage -------------------------------------------------------------
-    def take_before_start(self, nodes: NodeRuns) -> dict[str, int]:
-        """Commit every ready unit the store holds, node by node, producers first. Returns the
-        units taken per node (nodes with none left out)."""
+    def take_before_start(self, nodes: NodeRuns, whole: bool = False) -> dict[str, int]:
+        """Commit the ready units the store holds, node by node, producers first. Returns the
+        units taken per node (nodes with none left out). A node's scan stops at a window the store
+        answers less than half of (the rest is looked up as it is fed: a resumed run of new
+        requests starts its engines without rendering all of them first), unless `whole`."""
         taken = {}
         for run in nodes:
             if run.keys is None or run.ledger.is_settled() or not self.store.has_scope(run.keys.scope):
                 continue
-            count = sum(self._take_window(run, start, min(start + _rows_per_window(run), run.ledger.rows))
-                        for start in range(0, run.ledger.rows, _rows_per_window(run)))
+            count = 0
+            for start in range(0, run.ledger.rows, _rows_per_window(run)):
+                found, looked_up = self._take_window(run, start, min(start + _rows_per_window(run), run.ledger.rows))
+                count += found
+                if not whole and looked_up and found < looked_up / 2:
+                    break
             if count:
                 taken[run.name] = count
         return taken
 
-    def _take_window(self, run: NodeRun, start: int, stop: int) -> int:
+    def _take_window(self, run: NodeRun, start: int, stop: int) -> tuple[int, int]:
         """The window's rows decided where their producers allow, and its ready units the store
-        holds committed (an iterating row's next steps too, while the store holds them)."""
+        holds committed (an iterating row's next steps too, while the store holds them). Returns
+        (units taken, units looked up)."""
         run.feed.admit(start, stop)
-        count = 0
+        found = looked_up = 0
         while True:
             first, last = run.ledger.unit_range(start, stop)
             ready = first + np.flatnonzero(run.ledger.status[first:last] == UnitStatus.READY)
             if not len(ready):
-                return count
+                return found, looked_up
             left, _ = self.take_stored(run, ready, run.feed.render(ready), remember=False)
-            count += len(ready) - len(left)
+            found, looked_up = found + len(ready) - len(left), looked_up + len(ready)
             if len(left) == len(ready) or run.spec.iterate is None:  # nothing taken, or no next steps to look at
-                return count
+                return found, looked_up
 
     # -- while the run goes -----------------------------------------------------------------
     def take_stored(self, run: NodeRun, units: np.ndarray, requests: list[EngineRequest],

@@ -50,7 +50,7 @@ def stored_census(dag: DagSpec, sources: dict[str, InputSource], store_path: Pat
                 run.keys = NodeKeys.of(dag, run.spec, device_kind, home) if run.name in on_devices else None
             reuse = RunReuse(ResultStore(store_path), "census", lambda _: None)
             try:
-                taken = reuse.take_before_start(nodes)
+                taken = reuse.take_before_start(nodes, whole=True)
             finally:
                 reuse.store.close()
             return [NodeCensus(name, taken.get(name, 0), nodes[name].ledger.units) for name in on_devices]
