@@ -211,3 +211,23 @@ def test_the_scan_before_the_engines_stops_at_a_window_mostly_new_and_the_rest_i
     run(workspace, changed, workspace.root / "changed")
     assert scanned == [{}]  # a's first window: 0 of 2 stored
     assert sent(changed) == sorted((node, row["id"]) for node in ORDER for row in table[:2])
+
+
+def test_a_full_store_stops_the_filing_with_its_reason_and_the_runs_own_results_are_whole(workspace, monkeypatch):
+    from batchllm.core.errors import UserError
+    from batchllm.io import result_store
+
+    def full(self, entries, run):
+        raise UserError(f"the result store {self.path} is full (the disk has no room)", hint="batchllm store prune")
+
+    monkeypatch.setattr(result_store.ResultStore, "put_many", full)
+    notes: list[str] = []
+    console = Console(quiet=True)
+    console.print = lambda *a, **k: notes.append(" ".join(map(str, a)))  # type: ignore[method-assign]
+    result, _ = run_dag_file(workspace.dag(ENSEMBLE_DAG), workspace.out, CPU2, console=console, engine_factory=FakeEngineFactory(),
+                             prefix_order=False, schedule="sequential", store=workspace.root / "store.sqlite")
+    assert result.nodes_failed == {}
+    for node in ORDER:
+        assert sorted(r["row_id"] for r in node_rows(workspace.out, node)) == sorted(q for q, _ in QUESTIONS)
+    filing = [n for n in notes if "no longer filed in the result store" in n]
+    assert len(filing) == 1 and "is full" in filing[0]
