@@ -47,6 +47,7 @@ def test_the_end_of_run_summary_fits_80_columns_with_every_node(workspace, monke
         "1 stage (sequential): N s, overhead N s (N%)",
         "engines: 1 model load for 1 node on devices",
         "before them: N s, the command's start (imports, checks, planning)",
+        "  imports N s, checks N s (vLLM's verdict kept), planning N s, rest N s",
         "details: out/run.json",
         "judged: out/judged.parquet",
     ]

@@ -48,7 +48,7 @@ from batchllm.runtime.request_keys import NodeKeys
 from batchllm.runtime.reuse import RunReuse
 from batchllm.runtime.run_calibration import RunCalibration
 from batchllm.runtime.run_dir import RunDir
-from batchllm.runtime.run_report import RunReport, RunResult
+from batchllm.runtime.run_report import CommandStart, RunReport, RunResult
 from batchllm.runtime.run_spec import RunInputs, RunSpec
 from batchllm.runtime.sequential_stages import SequentialStages
 from batchllm.runtime.server_paces import save_server_paces
@@ -88,12 +88,13 @@ def run_dag(dag: DagSpec, spec: RunSpec, *, console: Console, engine_factory: En
     `cluster`: a connected `batchllm.cluster.session.RaySession`; `spec.devices` are then its
     nodes' devices, engines run as Ray actors, and a lost node's work is re-planned on the
     devices that survive."""
+    entered_s, checked_at = process_age_s(), time.monotonic()
     inputs, checks_s, lengths = _checked_inputs(dag, spec, vllm_engines=engine_factory is None, console=console)
     if spec.store is not None:
         inputs = replace(inputs, store_keys={name: NodeKeys.of(dag, node, spec.devices.kind, spec.home)
                                              for name, node in dag.nodes.items() if not dag.on_endpoints(name)})
     on_devices = dag.on_devices()  # the part the planner places: nodes on servers take no devices
-    planning = None
+    planning, planned_at = None, time.monotonic()
     if spec.planned and on_devices.nodes:
         planning, why_not = _calibrated_planning(on_devices, inputs.sources, spec.devices, spec.schedule, spec.profiles_root,
                                                  spec.home, lengths,
@@ -103,6 +104,7 @@ def run_dag(dag: DagSpec, spec: RunSpec, *, console: Console, engine_factory: En
         for note in planning.calibration.problem.notes if planning and planning.calibration else ():  # e.g. what the profile differs in from this machine
             console.print(f"plan note: {note}", markup=False, highlight=False, soft_wrap=True)
     planning = planning or RunPlanning(SequentialStages(spec.devices, on_devices.topological_order()))
+    start = CommandStart(entered_s, planned_at - checked_at, checks_s, time.monotonic() - planned_at)
     replanner = None
     if cluster is not None:
         from batchllm.cluster.replan import NodeLossReplanner
@@ -123,6 +125,7 @@ def run_dag(dag: DagSpec, spec: RunSpec, *, console: Console, engine_factory: En
                                 RequestPreparer(spec.prefix_order), replanner, sampler, reuse)
             if timed is not None:
                 executor.report.command_start_s, progress.end_s = process_age_s(), timed.expected_end_s
+                executor.report.start = start
             try:
                 result = executor.run()
             except KeyboardInterrupt:

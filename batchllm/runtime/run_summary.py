@@ -33,6 +33,8 @@ def closing_lines(result: RunResult, progress: RunProgress, out: Path) -> list[s
                          f"{len(on_devices)} node{'' if len(on_devices) == 1 else 's'} on devices")
         if r.command_start_s is not None:
             lines.append(f"before them: {r.command_start_s:.1f} s, the command's start (imports, checks, planning)")
+            if r.start is not None:
+                lines.append(f"  {r.start.text(r.command_start_s)}")
         lines.append(f"details: {out / 'run.json'}")
     return lines
 
