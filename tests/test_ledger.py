@@ -16,7 +16,7 @@ def statuses(ledger: NodeLedger) -> list[str]:
 
 def test_plain_node_walks_every_status_and_keeps_counts():
     node = NodeLedger("a", rows=4)
-    ledger = Ledger({"a": node})
+    ledger = Ledger([node])
     node.admit(np.array([0, 1, 2]))
     node.skip(np.array([3]))
     assert statuses(node) == ["READY", "READY", "READY", "SKIPPED"]
@@ -32,7 +32,7 @@ def test_plain_node_walks_every_status_and_keeps_counts():
 
 def test_a_lost_engine_gives_its_running_units_back_as_ready():
     node = NodeLedger("a", rows=3)
-    ledger = Ledger({"a": node})
+    ledger = Ledger([node])
     node.admit(np.arange(3))
     node.queue(np.arange(3))
     ledger.send("a", np.array([0, 1]), slot=1)
@@ -45,7 +45,7 @@ def test_a_lost_engine_gives_its_running_units_back_as_ready():
 
 def test_a_result_for_a_unit_not_running_is_refused_with_its_status():
     node = NodeLedger("a", rows=2)
-    ledger = Ledger({"a": node})
+    ledger = Ledger([node])
     node.admit(np.arange(2))
     with pytest.raises(ValueError, match="unit 1, which is READY, not RUNNING"):
         ledger.commit("a", np.array([1]))
@@ -56,7 +56,7 @@ def test_a_result_for_a_unit_not_running_is_refused_with_its_status():
 
 def test_iterating_node_units_follow_their_rows_steps_one_at_a_time():
     node = NodeLedger("chain", rows=3, steps=np.array([2, 0, 3]))
-    ledger = Ledger({"chain": node})
+    ledger = Ledger([node])
     assert node.units == 5 and list(node.offsets) == [0, 2, 2, 5]
     rows, steps = node.row_step_of(np.array([0, 1, 2, 3, 4]))
     assert list(rows) == [0, 0, 2, 2, 2] and list(steps) == [0, 1, 0, 1, 2]
@@ -71,7 +71,7 @@ def test_iterating_node_units_follow_their_rows_steps_one_at_a_time():
 
 def test_final_state_tells_consumers_committed_pending_and_never():
     node = NodeLedger("p", rows=4)
-    ledger = Ledger({"p": node})
+    ledger = Ledger([node])
     node.admit(np.array([0, 1, 2]))
     node.skip(np.array([3]))
     node.queue(np.array([0, 1]))

@@ -30,7 +30,7 @@ class World:
         pq.write_table(pa.table({"id": [f"r{i}" for i in range(6)], "text": [f"x{i}" for i in range(6)]}), path)
         self.source = open_input(InputSpec("q", path, "id", 1))
         self.ledgers = {p: NodeLedger(p, 6) for p in producers}
-        self.ledger = Ledger(dict(self.ledgers))
+        self.ledger = Ledger(self.ledgers.values())
         self.journals = {p: ResultJournal(tmp_path / p, "fp", p) for p in producers}
 
     def commit(self, producer: str, rows: list[int], texts: list[str]) -> None:
@@ -83,7 +83,7 @@ def test_units_lost_with_an_engine_are_found_again_behind_the_cursor(tmp_path, m
     monkeypatch.setattr(node_feed, "ADMIT_WINDOW_ROWS", 2)
     world = World(tmp_path, producers=())
     feed = world.feed(node("gen", "{{ text }}"), tmp_path, {})
-    ledger = Ledger({"gen": feed.ledger})
+    ledger = Ledger([feed.ledger])
     units = feed.take_ready(6)
     assert list(units) == [0, 1, 2, 3, 4, 5] and feed.cursor == 6
     ledger.send("gen", units, slot=4)
@@ -95,7 +95,7 @@ def test_units_lost_with_an_engine_are_found_again_behind_the_cursor(tmp_path, m
 def test_a_pilots_units_stopped_with_its_engine_ahead_of_the_cursor_are_taken_once(tmp_path):
     world = World(tmp_path, producers=())
     feed = world.feed(node("gen", "{{ text }}", where="text != 'x2'"), tmp_path, {})
-    ledger = Ledger({"gen": feed.ledger})
+    ledger = Ledger([feed.ledger])
     pilot = feed.take_rows(np.array([1, 2, 4]))  # a pilot's sample: taken without moving the cursor
     assert list(pilot) == [1, 4] and feed.cursor == 0
     ledger.send("gen", pilot, slot=2)
@@ -110,7 +110,7 @@ def test_a_pilots_units_stopped_with_its_engine_ahead_of_the_cursor_are_taken_on
 def test_while_its_pilot_runs_a_node_takes_back_only_the_pilots_units_its_engine_lost(tmp_path):
     world = World(tmp_path, producers=())
     feed = world.feed(node("gen", "{{ text }}"), tmp_path, {})
-    ledger = Ledger({"gen": feed.ledger})
+    ledger = Ledger([feed.ledger])
     pilot = feed.take_rows(np.array([1, 4]))
     ledger.send("gen", pilot, slot=2)
     feed.requeue(ledger.release(2)["gen"])

@@ -65,7 +65,7 @@ class Executor:
         self.progress, self.planning, self.preparer = progress, planning, preparer
         self.pilots, self.pilots_only, self.length_sampler = Pilots(spec.pilot, inputs.known_prompt_sets), spec.pilots_only, length_sampler
         self.reuse, self._store_keys = reuse, inputs.store_keys
-        self.nodes, self.ledger = NodeRuns([]), Ledger({})
+        self.nodes, self.ledger = NodeRuns([]), Ledger([])
         self.stage: StageLog | None = None  # the current stage's log; None: between stages
         self.stage_nodes: tuple[str, ...] = ()  # the current stage's nodes as it began
         self._replan = False  # devices were lost: the stage ends and the rest is planned on those left
@@ -156,7 +156,7 @@ class Executor:
             self.report.write(self.run_dir.root / "run.json")
             write_run_html(self.report, self.device_ids, self.run_dir.root / "run.html")
         self.progress.keep_counts()
-        self.nodes, self.ledger = NodeRuns([]), Ledger({})
+        self.nodes, self.ledger = NodeRuns([]), Ledger([])
         del self.feeding, self.stage_engines  # and with them the last references to the ledger
 
     def _settle(self) -> None:

@@ -3,8 +3,9 @@
 A unit of work is (row, step) of a node: the row's position in its input, and the step
 (0 for plain nodes; the list element for iterating nodes). Each node keeps one status per
 unit and one admission state per row in numpy arrays (two bytes a row: 10 million rows
-of a node in 20 MB); the run's `Ledger` keeps the engine slot of each RUNNING unit in a
-dict (its size bounded by what the engines run at once, whatever the data set's size).
+of a node in 20 MB), and the engine slot of each of its RUNNING units in a dict (`slot_of`:
+its size bounded by what the engines run at once, whatever the data set's size); the run's
+`Ledger` counts the units on each slot.
 
 Invariant: a unit's status here is the only record of where it is. The feed renders READY
 units and marks them QUEUED (their payload then waits in the node's backlog), the
@@ -25,6 +26,7 @@ result is traced back with `node_units` (the journal keys results by (row, step)
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -96,6 +98,7 @@ class NodeLedger:
         self.counts[UnitStatus.WAITING] = units
         self.row_counts = np.zeros(len(RowState), np.int64)  # rows per RowState, kept in step with row_state
         self.row_counts[RowState.PENDING] = rows
+        self.slot_of: dict[int, int] = {}  # RUNNING unit -> its engine slot (kept by `Ledger`)
 
     # -- addressing ------------------------------------------------------------------
     @property
@@ -256,34 +259,34 @@ class NodeLedger:
 
 
 class Ledger:
-    """Every node's ledger, and the engine slot of every RUNNING unit.
+    """Every node's ledger, and the units on each engine slot.
 
-    Invariant: a unit has a slot here exactly while its status is RUNNING, and
-    `running_on[slot]` counts the units on that slot; both change only in `send`,
+    Invariant: a unit has a slot (in its node's `NodeLedger.slot_of`) exactly while its status is
+    RUNNING, and `running_on[slot]` counts the units on that slot; both change only in `send`,
     `commit` and `release`, together with the unit's status."""
 
-    def __init__(self, nodes: dict[str, NodeLedger]):
-        self.nodes = nodes
-        self._slot_of: dict[str, dict[int, int]] = {name: {} for name in nodes}  # node -> RUNNING unit -> slot
+    def __init__(self, nodes: Iterable[NodeLedger]):
+        self.nodes = list(nodes)  # in the run's order
         self.running_on: Counter[int] = Counter()
 
     def __getitem__(self, node: str) -> NodeLedger:
-        return self.nodes[node]
+        return next(ledger for ledger in self.nodes if ledger.name == node)
 
     def send(self, node: str, units: np.ndarray, slot: int) -> None:
         units = np.asarray(units, np.int64)
-        self.nodes[node].run(units)
-        self._slot_of[node].update(dict.fromkeys(units.tolist(), slot))
+        ledger = self[node]
+        ledger.run(units)
+        ledger.slot_of.update(dict.fromkeys(units.tolist(), slot))
         self.running_on[slot] += len(units)
 
     def slots_of(self, node: str, units: np.ndarray) -> np.ndarray:
         """The engine slot of each of these RUNNING units of `node`."""
-        slot_of = self._slot_of[node]
+        slot_of = self[node].slot_of
         return np.fromiter((slot_of[u] for u in np.asarray(units, np.int64).tolist()), np.int64, len(units))
 
     def commit(self, node: str, units: np.ndarray) -> np.ndarray:
         """Results of RUNNING units are in the journal. Returns the units that became READY."""
-        ledger = self.nodes[node]
+        ledger = self[node]
         units = np.asarray(units, np.int64)
         not_running = units[ledger.status[units] != UnitStatus.RUNNING]
         if len(not_running):
@@ -291,20 +294,19 @@ class Ledger:
                              f"{UnitStatus(ledger.status[not_running[0]]).name}, not RUNNING")
         for slot, count in zip(*np.unique(self.slots_of(node, units), return_counts=True)):
             self.running_on[int(slot)] -= int(count)
-        slot_of = self._slot_of[node]
         for unit in units.tolist():
-            del slot_of[unit]
+            del ledger.slot_of[unit]
         return ledger.commit(units)
 
     def release(self, slot: int) -> dict[str, np.ndarray]:
         """The slot's engine is gone: per node, its units that are READY again."""
         self.running_on.pop(slot, None)
         released = {}
-        for name, slot_of in self._slot_of.items():
-            units = np.array(sorted(u for u, s in slot_of.items() if s == slot), np.int64)
+        for ledger in self.nodes:
+            units = np.array(sorted(u for u, s in ledger.slot_of.items() if s == slot), np.int64)
             if len(units):
                 for unit in units.tolist():
-                    del slot_of[unit]
-                self.nodes[name].make_ready(units)
-                released[name] = units
+                    del ledger.slot_of[unit]
+                ledger.make_ready(units)
+                released[ledger.name] = units
         return released

@@ -224,7 +224,7 @@ def open_node_runs(dag: DagSpec, sources: dict[str, InputSource], run_dir: RunDi
     for journal in journals.values():
         for damage in journal.damage:
             note(f"[yellow]journal damaged:[/yellow] {damage}")
-    ledger = Ledger({n: _node_ledger(dag.nodes[n], sources, journals[n]) for n in order})
+    ledger = Ledger(_node_ledger(dag.nodes[n], sources, journals[n]) for n in order)
 
     def upstream_of(name: str) -> dict[str, Upstream | MergedUpstream]:
         """What the node's templates read by name: upstream nodes, and merges of them."""
