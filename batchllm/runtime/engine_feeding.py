@@ -14,7 +14,6 @@ from batchllm.runtime.engine_set import EngineSet
 from batchllm.runtime.ledger import Ledger, node_units
 from batchllm.runtime.length_learning import LengthSampler
 from batchllm.runtime.node_run import NodeRun
-from batchllm.runtime.pilot import Pilots
 from batchllm.runtime.prepare import OutputForecast, PreparedWindow, RequestPreparer, split
 from batchllm.runtime.progress import NodeStats
 from batchllm.runtime.reuse import RunReuse
@@ -25,13 +24,13 @@ DEFAULT_BLOCK_SIZE_TOKENS = 16  # until an engine on devices says its own
 
 
 class EngineFeeding:
-    def __init__(self, engines: EngineSet, ledger: Ledger, preparer: RequestPreparer, pilots: Pilots, pilots_only: bool,
+    def __init__(self, engines: EngineSet, ledger: Ledger, preparer: RequestPreparer, pilots_only: bool,
                  length_sampler: LengthSampler | None, forecast_for: Callable[[NodeRun], OutputForecast], reuse: RunReuse | None = None):
         """`forecast_for`: how long each request of a node will answer (the prefix order and the
         split over replicas weigh requests by it); `reuse`: the result store's answers are taken
         before a window is prepared."""
         self.engines, self.ledger, self.preparer = engines, ledger, preparer
-        self.pilots, self.pilots_only, self.length_sampler, self.forecast_for = pilots, pilots_only, length_sampler, forecast_for
+        self.pilots_only, self.length_sampler, self.forecast_for = pilots_only, length_sampler, forecast_for
         self.reuse = reuse
         self.block_size_tokens = DEFAULT_BLOCK_SIZE_TOKENS
 
@@ -83,7 +82,7 @@ class EngineFeeding:
 
     def _take(self, run: NodeRun, at_once: int) -> np.ndarray | None:
         """The next units to prepare: the pilot's rows first, alone; None: none may go now."""
-        pilot = self.pilots.of(run.name)
+        pilot = run.pilot
         if pilot is None:
             if self.pilots_only:
                 return None

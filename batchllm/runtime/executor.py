@@ -102,7 +102,7 @@ class Executor:
     def open(self) -> None:
         """Each node's record: its journal, ledger and feed, and its pilot where its prompt set is new."""
         self.nodes, self.ledger, prints = open_node_runs(self.dag, self.sources, self.run_dir, self.progress.note, self.vector_dimensions)
-        self.feeding = EngineFeeding(self.engines, self.ledger, self.preparer, self.pilots, self.pilots_only, self.length_sampler,
+        self.feeding = EngineFeeding(self.engines, self.ledger, self.preparer, self.pilots_only, self.length_sampler,
                                      self._forecast_for, self.reuse)
         if self.reuse is not None:
             self._take_stored()
@@ -110,6 +110,7 @@ class Executor:
         for run in self.nodes:
             if run.name in self.planning.lengths:  # a pilot teaches a node's lengths to a cost model
                 if pilot := self.pilots.begin(run.spec, run.ledger, prints[run.name]):
+                    run.pilot = pilot
                     self.progress.note(pilot.note())
         self._started = time.monotonic()
 
@@ -130,14 +131,14 @@ class Executor:
 
     def _end_pilots(self) -> None:
         """A pilot of this stage has every result: the stage ends, and the rest is planned on it."""
-        ended = self.pilots.end(self.stage_nodes, {n: self.nodes[n].ledger for n in self.stage_nodes})
+        ended = self.nodes.end_pilots(self.stage_nodes)
         self._pilot_ended = self._pilot_ended or bool(ended)
-        for pilot in ended:
-            self.nodes[pilot.node].since = None  # the rest is a run of its own from the next stage on, not a pilot's sequel
-            if (lengths := self.planning.lengths.get(pilot.node)) is None:
+        for run in ended:
+            run.since = None  # the rest is a run of its own from the next stage on, not a pilot's sequel
+            if (lengths := self.planning.lengths.get(run.name)) is None:
                 continue
-            learnt = lengths.pilot_ended(self.length_sampler.answers(pilot.node) if self.length_sampler else [])
-            self.progress.note(learnt.note(pilot.node))
+            learnt = lengths.pilot_ended(self.length_sampler.answers(run.name) if self.length_sampler else [])
+            self.progress.note(learnt.note(run.name))
 
     def _end_stage_loop(self, wall_s: float) -> None:
         """Stop the engines, sync the journals, write the report, and free the node records before
@@ -179,7 +180,7 @@ class Executor:
         while self.stage is None or self.stage_over():  # a stage can be over as it begins: its engines' start lost devices
             self.end_stage()
             self._settle()
-            if not self.nodes.open_ones() or (self.pilots_only and not self.pilots):
+            if not self.nodes.open_ones() or (self.pilots_only and not self.nodes.piloting()):
                 return None
             self.begin_stage()
         submitted = self.feeding.feed(self.nodes.with_engines(), self.progress.stats)
@@ -230,7 +231,7 @@ class Executor:
         now_s = self._clock_s()
         on_devices = self.nodes.planned_progress(now_s)
         if self.pilots_only:  # only pilots run: a stage of nodes whose pilot ended would wait for ever
-            on_devices = {name: progress for name, progress in on_devices.items() if self.pilots.of(name) is not None}
+            on_devices = {name: progress for name, progress in on_devices.items() if self.nodes[name].pilot is not None}
         choice = self.planning.chooser.choose(on_devices, self.nodes.running_plans()) if on_devices else None
         if choice is not None and choice.schedule is not None:
             self.report.plan_made(choice.schedule, self.devices.ids)
@@ -292,8 +293,7 @@ class Executor:
         self._settle()
 
     def _fail(self, run: NodeRun, cause: str) -> None:
-        run.fail()
-        self.pilots.drop(run.name)  # it will not end: a run of pilots only would wait for it for ever
+        run.fail()  # its pilot with it: a run of pilots only would wait for it for ever
         self.report.failed[run.name] = cause
         if run.name in self.progress.stats:
             self.progress.node_failed(run.name, cause)

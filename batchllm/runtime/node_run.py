@@ -16,7 +16,7 @@ FINISHED and FAILED are final. Where each of its units is, the ledger says
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -33,6 +33,7 @@ from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.ledger import Ledger, NodeLedger
 from batchllm.runtime.nearest_rows import NearestRows
 from batchllm.runtime.node_feed import MergedUpstream, Nearest, NodeFeed, Upstream
+from batchllm.runtime.pilot import NodePilot
 from batchllm.runtime.prepare import PreparedWindow
 from batchllm.runtime.progress import NodeStats
 from batchllm.runtime.request_keys import NodeKeys
@@ -70,6 +71,7 @@ class NodeRun:
     keys: NodeKeys | None = None  # its requests' keys in the result store (None: it neither reuses nor keeps results)
     store_keys: dict[int, bytes] = field(default_factory=dict)  # the key of each of its units rendered and not yet committed
     reused: JournalStats = JournalStats()  # its units taken from the result store in this run, with their tokens
+    pilot: NodePilot | None = None  # its pilot while it runs: from the run's opening until its last result is in (or it fails)
 
     @property
     def is_open(self) -> bool:
@@ -87,7 +89,7 @@ class NodeRun:
         self.status = NodeStatus.FINISHED
 
     def fail(self) -> None:
-        self.status = NodeStatus.FAILED
+        self.status, self.pilot = NodeStatus.FAILED, None  # its pilot will not end
 
     def set_plan(self, running: RunningPlan | None) -> None:
         """Its engines on devices in the stage that begins (None: none); a plan kept from the last
@@ -151,6 +153,17 @@ class NodeRuns:
             if run.name in assigned:
                 run.enter_stage(assigned[run.name])
             run.set_plan(plans.get(run.name))
+
+    def end_pilots(self, names: Iterable[str]) -> list[NodeRun]:
+        """The nodes of these whose pilot has every result now: their pilot is over."""
+        ended = [run for run in map(self.__getitem__, names) if run.pilot is not None and run.pilot.ended(run.ledger)]
+        for run in ended:
+            run.pilot = None
+        return ended
+
+    def piloting(self) -> bool:
+        """A pilot runs."""
+        return any(run.pilot is not None for run in self)
 
     def open_ones(self) -> list[NodeRun]:
         return [run for run in self if run.is_open]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,7 +67,7 @@ def seed_of(fingerprint: str) -> int:
 
 @dataclass
 class NodePilot:
-    """A node's pilot while it runs: its rows, and whether they were handed out yet."""
+    """A node's pilot while it runs (`NodeRun.pilot`): its rows, and whether they were handed out yet."""
 
     node: str
     rows: np.ndarray
@@ -79,20 +78,17 @@ class NodePilot:
         return (f"pilot: {len(self.rows):,} random rows of {self.node} first ({len(self.rows) / self.total_rows:.1%} of "
                 f"{self.total_rows:,}), to learn its answer lengths; then the rest is planned on them")
 
+    def ended(self, ledger: NodeLedger) -> bool:
+        """Every row of it was handed out and has its result (the node's ledger says)."""
+        return self.taken and not (ledger.final_state_of(self.rows) == FinalState.PENDING).any()
+
 
 class Pilots:
-    """A run's pilots: which nodes get one (`begin`, as the run opens), and which have ended
-    (`end`, after every turn). The ledger says which of a pilot's rows are done."""
+    """Which nodes of a run get a pilot (`begin`, as the run opens). The pilot that runs is the
+    node's own (`NodeRun.pilot`), and the ledger says which of its rows are done."""
 
     def __init__(self, size: PilotSize | None, known_prompt_sets: frozenset[str]):
         self.size, self.known_prompt_sets = size, known_prompt_sets
-        self._running: dict[str, NodePilot] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._running)
-
-    def of(self, node: str) -> NodePilot | None:
-        return self._running.get(node)
 
     def begin(self, node: NodeSpec, ledger: NodeLedger, fingerprint: str) -> NodePilot | None:
         """The node's pilot when it gets one: its sampled rows, none of them run yet, or some
@@ -105,17 +101,4 @@ class Pilots:
         committed = int((ledger.final_state_of(rows) == FinalState.COMMITTED).sum())
         if committed == len(rows) or ledger.committed_units > committed:  # done, or the run went past it
             return None
-        self._running[node.name] = NodePilot(node.name, rows, ledger.rows)
-        return self._running[node.name]
-
-    def drop(self, node: str) -> None:
-        """The node failed: its pilot is not running any more (it never ends)."""
-        self._running.pop(node, None)
-
-    def end(self, nodes: Iterable[str], ledgers: Mapping[str, NodeLedger]) -> list[NodePilot]:
-        """The pilots of these nodes that have every result now (no longer running)."""
-        ended = [p for n in nodes if (p := self._running.get(n)) is not None and p.taken
-                 and not (ledgers[n].final_state_of(p.rows) == FinalState.PENDING).any()]
-        for pilot in ended:
-            del self._running[pilot.node]
-        return ended
+        return NodePilot(node.name, rows, ledger.rows)
