@@ -5,7 +5,7 @@ allows now). A new prompt set's pilot goes first, alone."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -14,7 +14,7 @@ from batchllm.runtime.engine_set import EngineSet
 from batchllm.runtime.ledger import Ledger, node_units
 from batchllm.runtime.length_learning import LengthSampler
 from batchllm.runtime.node_run import NodeRun
-from batchllm.runtime.prepare import OutputForecast, PreparedWindow, RequestPreparer, split
+from batchllm.runtime.prepare import PreparedWindow, RequestPreparer, split
 from batchllm.runtime.progress import NodeStats
 from batchllm.runtime.reuse import RunReuse
 
@@ -25,12 +25,12 @@ DEFAULT_BLOCK_SIZE_TOKENS = 16  # until an engine on devices says its own
 
 class EngineFeeding:
     def __init__(self, engines: EngineSet, ledger: Ledger, preparer: RequestPreparer, pilots_only: bool,
-                 length_sampler: LengthSampler | None, forecast_for: Callable[[NodeRun], OutputForecast], reuse: RunReuse | None = None):
-        """`forecast_for`: how long each request of a node will answer (the prefix order and the
-        split over replicas weigh requests by it); `reuse`: the result store's answers are taken
-        before a window is prepared."""
+                 length_sampler: LengthSampler | None, reuse: RunReuse | None = None):
+        """`reuse`: the result store's answers are taken before a window is prepared. How long each
+        request of a node will answer (the prefix order and the split over replicas weigh requests
+        by it) is the node's forecast (`NodeRun.forecast`)."""
         self.engines, self.ledger, self.preparer = engines, ledger, preparer
-        self.pilots_only, self.length_sampler, self.forecast_for = pilots_only, length_sampler, forecast_for
+        self.pilots_only, self.length_sampler = pilots_only, length_sampler
         self.reuse = reuse
         self.block_size_tokens = DEFAULT_BLOCK_SIZE_TOKENS
 
@@ -77,7 +77,7 @@ class EngineFeeding:
             if self.length_sampler is not None:
                 self.length_sampler.remember(run.name, requests)
             run.preparing = (self.preparer.submit(requests, configs[0].model or None, self.block_size_tokens, len(configs),
-                                                  self.forecast_for(run)), fresh)
+                                                  run.forecast()), fresh)
         return ideal_cached_tokens
 
     def _take(self, run: NodeRun, at_once: int) -> np.ndarray | None:

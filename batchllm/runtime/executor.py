@@ -33,7 +33,7 @@ from batchllm.runtime.node_run import NodeRun, NodeRuns, open_node_runs
 from batchllm.runtime.observer import RunObserver
 from batchllm.runtime.output_writer import write_outputs
 from batchllm.runtime.pilot import Pilots
-from batchllm.runtime.prepare import OutputForecast, RequestPreparer, most_output_tokens
+from batchllm.runtime.prepare import RequestPreparer
 from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.reuse import RunReuse
 from batchllm.runtime.run_dir import RunDir
@@ -102,13 +102,13 @@ class Executor:
     def open(self) -> None:
         """Each node's record: its journal, ledger and feed, and its pilot where its prompt set is new."""
         self.nodes, self.ledger, prints = open_node_runs(self.dag, self.sources, self.run_dir, self.progress.note, self.vector_dimensions)
-        self.feeding = EngineFeeding(self.engines, self.ledger, self.preparer, self.pilots_only, self.length_sampler,
-                                     self._forecast_for, self.reuse)
+        self._give_lengths()
+        self.feeding = EngineFeeding(self.engines, self.ledger, self.preparer, self.pilots_only, self.length_sampler, self.reuse)
         if self.reuse is not None:
             self._take_stored()
         self.stage_engines = StageEngines(self.engines, self.nodes, self.ledger, self.feeding, self.progress.note)
         for run in self.nodes:
-            if run.name in self.planning.lengths:  # a pilot teaches a node's lengths to a cost model
+            if run.lengths is not None:  # a pilot teaches a node's lengths to a cost model
                 if pilot := self.pilots.begin(run.spec, run.ledger, prints[run.name]):
                     run.pilot = pilot
                     self.progress.note(pilot.note())
@@ -125,9 +125,11 @@ class Executor:
             run.earlier = run.earlier.plus(run.reused)  # done before this run's engines: in the counts, not in its pace
             self.progress.note(f"{name}: {count:,} of {run.ledger.total_units:,} units taken from the result store")
 
-    def _forecast_for(self, run: NodeRun) -> OutputForecast:
-        lengths = self.planning.lengths.get(run.name)
-        return lengths.forecast() if lengths is not None else most_output_tokens
+    def _give_lengths(self) -> None:
+        """Each node its answer lengths from the planning (as the nodes open, and when a new planning
+        replaces it after devices were lost)."""
+        for run in self.nodes:
+            run.lengths = self.planning.lengths.get(run.name)
 
     def _end_pilots(self) -> None:
         """A pilot of this stage has every result: the stage ends, and the rest is planned on it."""
@@ -135,9 +137,9 @@ class Executor:
         self._pilot_ended = self._pilot_ended or bool(ended)
         for run in ended:
             run.since = None  # the rest is a run of its own from the next stage on, not a pilot's sequel
-            if (lengths := self.planning.lengths.get(run.name)) is None:
+            if run.lengths is None:
                 continue
-            learnt = lengths.pilot_ended(self.length_sampler.answers(run.name) if self.length_sampler else [])
+            learnt = run.lengths.pilot_ended(self.length_sampler.answers(run.name) if self.length_sampler else [])
             self.progress.note(learnt.note(run.name))
 
     def _end_stage_loop(self, wall_s: float) -> None:
@@ -305,6 +307,7 @@ class Executor:
         if changed is None:
             return False
         self.devices, self.planning = changed
+        self._give_lengths()
         for run in self.nodes:
             run.plan = None
         self._replan = True

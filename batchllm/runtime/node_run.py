@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from batchllm.core.requests import EngineResult, ModelTask
+from batchllm.costmodel.calibration.node_lengths import OutputLengths
 from batchllm.dag.model import DagSpec, NodeSpec, Price
 from batchllm.engines.protocol import EngineConfig
 from batchllm.io.input_source import InputSource
@@ -34,7 +35,7 @@ from batchllm.runtime.ledger import Ledger, NodeLedger
 from batchllm.runtime.nearest_rows import NearestRows
 from batchllm.runtime.node_feed import MergedUpstream, Nearest, NodeFeed, Upstream
 from batchllm.runtime.pilot import NodePilot
-from batchllm.runtime.prepare import PreparedWindow
+from batchllm.runtime.prepare import OutputForecast, PreparedWindow, most_output_tokens
 from batchllm.runtime.progress import NodeStats
 from batchllm.runtime.request_keys import NodeKeys
 from batchllm.runtime.run_dir import RunDir
@@ -72,6 +73,7 @@ class NodeRun:
     store_keys: dict[int, bytes] = field(default_factory=dict)  # the key of each of its units rendered and not yet committed
     reused: JournalStats = JournalStats()  # its units taken from the result store in this run, with their tokens
     pilot: NodePilot | None = None  # its pilot while it runs: from the run's opening until its last result is in (or it fails)
+    lengths: OutputLengths | None = None  # its answer lengths as the run's cost model learns them (None: no cost model plans it)
 
     @property
     def is_open(self) -> bool:
@@ -90,6 +92,11 @@ class NodeRun:
 
     def fail(self) -> None:
         self.status, self.pilot = NodeStatus.FAILED, None  # its pilot will not end
+
+    def forecast(self) -> OutputForecast:
+        """Its requests' predicted answer tokens, for the split and order of a window: its lengths' forecast, else
+        the most each may generate."""
+        return self.lengths.forecast() if self.lengths is not None else most_output_tokens
 
     def set_plan(self, running: RunningPlan | None) -> None:
         """Its engines on devices in the stage that begins (None: none); a plan kept from the last

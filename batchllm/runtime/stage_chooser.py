@@ -60,7 +60,7 @@ class RunPlanning:
     chooser: StageChooser
     observers: tuple[RunObserver, ...] = ()
     calibration: RunCalibration | None = field(default=None)  # what the run measured, to file in the store at its end
-    lengths: Mapping[str, OutputLengths] = field(default_factory=dict)  # by node; none: no pilots, max_tokens forecasts
+    lengths: Mapping[str, OutputLengths] = field(default_factory=dict)  # by node, given to each as the nodes open (NodeRun.lengths); none: no pilots, max_tokens forecasts
 
 
 class DeviceLossReplanner(Protocol):
