@@ -5,7 +5,7 @@ allows now). A new prompt set's pilot goes first, alone."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -15,7 +15,6 @@ from batchllm.runtime.ledger import Ledger, node_units
 from batchllm.runtime.length_learning import LengthSampler
 from batchllm.runtime.node_run import NodeRun
 from batchllm.runtime.prepare import PreparedWindow, RequestPreparer, split
-from batchllm.runtime.progress import NodeStats
 from batchllm.runtime.reuse import RunReuse
 
 FIRST_WINDOW_UNITS = 1_024  # a node's first window in a run (also a resumed one) is small: work at once
@@ -34,16 +33,17 @@ class EngineFeeding:
         self.reuse = reuse
         self.block_size_tokens = DEFAULT_BLOCK_SIZE_TOKENS
 
-    def feed(self, runs: Iterable[NodeRun], stats: Mapping[str, NodeStats]) -> int:
+    def feed(self, runs: Iterable[NodeRun]) -> int:
         """One turn's feeding of these nodes, producers first: admit, then submit. Returns how
         many requests were handed to engines."""
         submitted = 0
         for run in runs:
-            reused_before = run.reused
+            reused_before, stats = run.reused, run.stats
+            assert stats is not None, f"{run.name} has engines before it started"
             if (ideal_cached_tokens := self.admit(run)) is not None:
-                stats[run.name].ideal_cached_tokens = (stats[run.name].ideal_cached_tokens or 0) + ideal_cached_tokens
+                stats.ideal_cached_tokens = (stats.ideal_cached_tokens or 0) + ideal_cached_tokens
             if run.reused.committed > reused_before.committed:  # taken from the result store: done, not by this run's engines
-                stats[run.name].reuse(run.reused.minus(reused_before))
+                stats.reuse(run.reused.minus(reused_before))
             submitted += self.submit(run)
         return submitted
 

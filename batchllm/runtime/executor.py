@@ -154,7 +154,7 @@ class Executor:
         for run in self.nodes:
             run.feed.close()
             run.journal.sync()
-        self.report.finish(wall_s)
+        self.report.finish(wall_s, self.nodes.failures())
         if self.report.stages or self.report.failed:
             self.report.write(self.run_dir.root / "run.json")
             write_run_html(self.report, self.device_ids, self.run_dir.root / "run.html")
@@ -165,8 +165,8 @@ class Executor:
     def _settle(self) -> None:
         """Nodes finished or failed by what happened (`NodeRuns.settle`), told to the report and progress."""
         failed, finished = self.nodes.settle()
-        for run, cause in failed:
-            self._fail(run, cause)
+        for run in failed:
+            self._tell_failure(run)
         for run in finished:
             self._start_progress(run)
             self.progress.finish_node(run.name)
@@ -185,7 +185,7 @@ class Executor:
             if not self.nodes.open_ones() or (self.pilots_only and not self.nodes.piloting()):
                 return None
             self.begin_stage()
-        submitted = self.feeding.feed(self.nodes.with_engines(), self.progress.stats)
+        submitted = self.feeding.feed(self.nodes.with_engines())
         if submitted and self.report.first_request_s is None and self._ready_at_s is not None:
             self.report.first_request_s = time.monotonic() - self._ready_at_s
         result = self._turn(submitted)
@@ -194,7 +194,7 @@ class Executor:
         if result.losses and not self._devices_lost():  # gone with their cluster nodes: the stage ends, the rest is re-planned
             self._count_losses([loss for loss in result.losses if loss.cause])
             self._reconcile()
-        self.stage_engines.note_servers(self.progress.stats)
+        self.stage_engines.note_servers()
         self.progress.tick()
         self._trim.tick()
         for observer in self.planning.observers:
@@ -291,14 +291,14 @@ class Executor:
 
     def _count_losses(self, losses: list[EngineLoss]) -> None:
         for run, cause in self.stage_engines.count_losses(losses):
-            self._fail(run, cause)
+            self.nodes.fail(run, cause)  # its pilot with it: a run of pilots only would wait for it for ever
+            self._tell_failure(run)
         self._settle()
 
-    def _fail(self, run: NodeRun, cause: str) -> None:
-        run.fail()  # its pilot with it: a run of pilots only would wait for it for ever
-        self.report.failed[run.name] = cause
-        if run.name in self.progress.stats:
-            self.progress.node_failed(run.name, cause)
+    def _tell_failure(self, run: NodeRun) -> None:
+        """A node failed: the progress says why, when it started (the report reads it at the end)."""
+        if run.stats is not None and run.failure is not None:
+            self.progress.node_failed(run.name, run.failure)
 
     def _devices_lost(self) -> bool:
         """On a cluster, after engines were lost: when their nodes are gone, the stage ends and
@@ -315,5 +315,5 @@ class Executor:
         return True
 
     def _start_progress(self, run: NodeRun) -> None:
-        if run.name not in self.progress.stats:
-            self.progress.start_node(run.stats(self.dag.prices.get(run.spec.model)))
+        if stats := run.start(self.dag.prices.get(run.spec.model)):
+            self.progress.start_node(stats)

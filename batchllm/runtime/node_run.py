@@ -74,6 +74,8 @@ class NodeRun:
     reused: JournalStats = JournalStats()  # its units taken from the result store in this run, with their tokens
     pilot: NodePilot | None = None  # its pilot while it runs: from the run's opening until its last result is in (or it fails)
     lengths: OutputLengths | None = None  # its answer lengths as the run's cost model learns them (None: no cost model plans it)
+    failure: str | None = None  # why it stopped with work left: set with FAILED (`fail`), the status the truth of failing
+    stats: NodeStats | None = None  # its progress counters, made when it starts (`start`) and kept after the run
 
     @property
     def is_open(self) -> bool:
@@ -90,8 +92,8 @@ class NodeRun:
     def finish(self) -> None:
         self.status = NodeStatus.FINISHED
 
-    def fail(self) -> None:
-        self.status, self.pilot = NodeStatus.FAILED, None  # its pilot will not end
+    def fail(self, cause: str) -> None:
+        self.status, self.failure, self.pilot = NodeStatus.FAILED, cause, None  # its pilot will not end
 
     def forecast(self) -> OutputForecast:
         """Its requests' predicted answer tokens, for the split and order of a window: its lengths' forecast, else
@@ -108,10 +110,14 @@ class NodeRun:
         if self.plan is not None and self.since is None:
             self.since = RunningSince(now_s, self.ledger.committed_units)
 
-    def stats(self, price: Price | None) -> NodeStats:
-        """Its progress counters as it starts in this run (with what earlier invocations did)."""
-        return NodeStats(self.name, self.spec.model, self.ledger.unit_counts, self.ledger.committed_units, earlier=self.earlier,
+    def start(self, price: Price | None) -> NodeStats | None:
+        """Its progress counters as it starts in this run (with what earlier invocations did); None: it
+        started before."""
+        if self.stats is not None:
+            return None
+        self.stats = NodeStats(self.name, self.spec.model, self.ledger.unit_counts, self.ledger.committed_units, earlier=self.earlier,
                          price=price, pools=self.spec.task.pools, reused=self.reused.committed)
+        return self.stats
 
     def commit(self, units: np.ndarray, results: list[EngineResult], ledger: Ledger) -> NodeCommit:
         """Journal its results (of `units`, in the same order) and mark them committed."""
@@ -146,6 +152,7 @@ class NodeRuns:
     def __init__(self, runs: list[NodeRun]):
         self._order = list(runs)  # by topological position (`at`)
         self._runs = {run.name: run for run in runs}
+        self._failed: list[NodeRun] = []  # in the order they failed
 
     def __getitem__(self, name: str) -> NodeRun:
         return self._runs[name]
@@ -190,16 +197,15 @@ class NodeRuns:
     def producers_finished(self, run: NodeRun) -> bool:
         return all(self[u].status is NodeStatus.FINISHED for u in run.spec.upstream)
 
-    def settle(self) -> tuple[list[tuple[NodeRun, str]], list[NodeRun]]:
+    def settle(self) -> tuple[list[NodeRun], list[NodeRun]]:
         """Fail the open nodes a producer of which failed, and finish those whose producers all
-        finished and whose units are all committed or skipped. Returns (failed with the cause,
-        finished)."""
+        finished and whose units are all committed or skipped. Returns (failed, finished)."""
         failed, finished = [], []
         for run in self.open_ones():  # producers first: a failure reaches every node below it
             blocked = [u for u in run.spec.upstream if self[u].status is NodeStatus.FAILED]
             if blocked:
-                run.fail()
-                failed.append((run, f"upstream node {blocked[0]!r} failed"))
+                self.fail(run, f"upstream node {blocked[0]!r} failed")
+                failed.append(run)
                 continue
             if not self.producers_finished(run):
                 continue
@@ -225,6 +231,14 @@ class NodeRuns:
     def at(self, index: int) -> NodeRun:
         """The node at this topological position (what its request ids carry)."""
         return self._order[index]
+
+    def fail(self, run: NodeRun, cause: str) -> None:
+        run.fail(cause)
+        self._failed.append(run)
+
+    def failures(self) -> dict[str, str]:
+        """Why each failed node stopped with work left, in the order they failed."""
+        return {run.name: run.failure for run in self._failed if run.failure is not None}
 
     def journals(self) -> dict[str, ResultJournal]:
         return {run.name: run.journal for run in self}

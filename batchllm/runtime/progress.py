@@ -69,6 +69,8 @@ class NodeStats:
     servers: tuple[str, ...] = ()  # a node on servers: per server, its latency guard's line (see EndpointEngine.note)
     pools: bool = False  # an embed or score node: it reads prompts and writes no tokens, so its pace is prompt tokens
     reused: int = 0  # units taken from the result store in this invocation (in the counts, in units_done_before and in earlier)
+    failure: str | None = None  # why it stopped with work left, for the status file (its NodeRun's cause, told by node_failed)
+    task: TaskID | None = None  # its bar (set by RunProgress.start_node)
 
     def reuse(self, taken: JournalStats) -> None:
         """More units were taken from the result store: done, with their tokens, but not at this run's pace."""
@@ -170,14 +172,12 @@ class RunProgress:
             TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=console, transient=False,
             disable=not self.bars_shown, auto_refresh=True, refresh_per_second=BAR_REFRESH_PER_S,
         )
-        self._tasks: dict[str, TaskID] = {}
-        self.stats: dict[str, NodeStats] = {}
+        self._started: list[NodeStats] = []  # each started node's counters (its NodeRun's `stats`), in the order they started
         self.rest: tuple[float, float] | None = None  # (seconds to the run's end, at clock s), calibrated estimate
         self.end_s = 0.0  # the command's own end after its last result (engines stopped, outputs written), in the time left
         # (s into the run, rest s estimated then, work tokens done, units committed in this run)
         self.estimates: deque = deque(maxlen=MAX_ESTIMATES)
         self.state = "running"
-        self._failures: dict[str, str] = {}  # node -> why it stopped with work left
         self._started_s = clock()
         self.started_at = wall_time()
         self._next_line_s = self._started_s + line_interval_s
@@ -191,9 +191,15 @@ class RunProgress:
     def __exit__(self, *exc: Any) -> None:
         self._bars.__exit__(*exc)
 
+    @property
+    def stats(self) -> dict[str, NodeStats]:
+        """The started nodes' counters by name, in the order they started (a view: the counters are
+        the nodes' own)."""
+        return {stats.node: stats for stats in self._started}
+
     def node_failed(self, node: str, cause: str) -> None:
         """The node stopped with work left: the cause goes to the status file."""
-        self._failures[node] = cause
+        self.stats[node].failure = cause
         self.note(f"[red]node {node} failed:[/red] {escape(cause)}")
 
     def note(self, message: str) -> None:
@@ -201,8 +207,8 @@ class RunProgress:
 
     def start_node(self, stats: NodeStats) -> None:
         stats.started_at = self.clock()
-        self.stats[stats.node] = stats
-        self._tasks[stats.node] = self._bars.add_task(stats.node, total=stats.units_total, completed=stats.units_done_before, rate="")
+        self._started = [s for s in self._started if s.node != stats.node] + [stats]
+        stats.task = self._bars.add_task(stats.node, total=stats.units_total, completed=stats.units_done_before, rate="")
         self._write_status(self.clock())  # before its engines start (tens of seconds): a resume shows what is done
 
     def advance(self, node: str, prompt_tokens: int = 0, output_tokens: int = 0, *, failed: int = 0) -> None:
@@ -219,7 +225,8 @@ class RunProgress:
             stats.recent.append((now_s, stats.units_done))
         if self.bars_shown:  # rich redraws at BAR_REFRESH_PER_S; this only sets the numbers
             counts = stats.counts()
-            self._bars.update(self._tasks[node], total=counts.total, completed=counts.committed,
+            assert stats.task is not None
+            self._bars.update(stats.task, total=counts.total, completed=counts.committed,
                               rate=f"{stats.output_tokens_per_s(now_s):,.0f} tok/s")
 
     def count_steps(self, node: str, steps: Iterable[StepRecord]) -> None:
@@ -288,7 +295,7 @@ class RunProgress:
             model=s.model, committed=s.units_done, total=s.units_total, failed=s.earlier.failed + s.failed,
             prompt_tokens=s.earlier.prompt_tokens + s.prompt_tokens, output_tokens=s.earlier.output_tokens + s.output_tokens,
             output_tokens_per_s=before[s.node].output_tokens_per_s if s.units_done_now == 0 and s.node in before
-            else s.output_tokens_per_s(now_s), eta_s=eta_s(s, now_s), failure=self._failures.get(s.node),
+            else s.output_tokens_per_s(now_s), eta_s=eta_s(s, now_s), failure=s.failure,
             servers=s.servers if s.finished_at is None else (), reused=s.reused)
             for s in self.stats.values()}
         rest_s = None if self.rest is None or self.state != "running" else max(

@@ -103,7 +103,7 @@ class RunReport:
     planned: list[dict] = field(default_factory=list)  # the plan made at the start: start_s, end_s, nodes {name: {plan, devices, start_s}}
     models: dict[str, str] = field(default_factory=dict)  # node -> model
     first_request_s: float | None = None  # from the first stage's engines being ready to the first request sent
-    failed: dict[str, str] = field(default_factory=dict)  # node -> why it stopped with work left
+    failed: dict[str, str] = field(default_factory=dict)  # node -> why it stopped with work left: run.json's, given at `finish`
     outputs: dict[str, dict] = field(default_factory=dict)  # data set -> {path, complete}: complete false after a failed node
     command_start_s: float | None = None  # the CLI command's own start: from its process's start to the stage loop
     start: CommandStart | None = None  # what that start was spent on (a CLI command's)
@@ -117,8 +117,9 @@ class RunReport:
                 name: {"plan": str(plan), "devices": [device_ids[i] for i in stage.placement[name]],
                        "engine_start_s": stage.start_costs_s[name]} for name, plan in stage.plans.items()}})
 
-    def finish(self, wall_s: float) -> None:
-        self.wall_s = wall_s
+    def finish(self, wall_s: float, failed: dict[str, str]) -> None:
+        """The stage loop ended after `wall_s`; `failed`: why each failed node stopped (`NodeRuns.failures`)."""
+        self.wall_s, self.failed = wall_s, dict(failed)
 
     @property
     def estimated_s(self) -> float | None:

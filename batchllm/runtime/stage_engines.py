@@ -10,7 +10,7 @@ node, which fails past MAX_ENGINE_RESTARTS.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from concurrent import futures
 
 from batchllm.engines.protocol import EngineConfig
@@ -18,7 +18,6 @@ from batchllm.runtime.engine_feeding import EngineFeeding
 from batchllm.runtime.engine_set import EngineLoss, EngineSet, EngineStart, Polled
 from batchllm.runtime.ledger import Ledger
 from batchllm.runtime.node_run import NodeRun, NodeRuns
-from batchllm.runtime.progress import NodeStats
 
 MAX_ENGINE_RESTARTS = 2
 POLL_S = 0.05
@@ -79,7 +78,7 @@ class StageEngines:
                 self.note(f"[yellow]engine for {run.name} lost; restarting ({run.restarts}/{MAX_ENGINE_RESTARTS})[/yellow]")
         return failing
 
-    def note_servers(self, stats: Mapping[str, NodeStats]) -> None:
+    def note_servers(self) -> None:
         """What each server's latency guard allows and reads, for the progress and `status` (at
         most every SERVER_NOTES_EVERY_S)."""
         if time.monotonic() < self._servers_noted_at + SERVER_NOTES_EVERY_S:
@@ -88,7 +87,8 @@ class StageEngines:
         for run in self.nodes.with_engines():
             if run.on_servers:
                 running = [self.engines.get(c) for c in run.replicas]
-                stats[run.name].servers = tuple(note for r in running if r is not None and (note := r.engine.note()))
+                assert run.stats is not None, f"{run.name} has servers before it started"
+                run.stats.servers = tuple(note for r in running if r is not None and (note := r.engine.note()))
 
     def _server_left(self, run: NodeRun, lost: EngineConfig) -> bool:
         """Whether another server of the node runs (one server's loss then does not fail the node)."""
