@@ -11,14 +11,14 @@ refused on load.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.feature_extraction.text import HashingVectorizer
-from sklearn.preprocessing import normalize
 
 from batchllm.core.length_prompt import LengthPrompt
 
@@ -29,13 +29,26 @@ WORD_BITS, CHAR_BITS, SYSTEM_BITS, TEMPLATE_BITS = 18, 18, 14, 10
 WORD_CHARS = 400  # word 1-2 grams
 CHAR_CHARS = 120  # char 3-5 grams
 
-_WORDS = HashingVectorizer(analyzer="word", ngram_range=(1, 2), n_features=2**WORD_BITS, alternate_sign=False,
-                           token_pattern=r"(?u)\b\w+\b", dtype=np.float32)
 CHAR_NGRAMS = (3, 4, 5)
-_SYSTEM = HashingVectorizer(analyzer="word", ngram_range=(1, 1), n_features=2**SYSTEM_BITS, alternate_sign=False,
-                            dtype=np.float32)
-_TEMPLATE = HashingVectorizer(analyzer=lambda name: [name], n_features=2**TEMPLATE_BITS, alternate_sign=False, norm=None,
-                              dtype=np.float32)
+
+
+@functools.cache
+def _vectorizers() -> tuple[Any, Any, Any]:
+    """The hashed word n-grams of the last user turn, of the system message, and the template's
+    name. sklearn is imported here, when the first prompt is featurised (it brings scipy.stats:
+    about 3 s of a command's start that predicts no lengths)."""
+    from sklearn.feature_extraction.text import HashingVectorizer
+
+    return (HashingVectorizer(analyzer="word", ngram_range=(1, 2), n_features=2**WORD_BITS, alternate_sign=False,
+                              token_pattern=r"(?u)\b\w+\b", dtype=np.float32),
+            HashingVectorizer(analyzer="word", ngram_range=(1, 1), n_features=2**SYSTEM_BITS, alternate_sign=False,
+                              dtype=np.float32),
+            HashingVectorizer(analyzer=_template_name, n_features=2**TEMPLATE_BITS, alternate_sign=False, norm=None,
+                              dtype=np.float32))
+
+
+def _template_name(name: str) -> list[str]:
+    return [name]
 
 # A cue that is there or not: any of its words or word pairs among the text's (lower-cased
 # [a-z0-9] runs, so "step-by-step" is "step by step"). Set look-ups: a regex of many
@@ -145,15 +158,18 @@ def char_grams(texts: Sequence[str]) -> sp.csr_matrix:
     row_index = np.concatenate(rows) if rows else np.zeros(0, np.int64)
     matrix = sp.csr_matrix((np.ones(row_index.size, np.float32), (row_index, np.concatenate(columns) if columns else row_index)),
                            shape=(len(encoded), 2**CHAR_BITS))
+    from sklearn.preprocessing import normalize
+
     return normalize(matrix, copy=False)
 
 
 def features(prompts: Sequence[LengthPrompt]) -> sp.csr_matrix:
     """One row per prompt: [word n-grams | char n-grams | system words | template | dense]."""
-    blocks = [_WORDS.transform([_ends(p.last_user, WORD_CHARS) for p in prompts]),
+    words, system, template = _vectorizers()
+    blocks = [words.transform([_ends(p.last_user, WORD_CHARS) for p in prompts]),
               char_grams([_ends(p.last_user, CHAR_CHARS) for p in prompts]),
-              _SYSTEM.transform([_ends(p.system, WORD_CHARS) for p in prompts]),
-              _TEMPLATE.transform([p.template or "-" for p in prompts]),
+              system.transform([_ends(p.system, WORD_CHARS) for p in prompts]),
+              template.transform([p.template or "-" for p in prompts]),
               sp.csr_matrix(np.array([dense_row(p) for p in prompts], np.float32).reshape(len(prompts), len(DENSE)))]
     return sp.hstack(blocks, format="csr", dtype=np.float32)
 

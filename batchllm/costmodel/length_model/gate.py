@@ -17,7 +17,6 @@ import numpy as np
 import numpy.typing as npt
 
 from batchllm.core.length_prompt import LengthPrompt
-from batchllm.costmodel.length_model.censored_fit import concordance
 from batchllm.costmodel.length_model.model import LengthModel
 from batchllm.costmodel.length_model.scores import log_error
 from batchllm.costmodel.lengths import LengthDistribution
@@ -54,6 +53,8 @@ def within_sets_concordance(model: LengthModel, prompts: Sequence[LengthPrompt],
     differ between sets; the runtime learns a set's level from its own answers), averaged."""
     shifts, lengths, finished = model.log_shift(prompts), np.asarray(lengths, float), np.asarray(finished, bool)
     labels = np.asarray(list(groups))
+    from batchllm.costmodel.length_model.censored_fit import concordance  # scipy.stats and sklearn: a fit's only
+
     scores = [concordance(shifts[labels == g], lengths[labels == g], ~finished[labels == g]) for g in sorted(set(groups))]
     return float(np.mean(scores)) if scores else float("nan")
 

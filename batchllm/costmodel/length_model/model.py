@@ -34,7 +34,6 @@ import numpy.typing as npt
 
 from batchllm.core.files import replacing
 from batchllm.core.length_prompt import LengthPrompt
-from batchllm.costmodel.length_model.censored_fit import fit_censored
 from batchllm.costmodel.length_model.features import FEATURES_VERSION, features, width
 from batchllm.costmodel.length_model.new_sets import NewSetCalibration, calibrate_new_sets, residual_base
 from batchllm.costmodel.lengths import LengthDistribution
@@ -71,6 +70,8 @@ class LengthModel:
         if lengths.size < 8:
             raise ValueError(f"a length model needs at least 8 outputs, got {lengths.size}")
         matrix = features(prompts)
+        from batchllm.costmodel.length_model.censored_fit import fit_censored  # scipy.stats, sklearn: a fit's only
+
         fit = fit_censored(matrix, np.log(lengths), ~finished, alpha=alpha, seed=seed)
         centre = float(np.mean(fit.predict(matrix)))
         base = residual_base(lengths, finished, fit.out_of_fold - centre)

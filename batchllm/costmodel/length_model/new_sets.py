@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from batchllm.costmodel.length_model.censored_fit import fit_censored
 from batchllm.costmodel.length_model.scores import log_error
 from batchllm.costmodel.lengths import LengthDistribution
 
@@ -61,6 +60,8 @@ def calibrate_new_sets(matrix: Any, lengths: np.ndarray, finished: np.ndarray, g
     for fold in set_folds(keys, seed):
         out = np.isin(labels, fold)
         held, kept = np.flatnonzero(out), np.flatnonzero(~out)
+        from batchllm.costmodel.length_model.censored_fit import fit_censored  # scipy.stats and sklearn: a fit's only
+
         fit = fit_censored(matrix[kept], targets[kept], ~finished[kept], alpha=alpha, iterations=3, seed=seed)
         shifts[held] = fit.predict(matrix[held]) - float(np.mean(fit.predict(matrix[kept])))
     best = best_transfer(shifts, lengths, finished, labels)

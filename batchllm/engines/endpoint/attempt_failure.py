@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import openai
+if TYPE_CHECKING:
+    import openai
 
 RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx
 SERVER_FAULTS = frozenset({401, 403, 404})  # a key refused, a model gone: the engine fails (its rows run again), not the row
@@ -41,6 +43,8 @@ class Judgement:
 def judge_failure(error: Exception, failed_answers: int) -> Judgement:
     """What the failed attempt `error` means, `failed_answers` of the request's attempts having failed
     on an answer of the server's before it."""
+    import openai  # imported already by the client whose call failed (a run without servers never loads it)
+
     if isinstance(error, openai.APIStatusError):  # an HTTP error status before the stream
         status, message = error.status_code, _message(error)
         if status in SERVER_FAULTS:

@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import httpx
-import openai
 
 from batchllm.core.endpoint import Endpoint
 from batchllm.core.requests import EngineRequest, EngineResult
@@ -80,6 +79,8 @@ class EndpointEngine:
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"endpoint {self.endpoint.url}", daemon=True)
         self._thread.start()
         self._tasks: set[concurrent.futures.Future] = set()
+        import openai  # about 1.5 s of imports, paid by a run with a server only
+
         self._client = openai.AsyncOpenAI(base_url=self.endpoint.url, api_key=self.endpoint.api_key(), max_retries=0,
                                           timeout=CALL_TIMEOUT_S)
         self._metrics = httpx.Client(timeout=2.0, headers=self.endpoint.headers())
