@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
+import os
+import shutil
+import tempfile
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +22,19 @@ def pytest_collection_finish(session) -> None:
     suite's heap (0.2-0.3 s a call before: test_executor.py took 37 s, now 23 s)."""
     gc.freeze()
 
+
+def _hermetic_home() -> None:
+    """The suite reads no per-user state: HOME (Ray's ~/.ray/auth_token, ~/.cache) and the caches
+    of Hugging Face and vLLM point at a folder of this test process's own, before any
+    package reads them (engines and servers the tests start inherit it). Models come from the
+    repository's .batchllm-home, prepared by `make test`, and from packages, never from a cache."""
+    home = tempfile.mkdtemp(prefix="batchllm-tests-home-")
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    os.environ.update({"HOME": home, "XDG_CACHE_HOME": os.path.join(home, ".cache"), "HF_HOME": os.path.join(home, ".cache", "hf"),
+                       "VLLM_CACHE_ROOT": os.path.join(home, ".cache", "vllm")})
+
+
+_hermetic_home()
 
 SLOW_MARKS = ("engine", "ray", "endpoint")
 
@@ -122,8 +139,6 @@ def workspace(tmp_path) -> Workspace:
 def profiles(tmp_path) -> Path:
     """A profiles folder with the embedded model's measured CPU profile filed for the fake model
     directory `tiny-model` on this machine's hardware name."""
-    import shutil
-
     from batchllm.engines.devices import hardware_name
 
     root = tmp_path / "profiles"
