@@ -3,7 +3,8 @@
 Every refusal is OpenAI's error shape (`{"error": {"message", "type", "param", "code"}}`),
 unknown routes and malformed requests included; an unexpected error is a 500 in that shape,
 never a stopped server. With an API key, every route wants `Authorization: Bearer KEY`
-(the page, which a browser opens, also takes the key as HTTP Basic's password).
+(the page, which a browser opens, also takes the key as HTTP Basic's password); `/health`, which
+says nothing but that the server is up, wants none.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def create_app(service: Service) -> FastAPI:
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if service.api_key is not None and not _authorized(request, service.api_key):
+        if service.api_key is not None and request.url.path != "/health" and not _authorized(request, service.api_key):
             headers = {"WWW-Authenticate": 'Basic realm="batchllm serve"'} if request.url.path == "/" else None
             return _error(ApiError(401, "Incorrect API key provided. Give the key of the server's --api-key-env variable "
                                         "as `Authorization: Bearer KEY`.", code="invalid_api_key"), headers)

@@ -77,6 +77,7 @@ class BatchRecord:
     error_file_id: str | None = None
     errors: list[dict[str, Any]] | None = None  # [{code, message, param, line}]: why the file cannot run
     usage: dict[str, Any] | None = None
+    order: int = 0  # time.time_ns() at creation: batches made in one second keep their order
     attempts: int = 0  # runs started that ended neither done nor stopped on purpose (a crash): bounded
 
     def to_object(self, counts: tuple[int, int, int] | None = None) -> dict:
@@ -126,7 +127,7 @@ class BatchStore:
     def create(self, input_file_id: str, endpoint: str, completion_window: str, metadata: dict[str, str] | None) -> BatchRecord:
         now = int(time.time())
         record = BatchRecord(f"batch_{secrets.token_hex(12)}", input_file_id, endpoint, completion_window, now,
-                             now + COMPLETION_WINDOW_S[completion_window], metadata=metadata)
+                             now + COMPLETION_WINDOW_S[completion_window], metadata=metadata, order=time.time_ns())
         with self._lock:
             self._save(record)
             self._batches[record.id] = record
@@ -142,7 +143,7 @@ class BatchStore:
     def newest(self, *, after: str | None = None, limit: int = 20) -> tuple[list[BatchRecord], bool]:
         """Newest first, as OpenAI lists them; `after`: the last id of the page before."""
         with self._lock:
-            records = sorted(self._batches.values(), key=lambda r: (r.created_at, r.id), reverse=True)
+            records = sorted(self._batches.values(), key=lambda r: (r.created_at, r.order, r.id), reverse=True)
         if after:
             ids = [r.id for r in records]
             records = records[ids.index(after) + 1:] if after in ids else []
@@ -151,7 +152,7 @@ class BatchStore:
     def active(self) -> list[BatchRecord]:
         """The batches not ended, oldest first (the order they run in)."""
         with self._lock:
-            return sorted((r for r in self._batches.values() if r.status not in ENDED), key=lambda r: (r.created_at, r.id))
+            return sorted((r for r in self._batches.values() if r.status not in ENDED), key=lambda r: (r.created_at, r.order, r.id))
 
     def uses_file(self, file_id: str) -> bool:
         with self._lock:
