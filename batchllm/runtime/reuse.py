@@ -11,8 +11,8 @@ and what the engines compute goes into it.
   prepared for the engines: a producer that recomputed a row can give its consumer a prompt
   the store already answered.
 - A result an engine computed (`keep`) is filed under its request's key, with the run that
-  computed it; one that failed (finish reason error) or was aborted is not, so a later run
-  computes it again.
+  computed it, by a thread of its own (`BackgroundFiling`); one that failed (finish reason
+  error) or was aborted is not, so a later run computes it again.
 
 Invariant: a unit is taken from the store only while READY or QUEUED (never RUNNING), through
 the ledger (`NodeLedger.reuse`), so it is committed once whether an engine or the store
@@ -23,7 +23,10 @@ stops keeping, with the reason printed once).
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
@@ -45,6 +48,7 @@ class RunReuse:
         self.store, self.run_label, self.note = store, run_label, note
         self._keeping = True
         self._kept: list[tuple[bytes, bytes, ResultRecord]] = []
+        self._filing = BackgroundFiling(store.path, run_label)
 
     # -- before the first stage -------------------------------------------------------------
     def take_before_start(self, nodes: NodeRuns, whole: bool = False) -> dict[str, int]:
@@ -115,20 +119,75 @@ class RunReuse:
         if len(self._kept) >= KEEP_BATCH:
             self.flush()
 
-    def flush(self) -> None:
-        """File the results kept so far (at the end of the run, and every KEEP_BATCH)."""
+    def flush(self, wait: bool = False) -> None:
+        """Hand the results kept so far to the filing thread (every KEEP_BATCH, and at the end of
+        the stage loop, `wait`ing until everything is filed)."""
         kept, self._kept = self._kept, []
-        if not kept or not self._keeping:
-            return
-        try:
-            self.store.put_many(kept, self.run_label)
-        except UserError as error:  # a full disk: the run's own results are in its journals
+        if kept and self._keeping:
+            self._filing.file(kept)
+        failure = self._filing.wait() if wait else self._filing.failure()
+        if failure is not None and self._keeping:  # a full disk: the run's own results are in its journals
             self._keeping = False
-            self.note(f"[yellow]results are no longer filed in the result store:[/yellow] {error.paragraph()}")
+            self.note(f"[yellow]results are no longer filed in the result store:[/yellow] {failure}")
 
     def close(self) -> None:
-        self.flush()
+        self.flush(wait=True)
+        self._filing.close()
         self.store.close()
+
+
+class BackgroundFiling:
+    """Files batches of results from a thread of its own, with a store connection of its own
+    (SQLite lets go of the GIL while it writes), so the driver's loop does not wait on the disk.
+    At most two batches are in its hands: a third waits for the oldest (bounded memory).
+
+    Invariant: a batch handed over is filed, or its failure is kept (the first one) and later
+    batches are dropped."""
+
+    def __init__(self, path: Path, run_label: str):
+        self._path, self._run_label = path, run_label
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-filing")
+        self._store: ResultStore | None = None  # opened in the filing thread, used there only
+        self._pending: deque[Future[None]] = deque()
+        self._failure: str | None = None
+
+    def file(self, entries: list[tuple[bytes, bytes, ResultRecord]]) -> None:
+        while len(self._pending) >= 2:
+            self._settle(self._pending.popleft())
+        if self._failure is None:
+            self._pending.append(self._thread.submit(self._put, entries))
+
+    def failure(self) -> str | None:
+        """The first batch's failure (why filing stopped), once its batch has settled."""
+        while self._pending and self._pending[0].done():
+            self._settle(self._pending.popleft())
+        return self._failure
+
+    def wait(self) -> str | None:
+        """Every batch handed over filed (or failed)."""
+        while self._pending:
+            self._settle(self._pending.popleft())
+        return self._failure
+
+    def close(self) -> None:
+        self.wait()
+        self._thread.submit(self._close).result()
+        self._thread.shutdown()
+
+    def _put(self, entries: list[tuple[bytes, bytes, ResultRecord]]) -> None:
+        if self._store is None:
+            self._store = ResultStore(self._path)
+        self._store.put_many(entries, self._run_label)
+
+    def _close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+    def _settle(self, future: Future[None]) -> None:
+        try:
+            future.result()
+        except UserError as error:
+            self._failure = self._failure or error.paragraph()
 
 
 def _rows_per_window(run: NodeRun) -> int:
