@@ -8,6 +8,7 @@ from concurrent.futures import Future
 import pytest
 from rich.console import Console
 
+from batchllm.costmodel.output_lengths import MAX_TOKENS
 from batchllm.dag.loader import load_dag
 from batchllm.engines.devices import DeviceSet
 from batchllm.engines.engine import EngineFailed
@@ -15,7 +16,7 @@ from batchllm.io.dag_checks import check_dag
 from batchllm.runtime.executor import Executor
 from batchllm.runtime.ledger import UnitStatus
 from batchllm.runtime.node_run import NodeStatus
-from batchllm.runtime.prepare import RequestPreparer, most_output_tokens
+from batchllm.runtime.prepare import RequestPreparer
 from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_spec import RunInputs, RunSpec
@@ -29,7 +30,7 @@ from tests.test_executor import CPU2
 class InlinePreparer(RequestPreparer):
     """Prepares a window at once, in the calling thread, so every turn is deterministic."""
 
-    def submit(self, requests, model_dir, block_size, replicas, forecast=most_output_tokens) -> Future:
+    def submit(self, requests, model_dir, block_size, replicas, forecast=MAX_TOKENS) -> Future:
         done: Future = Future()
         done.set_result(self._prepare(None, requests, block_size, replicas, forecast))
         return done

@@ -16,11 +16,10 @@ from batchllm.costmodel.calibration.node_lengths import (
     PROMPT_PRIOR_UNITS,
     RUNNING_MAX_AGE_S,
     NodeLengths,
-    OutputLengths,
-    PilotLearnt,
     output_length,
 )
 from batchllm.costmodel.lengths import LengthDistribution
+from batchllm.costmodel.output_lengths import OutputLengths, PilotLearnt
 
 LONG_PRIOR = LengthDistribution.fit(np.arange(100, 401), np.ones(301, bool))  # another set's answers: 100 to 400 tokens, all ended
 PLANNED_PROMPT = 50.0
@@ -256,14 +255,15 @@ def test_the_version_grows_on_every_observe_running_step_and_pilot_end():
 
 # -- the protocol -----------------------------------------------------------------------------
 def test_node_lengths_is_what_the_runtime_sees_of_a_nodes_answer_lengths():
-    for name in ("observe", "forecast", "pilot_ended"):
+    for name in ("sample_lengths", "observe", "forecast", "pilot_ended"):
         protocol = list(inspect.signature(getattr(OutputLengths, name)).parameters)
         assert list(inspect.signature(getattr(NodeLengths, name)).parameters) == protocol, name
 
-    def learn(lengths: OutputLengths) -> PilotLearnt:
+    def learn(lengths: OutputLengths) -> PilotLearnt | None:
         lengths.observe(ended([40] * 4))
         assert lengths.forecast().source == "pilot"
         return lengths.pilot_ended()
 
     seen: OutputLengths = node_lengths(max_tokens=96)
-    assert learn(seen).max_tokens == 96
+    learnt = learn(seen)
+    assert learnt is not None and learnt.max_tokens == 96

@@ -140,7 +140,8 @@ class Executor:
             if run.lengths is None:
                 continue
             learnt = run.lengths.pilot_ended(self.length_sampler.answers(run.name) if self.length_sampler else [])
-            self.progress.note(learnt.note(run.name))
+            if learnt is not None:
+                self.progress.note(learnt.note(run.name))
 
     def _end_stage_loop(self, wall_s: float) -> None:
         """Stop the engines, sync the journals, write the report, and free the node records before

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from batchllm.core.requests import EngineResult, ModelTask
-from batchllm.costmodel.calibration.node_lengths import OutputLengths
+from batchllm.costmodel.output_lengths import UNLEARNT, OutputLengths, WindowForecast
 from batchllm.dag.model import DagSpec, NodeSpec, Price
 from batchllm.engines.protocol import EngineConfig
 from batchllm.io.input_source import InputSource
@@ -35,7 +35,7 @@ from batchllm.runtime.ledger import Ledger, NodeLedger
 from batchllm.runtime.nearest_rows import NearestRows
 from batchllm.runtime.node_feed import MergedUpstream, Nearest, NodeFeed, Upstream
 from batchllm.runtime.pilot import NodePilot
-from batchllm.runtime.prepare import OutputForecast, PreparedWindow, most_output_tokens
+from batchllm.runtime.prepare import PreparedWindow
 from batchllm.runtime.progress import NodeStats
 from batchllm.runtime.request_keys import NodeKeys
 from batchllm.runtime.run_dir import RunDir
@@ -95,10 +95,10 @@ class NodeRun:
     def fail(self, cause: str) -> None:
         self.status, self.failure, self.pilot = NodeStatus.FAILED, cause, None  # its pilot will not end
 
-    def forecast(self) -> OutputForecast:
+    def forecast(self) -> WindowForecast:
         """Its requests' predicted answer tokens, for the split and order of a window: its lengths' forecast, else
-        the most each may generate."""
-        return self.lengths.forecast() if self.lengths is not None else most_output_tokens
+        (nothing learns them) the most each may generate."""
+        return (self.lengths or UNLEARNT).forecast()
 
     def set_plan(self, running: RunningPlan | None) -> None:
         """Its engines on devices in the stage that begins (None: none); a plan kept from the last

@@ -11,8 +11,8 @@ the finished result. One tokenizer per model directory, loaded in that thread to
 first load, transformers import included, takes seconds).
 
 Each request's work is its prompt tokens plus the output tokens predicted for it (a
-node's `OutputForecast`: the expected length of its answer, cut at max_tokens, times n);
-without a forecast, the most it may generate (max_tokens x n).
+node's `WindowForecast`, from its `OutputLengths`: the expected length of its answer, cut at
+max_tokens, times n); without one, the most it may generate (max_tokens x n, `MAX_TOKENS`).
 """
 
 from __future__ import annotations
@@ -27,12 +27,11 @@ import numpy as np
 from batchllm.core.images import order_key_ids
 from batchllm.core.requests import EngineRequest
 from batchllm.core.text_tokens import estimated_tokens
+from batchllm.costmodel.output_lengths import MAX_TOKENS, WindowForecast
 from batchllm.costmodel.work import request_work
 from batchllm.models.tokens import PromptTokenizer
 from batchllm.ordering.balance import balance
 from batchllm.ordering.request_order import order_requests
-
-OutputForecast = Callable[[Sequence[EngineRequest]], np.ndarray]  # requests -> predicted output tokens each (x n)
 
 
 class Planned(NamedTuple):
@@ -58,12 +57,7 @@ def prompt_tokens_of(request: EngineRequest) -> float:
     return estimated_tokens(len(request.prompt) + len(request.system or ""))
 
 
-def most_output_tokens(requests: Sequence[EngineRequest]) -> np.ndarray:
-    """The forecast that knows nothing: every request generates all it may."""
-    return np.array([r.max_tokens * r.n for r in requests], float)
-
-
-def planned(requests: Sequence[EngineRequest], forecast: OutputForecast = most_output_tokens) -> list[Planned]:
+def planned(requests: Sequence[EngineRequest], forecast: WindowForecast = MAX_TOKENS) -> list[Planned]:
     outputs = np.asarray(forecast(requests), float).tolist()
     return [Planned(r, o, float(request_work(prompt_tokens_of(r), o))) for r, o in zip(requests, outputs)]
 
@@ -97,7 +91,7 @@ class RequestPreparer:
             self._tokenizers[model_dir] = self._thread.submit(self._tokenizer_for, model_dir)
 
     def submit(self, requests: list[EngineRequest], model_dir: str | None, block_size: int, replicas: int,
-               forecast: OutputForecast = most_output_tokens) -> Future:
+               forecast: WindowForecast = MAX_TOKENS) -> Future:
         """Future of a PreparedWindow (`model_dir` None: no tokenizer here, so no prefix order)."""
         tokenizer = None
         if self.prefix_order and model_dir is not None:
@@ -106,7 +100,7 @@ class RequestPreparer:
         return self._thread.submit(self._prepare, tokenizer, requests, block_size, replicas, forecast)
 
     def _prepare(self, tokenizer: Future | None, requests: list[EngineRequest], block_size: int, replicas: int,
-                 forecast: OutputForecast) -> PreparedWindow:
+                 forecast: WindowForecast) -> PreparedWindow:
         if tokenizer is None:  # no prefix order: the engine tokenizes
             return split(planned(requests, forecast), replicas, block_size, prefix_order=False)
         ids = tokenizer.result().token_ids_many(requests)

@@ -15,8 +15,8 @@
 - at the end `save` files what was measured in the local profile store, so the next plan
   on this machine starts from it.
 
-Each node's answer lengths are its own object (`costmodel.calibration.node_lengths`), which
-the runtime sees as `OutputLengths`: this observer feeds them the node's outputs and its
+Each node's answer lengths are its own object (`costmodel.calibration.node_lengths`), an
+`OutputLengths` (`costmodel.output_lengths`): this observer feeds them the node's outputs and its
 engines' steps.
 """
 
@@ -33,10 +33,10 @@ from batchllm.core.requests import EngineResult
 from batchllm.costmodel.calibration.batch_tail import batch_left_s
 from batchllm.costmodel.calibration.model import SHAPES_MEASURED_HERE, ModelCalibration, SpeedFactors
 from batchllm.costmodel.calibration.node_lengths import NodeLengths, output_length
-from batchllm.costmodel.calibration.output_forecast import LogShift
 from batchllm.costmodel.calibration.store import LORA_REVISION, LORA_SETTING, ProfileStore
 from batchllm.costmodel.estimator import Workload
 from batchllm.costmodel.latency import step_features
+from batchllm.costmodel.output_lengths import LogShift
 from batchllm.costmodel.profile import ReplicaShape
 from batchllm.costmodel.request_lengths import RequestLengths, relative_shifts
 from batchllm.engines.protocol import EngineConfig, StepRecord, WorkerReady

@@ -24,7 +24,7 @@ from batchllm.runtime.observer import RunObserver
 from batchllm.runtime.run_state import NodeProgress, RunningPlan
 
 if TYPE_CHECKING:
-    from batchllm.costmodel.calibration.node_lengths import OutputLengths
+    from batchllm.costmodel.output_lengths import OutputLengths
     from batchllm.engines.devices import DeviceSet
     from batchllm.planner.schedule import Schedule
     from batchllm.planner.timeline import StageRecord

@@ -1,6 +1,6 @@
-"""One node's answer lengths as a run learns them (`NodeLengths`), and what the runtime sees of
-them (`OutputLengths`): observe the node's outputs, forecast a window of its requests, end its
-pilot.
+"""One node's answer lengths as a run learns them (`NodeLengths`, an `OutputLengths` of
+`costmodel.output_lengths`): observe the node's outputs, forecast a window of its requests,
+end its pilot.
 
 Its parts: the node's `LengthCalibration` (censored: an output cut at max_tokens, or still
 being generated, says "at least this long"), the node's outputs still running (per engine,
@@ -18,53 +18,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 from batchllm.core.length_prompt import LengthPrompt
 from batchllm.core.requests import EngineResult, FinishReason
 from batchllm.costmodel.calibration.lengths import LengthCalibration
-from batchllm.costmodel.calibration.output_forecast import CalibratedForecast, LogShift
 from batchllm.costmodel.length_spread import fitted_spread
 from batchllm.costmodel.lengths import LengthDistribution
+from batchllm.costmodel.output_lengths import LogShift, PilotLearnt, WindowForecast
+from batchllm.costmodel.profile import Profile
 from batchllm.costmodel.request_lengths import RequestLengths
+from batchllm.io.node_data import NodeSummary
 
 PILOT_PRIOR_OUTPUTS = 0.5  # the prior's weight in outputs once a node's pilot has ended (a random sample of the set)
 PROMPT_PRIOR_UNITS = 8.0  # the planner's prompt estimate counts as this many measured prompts
 RUNNING_MAX_AGE_S = 10.0  # an engine's last step older than this says nothing about what runs now
-
-
-@dataclass(frozen=True)
-class PilotLearnt:
-    """What a node's pilot taught: its answers' mean length and the prior's (both cut at the
-    node's max_tokens), and how much of its length model's spread held (None: no length model)."""
-
-    mean_output_tokens: float
-    prior_mean_output_tokens: float
-    max_tokens: int
-    spread: float | None
-
-    def note(self, node: str) -> str:
-        held = "" if self.spread is None else \
-            f"; the length model's differences between its requests: {self.spread:.0%} of them held on it"
-        return (f"pilot of {node} done: mean answer {self.mean_output_tokens:.0f} tokens at max_tokens {self.max_tokens} "
-                f"(the prior's {self.prior_mean_output_tokens:.0f}){held}; planning the rest on it")
-
-
-class OutputLengths(Protocol):
-    """What the runtime sees of one node's answer lengths."""
-
-    def observe(self, results: Sequence[EngineResult]) -> None:
-        """Outputs the node committed (errors are no evidence)."""
-        ...
-
-    def forecast(self) -> CalibratedForecast:
-        """The node's answer lengths as known now, for the runtime's split and order of a window."""
-        ...
-
-    def pilot_ended(self, answers: Sequence[tuple[LengthPrompt, int]] = ()) -> PilotLearnt:
-        """The node's pilot has every answer (`answers`: its requests as the length model reads
-        them, with their answers' lengths)."""
-        ...
 
 
 def output_length(result: EngineResult, requests_per_unit: int) -> tuple[int, bool] | None:
@@ -134,9 +101,14 @@ class NodeLengths:
         return PilotLearnt(capped_mean(lengths.posterior()), capped_mean(lengths.prior), self.max_tokens, self.spread)
 
     # -- what it knows
-    def forecast(self) -> CalibratedForecast:
-        return CalibratedForecast(self.node, self.posterior(), self.log_shift,
+    def forecast(self) -> WindowForecast:
+        return WindowForecast(self.node, self.posterior(), self.log_shift,
                                   source="prior" if self.calibration.outputs == 0 else "pilot", spread=self.spread_now)
+
+    def sample_lengths(self, summary: NodeSummary, profile: Profile) -> RequestLengths:
+        """The node's sample rows at the lengths learnt so far, as a window's forecast takes
+        them (`profile`: its prior, which these lengths already start from)."""
+        return self.forecast().lengths(list(summary.samples))
 
     @property
     def spread_now(self) -> float:
