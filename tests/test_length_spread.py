@@ -61,6 +61,7 @@ def test_bad_arguments_quote_the_counts_and_one_answer_keeps_the_model():
 
 # -- in a run ---------------------------------------------------------------------------------
 def calibration_of(workspace, log_shift):
+    from batchllm.costmodel.output_lengths import UnlearntLengths
     from batchllm.costmodel.request_lengths import RequestLengths
     from batchllm.dag.loader import load_dag
     from batchllm.io.dag_checks import check_dag
@@ -83,10 +84,13 @@ def calibration_of(workspace, log_shift):
           answers: {columns: {answer: gen}}
     """))
     cluster = parse_cluster("1xA100-80G", PROFILES)
-    predicted = None if log_shift is None else \
-        lambda summary, profile: RequestLengths(profile.lengths, log_shift(list(summary.samples)), "length model")
+    class Predicted(UnlearntLengths):
+        def sample_lengths(self, summary, profile):
+            return RequestLengths(profile.lengths, log_shift(list(summary.samples)), "length model")
+
+    predicted = None if log_shift is None else {"gen": Predicted()}
     workloads = dag_workloads(dag, check_dag(dag, batchllm_home(), resolve_models=False), cluster, PROFILES,
-                              lengths_for=predicted).nodes
+                              lengths=predicted).nodes
     return RunCalibration(build_problem(cluster, workloads), workloads, log_shifts={"gen": log_shift} if log_shift else None)
 
 

@@ -133,20 +133,22 @@ def test_rows_over_context_are_counted_exactly_on_all_rows_and_scaled_from_a_sam
 
 
 def test_a_length_source_plugs_into_the_plan_and_its_lengths_drive_the_estimate(workspace):
+    from batchllm.costmodel.output_lengths import UnlearntLengths, profile_lengths
     from batchllm.dag.loader import load_dag
-    from batchllm.planner.length_sources import length_prompts, profile_lengths
+    from batchllm.planner.length_sources import length_prompts
     from batchllm.planner.plan_file import plan_dag
 
     dag = load_dag(workspace.dag(DAG.replace("max_model_len: 24", "max_model_len: 2048").replace("max_tokens: 32", "max_tokens: 1024")))
     seen = {}
 
-    def longer(summary, profile):
-        seen[summary.name] = length_prompts(summary)
-        base = profile_lengths(summary, profile)
-        return RequestLengths(base.base, np.full(len(base), np.log(0.25)), "length model")
+    class Longer(UnlearntLengths):
+        def sample_lengths(self, summary, profile):
+            seen[summary.name] = length_prompts(summary)
+            base = profile_lengths(summary, profile)
+            return RequestLengths(base.base, np.full(len(base), np.log(0.25)), "length model")
 
     default = plan_dag(dag, "1xA100-80G", profiles_root=PROFILES)
-    plugged = plan_dag(dag, "1xA100-80G", profiles_root=PROFILES, lengths_for=longer)
+    plugged = plan_dag(dag, "1xA100-80G", profiles_root=PROFILES, lengths={name: Longer() for name in dag.nodes})
     assert seen["answer"][0].last_user == "Answer in one line: What is a prime number?"
     assert {p.max_tokens for p in seen["check"]} == {8} and seen["check"][0].template == "check"
     assert default.preflight["answer"].output_source == "prior" and plugged.preflight["answer"].output_source == "length model"

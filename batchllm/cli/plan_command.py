@@ -133,7 +133,7 @@ def _planned(dag: Path, devices: str, chart: Path | None, profiles: Path | None,
     models = [node.model for node in spec.nodes.values()]
     lengths = LengthModels.at_home(batchllm_home(), models)
     report = plan_dag(spec, devices, profiles_root=profiles or PROFILES_ROOT, compare=compare,
-                      lengths_for=lengths.lengths_for if lengths.models else None)
+                      lengths=lengths.planned(spec))
     if devices == this_machine:  # what `run` itself takes here, before and after its stages
         command, source = _run_command_times(spec, fallback="plan --pilot")
         report = replace(report, command=command, command_source=source)

@@ -9,8 +9,9 @@ estimated, and each estimate is stated in the problem's notes (see `io.node_data
   assumed to take an equal share with its sibling `where:` nodes (a note says so);
 - prompt tokens per row: the sample's, upstream outputs at their profile's mean length
   (capped by max_tokens);
-- output tokens per request: `length_sources` (the seam a per-request length model plugs
-  into; by default the profile's CDF).
+- output tokens per request: each node's `OutputLengths` (`costmodel.output_lengths`: the
+  seam a per-request length model plugs into, `length_sources.LengthModels.planned`; by
+  default the profile's CDF).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from batchllm.costmodel.lora_cost import (
     LORA_STEP_OVERHEAD_PRIOR,
     with_adapters,
 )
+from batchllm.costmodel.output_lengths import UNLEARNT, OutputLengths
 from batchllm.costmodel.profile import Profile
 from batchllm.costmodel.server_pace import ServerPace, ServerPaceStore
 from batchllm.dag.model import DagSpec
@@ -39,7 +41,6 @@ from batchllm.dag.node_task import engine_max_model_len
 from batchllm.io.node_data import NodeFacts, NodeSummary, Sources, summarize_dag
 from batchllm.planner.cluster import Cluster, candidate_plans, cluster_profile, run_settings
 from batchllm.planner.engine_groups import engine_groups, grouped
-from batchllm.planner.length_sources import LengthsFor, profile_lengths
 from batchllm.planner.problem import NodeWorkload, too_big
 
 
@@ -93,11 +94,12 @@ def _profile_for(model: str, cluster: Cluster, profiles_root: Path, where: str,
 
 def dag_workloads(dag: DagSpec, sources: Sources, cluster: Cluster, profiles_root: Path,
                   store: ProfileStore | None = None, home: Path | None = None, *,
-                  lengths_for: LengthsFor | None = None, outside: Mapping[str, NodeFacts] | None = None) -> DagWorkloads:
+                  lengths: Mapping[str, OutputLengths] | None = None, outside: Mapping[str, NodeFacts] | None = None) -> DagWorkloads:
     """`store`: the local profile store, consulted first when the cluster is this machine;
     `home`: $BATCHLLM_HOME, where prepared models' tokenizers count prompts exactly;
-    `lengths_for`: each node's predicted output lengths (default: its profile's CDF, which the
-    estimates then sample as they always did; given, the workloads carry its lengths);
+    `lengths`: by node, its predicted output lengths (none: each its profile's CDF, which the
+    estimates then sample as they always did; given, the workloads carry them, a node not in
+    it at its profile's CDF);
     `outside`: facts of upstream nodes not in `dag` (on servers: `server_node_facts`), whose
     answers its nodes' prompts read."""
     profiles: dict[str, Profile] = {}
@@ -124,14 +126,14 @@ def dag_workloads(dag: DagSpec, sources: Sources, cluster: Cluster, profiles_roo
         notes += [note for note in profile_notes[name] if note not in notes]  # hardware or settings the profile differs in
         notes += summary.notes
         n = node.sampling.n
-        lengths = (lengths_for or profile_lengths)(summary, profile)
-        if len(lengths) != len(summary.prompt_tokens):
-            raise ValueError(f"node {name!r}: {len(lengths)} output lengths for {len(summary.prompt_tokens)} sample rows")
+        predicted = (lengths or {}).get(name, UNLEARNT).sample_lengths(summary, profile)
+        if len(predicted) != len(summary.prompt_tokens):
+            raise ValueError(f"node {name!r}: {len(predicted)} output lengths for {len(summary.prompt_tokens)} sample rows")
         workload = Workload.of(np.repeat(summary.prompt_tokens, n), node.sampling.max_tokens,
                                cached_tokens=np.repeat(summary.cached_tokens, n),
-                               output_lengths=lengths.repeat(n) if lengths_for is not None else None)
+                               output_lengths=predicted.repeat(n) if lengths is not None else None)
         nodes.append(NodeWorkload(name, profile, workload, summary.rounds, tuple(u for u in node.upstream if u != name), n,
-                                  output_lengths=lengths, summary=summary))
+                                  output_lengths=predicted, summary=summary))
     return DagWorkloads(nodes, tuple(notes), summaries, engine_groups(dag))
 
 

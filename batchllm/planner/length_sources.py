@@ -1,18 +1,20 @@
-"""Where a node's predicted output lengths come from: the planner's one seam for them.
+"""Where a node's predicted output lengths come from, as the planner asks for them.
 
-`LengthsFor` takes a node's data summary (its sample of requests, each with the fields of
-a `LengthPrompt`: `length_prompts(summary)`) and the profile it is planned with, and gives
-one `RequestLengths` per sample row. The default, `profile_lengths`, is the profile's CDF
-for every request alike: source "store" when the profile was learnt on this machine (the
-local profile store), else "prior". A per-request length model or a pilot plugs in here
-(`plan_dag(..., lengths_for=...)`, `dag_workloads(..., lengths_for=...)`); `LengthModels`
-gives the one fit on the local store's outputs (`ObservationStore.fitted_model`: used only
-where it beats the per-model CDF on held-out outputs, the verdict said either way).
+The planner asks each node's `OutputLengths` (`costmodel.output_lengths`, the one seam for
+output lengths) for its sample rows' lengths, from the node's data summary (its sample of
+requests, each with the fields of a `LengthPrompt`: `length_prompts(summary)`) and the
+profile it is planned with. The default, `UNLEARNT`, is the profile's CDF for every request
+alike: source "store" when the profile was learnt on this machine (the local profile store),
+else "prior". A per-request length model plugs in here (`plan_dag(..., lengths=...)`,
+`dag_workloads(..., lengths=...)`); `LengthModels.planned` gives each node the one fit on the
+local store's outputs for its model (`ObservationStore.fitted_model`: used only where it
+beats the per-model CDF on held-out outputs, the verdict said either way), as a
+`ModelLengths`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,12 +23,23 @@ import numpy as np
 from batchllm.core.length_prompt import LengthPrompt
 from batchllm.costmodel.length_model.model import LengthModel
 from batchllm.costmodel.length_model.observations import ObservationStore
+from batchllm.costmodel.output_lengths import UNLEARNT, LogShift, OutputLengths, UnlearntLengths
 from batchllm.costmodel.profile import Profile
 from batchllm.costmodel.request_lengths import RequestLengths
 from batchllm.dag.model import DagSpec
 from batchllm.io.node_data import NodeSummary
 
-LengthsFor = Callable[[NodeSummary, Profile], RequestLengths]  # one per sample row of the summary, in its order
+
+class ModelLengths(UnlearntLengths):
+    """A length model as a node's `OutputLengths` for the planner: its sample rows at the
+    model's own level (the lengths of every prompt set it learnt from), each with its shift.
+    What the run learns of the node is the run's (`NodeLengths`): to the runtime it is unlearnt."""
+
+    def __init__(self, model: LengthModel):
+        self.model = model
+
+    def sample_lengths(self, summary: NodeSummary, profile: Profile) -> RequestLengths:
+        return self.model.for_new_set().request_lengths(length_prompts(summary))  # the planner does not know if the set is new
 
 
 @dataclass(frozen=True)
@@ -59,23 +72,19 @@ class LengthModels:
                 rankers[name] = model
         return cls(models, rankers, verdicts, frozenset(known))
 
-    def log_shifts(self, dag: DagSpec) -> dict[str, Callable[[Sequence[LengthPrompt]], np.ndarray]]:
+    def log_shifts(self, dag: DagSpec) -> dict[str, LogShift]:
         """Per node whose model orders requests: its per-request shifts (the runtime's forecast
         takes them relative to each window's mean)."""
         return {name: model.log_shift for name, node in dag.nodes.items() if (model := self.rankers.get(node.model)) is not None}
 
-    def lengths_for(self, summary: NodeSummary, profile: Profile) -> RequestLengths:
-        """A `LengthsFor`: the node's model's length model where one is used (its own level:
-        the lengths of every prompt set it learnt from), else the profile's CDF."""
-        model = self.models.get(summary.model)
-        if model is None:
-            return profile_lengths(summary, profile)
-        return model.for_new_set().request_lengths(length_prompts(summary))  # the planner does not know if the set is new
-
-
-def profile_lengths(summary: NodeSummary, profile: Profile) -> RequestLengths:
-    """The profile's CDF for every request alike (what the planner assumed before lengths were predicted)."""
-    return RequestLengths.shared(profile.lengths, len(summary.prompt_tokens), "store" if profile.kind == "learnt" else "prior")
+    def planned(self, dag: DagSpec) -> dict[str, OutputLengths] | None:
+        """Per node, the lengths the planner predicts: its model's length model where one is
+        used, else the profile's CDF; None where no model of the DAG has one used (the
+        estimates then sample each profile's CDF as they always did)."""
+        if not self.models:
+            return None
+        return {name: ModelLengths(model) if (model := self.models.get(node.model)) is not None else UNLEARNT
+                for name, node in dag.nodes.items()}
 
 
 def length_prompts(summary: NodeSummary) -> list[LengthPrompt]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from batchllm.core.errors import UserError
 from batchllm.costmodel.calibration.store import ProfileStore
 from batchllm.costmodel.command_times import CommandTimes
+from batchllm.costmodel.output_lengths import OutputLengths
 from batchllm.costmodel.server_pace import ServerPace, ServerPaceStore
 from batchllm.dag.loader import load_dag
 from batchllm.dag.model import DagSpec
@@ -29,7 +30,6 @@ from batchllm.planner.cluster import Cluster, parse_cluster
 from batchllm.planner.exact import exact_schedule
 from batchllm.planner.from_dag import dag_workloads, measured_paces, server_node_facts
 from batchllm.planner.greedy import greedy_schedule
-from batchllm.planner.length_sources import LengthsFor
 from batchllm.planner.preflight import NodePreflight, node_preflight
 from batchllm.planner.problem import PlanProblem, build_problem
 from batchllm.planner.rollout import rollout_schedule
@@ -73,13 +73,13 @@ class PlanReport:
 
 
 def plan_dag_file(path: Path, devices: str, *, profiles_root: Path = PROFILES_ROOT, compare: bool = False,
-                  lengths_for: LengthsFor | None = None) -> PlanReport:
-    return plan_dag(load_dag(path), devices, profiles_root=profiles_root, compare=compare, lengths_for=lengths_for)
+                  lengths: Mapping[str, OutputLengths] | None = None) -> PlanReport:
+    return plan_dag(load_dag(path), devices, profiles_root=profiles_root, compare=compare, lengths=lengths)
 
 
 def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT, compare: bool = False,
-             lengths_for: LengthsFor | None = None) -> PlanReport:
-    """`lengths_for`: each node's predicted output lengths (see `length_sources`); default the profile's CDF."""
+             lengths: Mapping[str, OutputLengths] | None = None) -> PlanReport:
+    """`lengths`: by node, its predicted output lengths (`LengthModels.planned`); none: each its profile's CDF."""
     tables = check_dag(dag, batchllm_home(), resolve_models=False)
     cluster = parse_cluster(devices, profiles_root)
     paces = measured_paces(dag, ServerPaceStore(batchllm_home()))
@@ -90,7 +90,7 @@ def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT,
                         hint="`batchllm run` sends them to the servers; its progress and `batchllm status` show their pace and ETA")
     started = time.perf_counter()
     workloads = dag_workloads(dag, tables, cluster, profiles_root, ProfileStore.at_home(batchllm_home()),
-                              batchllm_home(), lengths_for=lengths_for, outside=outside)
+                              batchllm_home(), lengths=lengths, outside=outside)
     problem = build_problem(cluster, workloads.planning_nodes(), (*workloads.notes, *on_servers))
     fit_s = time.perf_counter() - started
     start = Timeline.start(problem)

@@ -187,7 +187,7 @@ def _calibrated_planning(dag: DagSpec, sources: dict[str, InputSource], devices:
     store = ProfileStore.at_home(home or batchllm_home())
     try:
         workloads = dag_workloads(dag, sources, cluster, profiles_root, store, home or batchllm_home(),
-                                  lengths_for=lengths.lengths_for if lengths is not None and lengths.models else None,
+                                  lengths=lengths.planned(dag) if lengths is not None else None,
                                   outside=outside)
     except UserError as missing:
         return None, missing.paragraph()
