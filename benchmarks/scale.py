@@ -30,7 +30,9 @@ whether the resumed run's final data sets and node files equal the uninterrupted
 (DuckDB, EXCEPT ALL both ways, so duplicates count). The last line sums up the worst size:
     worst: peak RSS <x> GB, growth <y> %, <z> requests/s, first request <w> s, resume <v> s, outputs equal: yes|no
 (growth: peak RSS at the largest size against 1,000,000 rows, or the smallest size run).
-`--quick` runs 20,000 and 100,000 rows for development.
+`--quick` runs 20,000 and 100,000 rows for development. Each run files its results in a result
+store and looks its requests up there, as `batchllm run` does (the full run in a store of its own,
+the interrupted run and its resumption in another); `--no-store` runs without one (`--no-reuse`).
 
 When a size cannot run three whole passes in the time there is, `--partial 10000000` skips
 its uninterrupted pass: the interrupted one is killed at half the units (estimated) or after
@@ -294,14 +296,15 @@ class DriverRun:
 
 
 def run_driver(label: str, dag: Path, out: Path, log: Path, timeout_s: float, kill_at_units: int | None = None,
-               kill_after_s: float | None = None, ends_at: float | None = None) -> DriverRun:
+               kill_after_s: float | None = None, ends_at: float | None = None, store: Path | None = None) -> DriverRun:
     """One `scale_driver.py` run, watched: RSS, committed units, events; `kill -9` once
     `kill_at_units` are committed on disk or `kill_after_s` have passed (a planned
     interruption), or at the timeout or `ends_at` (epoch s; marked timed out)."""
     counter = CommittedCounter(out)
     run = DriverRun(label, time.time(), units_at_start=counter.count())
     with open(log, "w") as stderr:
-        process = subprocess.Popen([sys.executable, str(HERE / "scale_driver.py"), str(dag), str(out)],
+        process = subprocess.Popen([sys.executable, str(HERE / "scale_driver.py"), str(dag), str(out),
+                                    *(["--store", str(store)] if store is not None else [])],
                                    stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=ROOT)
 
     def read_events() -> None:
@@ -413,13 +416,14 @@ class SizeResult:
 
 
 def run_partial(rows: int, timeout_s: float, interrupt_s: float | None, folder: Path, dag: Path,
-                ends_at: float | None) -> SizeResult:
+                ends_at: float | None, store: Path | None = None) -> SizeResult:
     """No uninterrupted pass: interrupted at about half the units (or after `interrupt_s`),
     then resumed; nothing to compare the outputs with."""
     half = int(rows * UNITS_PER_ROW) // 2
     runs = {"interrupted": run_driver("interrupted", dag, folder / "resumed", folder / "interrupted.log", timeout_s,
-                                      kill_at_units=half, kill_after_s=interrupt_s, ends_at=ends_at)}
-    runs["resumed"] = resumed = run_driver("resumed", dag, folder / "resumed", folder / "resumed.log", timeout_s, ends_at=ends_at)
+                                      kill_at_units=half, kill_after_s=interrupt_s, ends_at=ends_at, store=store)}
+    runs["resumed"] = resumed = run_driver("resumed", dag, folder / "resumed", folder / "resumed.log", timeout_s, ends_at=ends_at,
+                                           store=store)
     done = "to the end" if resumed.exit_code == 0 else f"not to the end (exit {resumed.exit_code}, {'timeout' if resumed.timed_out else 'see log'})"
     why = (f"no uninterrupted pass at this size; interrupted at {runs['interrupted'].units_at_end:,} units "
            f"(half is ~{half:,}), resumed {done}")
@@ -427,24 +431,29 @@ def run_partial(rows: int, timeout_s: float, interrupt_s: float | None, folder: 
 
 
 def run_size(rows: int, timeout_s: float, keep: bool, partial: bool = False, interrupt_s: float | None = None,
-             ends_at: float | None = None) -> SizeResult:
+             ends_at: float | None = None, with_store: bool = True) -> SizeResult:
+    """`with_store`: each run files its results in a result store and looks its requests up there, as
+    `batchllm run` does (the full run in a store of its own, the interrupted run and its resumption in
+    another: neither answers the other's requests)."""
     dag = dag_file(rows)
     folder = RUNS / str(rows)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
+    stores = {name: folder / f"store-{name}.sqlite" if with_store else None for name in ("full", "resumed")}
     if partial:
-        result = run_partial(rows, timeout_s, interrupt_s, folder, dag, ends_at)
+        result = run_partial(rows, timeout_s, interrupt_s, folder, dag, ends_at, stores["resumed"])
         if not keep:
             shutil.rmtree(folder / "resumed", ignore_errors=True)
         return result
-    full = run_driver("full", dag, folder / "full", folder / "full.log", timeout_s, ends_at=ends_at)
+    full = run_driver("full", dag, folder / "full", folder / "full.log", timeout_s, ends_at=ends_at, store=stores["full"])
     runs = {"full": full}
     units = sum(units_by_node(folder / "full").values()) if full.exit_code == 0 else full.units_at_end
     if full.exit_code != 0:
         return SizeResult(rows, runs, units, False, f"full run did not finish (exit {full.exit_code}, see {folder / 'full.log'})")
     runs["interrupted"] = run_driver("interrupted", dag, folder / "resumed", folder / "interrupted.log", timeout_s,
-                                     kill_at_units=units // 2, ends_at=ends_at)
-    runs["resumed"] = resumed = run_driver("resumed", dag, folder / "resumed", folder / "resumed.log", timeout_s, ends_at=ends_at)
+                                     kill_at_units=units // 2, ends_at=ends_at, store=stores["resumed"])
+    runs["resumed"] = resumed = run_driver("resumed", dag, folder / "resumed", folder / "resumed.log", timeout_s, ends_at=ends_at,
+                                           store=stores["resumed"])
     if resumed.exit_code != 0:
         equal, why = False, f"resumed run did not finish (exit {resumed.exit_code}, see {folder / 'resumed.log'})"
     else:
@@ -540,6 +549,8 @@ def main() -> int:
     parser.add_argument("--partial", default="", help="sizes run without the uninterrupted pass (comma-separated)")
     parser.add_argument("--interrupt-min", type=float, help="a partial size's interrupted pass is killed after this long at most")
     parser.add_argument("--keep", action="store_true", help="keep the run folders (benchmarks/results/scale-runs/)")
+    parser.add_argument("--no-store", action="store_true", help="no result store (batchllm run --no-reuse); by default each run "
+                        "files its results in one and looks its requests up there, as `batchllm run` does")
     parser.add_argument("--record", type=Path, help="append each size's summary to this JSON-lines file")
     parser.add_argument("--summarize", type=Path, nargs="+", help="only print the worst line over these record files")
     args = parser.parse_args()
@@ -554,7 +565,8 @@ def main() -> int:
         data_file(rows)
         print(f"data: {rows:,} rows ready in {time.perf_counter() - started:.1f} s", flush=True)
         interrupt_s = args.interrupt_min * 60 if args.interrupt_min else None
-        result = run_size(rows, args.timeout_min * 60, args.keep, rows in partial, interrupt_s, _deadline_at(args.deadline))
+        result = run_size(rows, args.timeout_min * 60, args.keep, rows in partial, interrupt_s, _deadline_at(args.deadline),
+                          with_store=not args.no_store)
         full = RUNS / str(rows) / "full"
         by_node = ", ".join(f"{n} {c:,}" for n, c in units_by_node(full).items()) if full.is_dir() else "by node: see --keep"
         print_size(result, by_node)

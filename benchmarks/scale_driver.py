@@ -112,6 +112,7 @@ def main() -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--schedule", default="auto")
     parser.add_argument("--fresh", action="store_true")
+    parser.add_argument("--store", type=Path, default=None, help="the result store (none: every request computed, nothing filed)")
     args = parser.parse_args()
     schedule, why = choose_schedule(args.dag, args.schedule)
     emit("start", started=STARTED, schedule=schedule, why=why)
@@ -127,7 +128,7 @@ def main() -> int:
     limit_malloc_arenas()  # as `batchllm run` does
     try:
         outcome = run_dag_file(args.dag, args.out, DEVICES, fresh=args.fresh, console=Console(stderr=True),
-                               engine_factory=factory, schedule=schedule)
+                               engine_factory=factory, schedule=schedule, store=args.store)
         result = outcome[0] if isinstance(outcome, tuple) else outcome
     except UserError as failure:
         exit_code, error = 2, failure.paragraph()
