@@ -209,7 +209,7 @@ def test_the_scan_before_the_engines_stops_at_a_window_mostly_new_and_the_rest_i
     monkeypatch.setattr(reuse.RunReuse, "take_before_start", lambda self, nodes, whole=False: scanned.append(take(self, nodes, whole)) or scanned[-1])
     changed = FakeEngineFactory()
     run(workspace, changed, workspace.root / "changed")
-    assert scanned == [{}]  # a's first window: 0 of 2 stored
+    assert scanned == [{}, {}]  # the launch's question (is the DAG answered whole?), then the run's first step: a's first window 0 of 2
     assert sent(changed) == sorted((node, row["id"]) for node in ORDER for row in table[:2])
 
 
@@ -231,3 +231,21 @@ def test_a_full_store_stops_the_filing_with_its_reason_and_the_runs_own_results_
         assert sorted(r["row_id"] for r in node_rows(workspace.out, node)) == sorted(q for q, _ in QUESTIONS)
     filing = [n for n in notes if "no longer filed in the result store" in n]
     assert len(filing) == 1 and "is full" in filing[0]
+
+
+def test_a_run_the_store_answers_whole_fits_no_length_model_and_makes_no_plan(workspace, monkeypatch, profiles):
+    """Planned on a profile: the first run plans; the same DAG into another folder is answered whole
+    by the store, so neither the length models nor the planner are asked."""
+    from batchllm.runtime import launch
+
+    run_dag_file(workspace.dag(ENSEMBLE_DAG), workspace.out, CPU2, console=Console(quiet=True), engine_factory=FakeEngineFactory(),
+                 prefix_order=False, schedule="plan", profiles_root=profiles, store=workspace.root / "store.sqlite")
+    asked: list[str] = []
+    monkeypatch.setattr(launch, "_length_models", lambda *a: asked.append("lengths"))
+    monkeypatch.setattr(launch, "_calibrated_planning", lambda *a, **k: asked.append("plan"))
+    again = FakeEngineFactory()
+    result, _ = run_dag_file(workspace.dag(ENSEMBLE_DAG), workspace.root / "again", CPU2, console=Console(quiet=True),
+                             engine_factory=again, prefix_order=False, schedule="plan", profiles_root=profiles,
+                             store=workspace.root / "store.sqlite")
+    assert asked == [] and result.engines_started == 0
+    assert node_rows(workspace.root / "again", "judge") == node_rows(workspace.out, "judge")

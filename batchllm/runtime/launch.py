@@ -46,6 +46,7 @@ from batchllm.runtime.prepare import RequestPreparer
 from batchllm.runtime.progress import RunProgress
 from batchllm.runtime.request_keys import NodeKeys
 from batchllm.runtime.reuse import RunReuse
+from batchllm.runtime.reuse_census import answered_whole
 from batchllm.runtime.run_calibration import RunCalibration
 from batchllm.runtime.run_dir import RunDir
 from batchllm.runtime.run_report import CommandStart, RunReport, RunResult
@@ -89,13 +90,17 @@ def run_dag(dag: DagSpec, spec: RunSpec, *, console: Console, engine_factory: En
     nodes' devices, engines run as Ray actors, and a lost node's work is re-planned on the
     devices that survive."""
     entered_s, checked_at = process_age_s(), time.monotonic()
-    inputs, checks_s, lengths = _checked_inputs(dag, spec, vllm_engines=engine_factory is None, console=console)
+    inputs, checks_s = _checked_inputs(dag, spec, vllm_engines=engine_factory is None, console=console)
     if spec.store is not None:
         inputs = replace(inputs, store_keys={name: NodeKeys.of(dag, node, spec.devices.kind, spec.home)
                                              for name, node in dag.nodes.items() if not dag.on_endpoints(name)})
-    on_devices = dag.on_devices()  # the part the planner places: nodes on servers take no devices
+    # a run the result store answers whole computes nothing: no length model's fit, no plan
+    stored_whole = spec.store is not None and answered_whole(dag, inputs.sources, spec.store, spec.devices.kind, spec.home)
     planning, planned_at = None, time.monotonic()
-    if spec.planned and on_devices.nodes:
+    lengths = _length_models(dag, spec.home, console) if not stored_whole else LengthModels({}, {}, {}, frozenset())
+    inputs = replace(inputs, known_prompt_sets=lengths.known_prompt_sets)
+    on_devices = dag.on_devices()  # the part the planner places: nodes on servers take no devices
+    if spec.planned and on_devices.nodes and not stored_whole:
         planning, why_not = _calibrated_planning(on_devices, inputs.sources, spec.devices, spec.schedule, spec.profiles_root,
                                                  spec.home, lengths,
                                                  server_node_facts(dag, measured_paces(dag, ServerPaceStore(spec.home))))
@@ -148,11 +153,11 @@ def run_dag(dag: DagSpec, spec: RunSpec, *, console: Console, engine_factory: En
         run_dir.close()
 
 
-def _checked_inputs(dag: DagSpec, spec: RunSpec, *, vllm_engines: bool, console: Console) -> tuple[RunInputs, float, LengthModels]:
+def _checked_inputs(dag: DagSpec, spec: RunSpec, *, vllm_engines: bool, console: Console) -> tuple[RunInputs, float]:
     """Every check of the DAG before anything is written: its inputs, its servers (each answers
     and serves its model), vLLM's verdict on its settings (`vllm_engines`; a caller's own engines
-    check their own), its copy targets; then the length models its models have here. Also how
-    long vLLM's check took (a later command finds its verdict kept)."""
+    check their own), its copy targets. Also how long vLLM's check took (a later command finds
+    its verdict kept)."""
     sources = check_dag(dag, spec.home)
     endpoints = check_endpoints(dag)
     checks_s = 0.0
@@ -165,10 +170,15 @@ def _checked_inputs(dag: DagSpec, spec: RunSpec, *, vllm_engines: bool, console:
     for name, output in dag.outputs.items():  # a bad target found at the end would cost the run's hours
         if output.copy_to is not None:
             check_copy_target(output.copy_to, where=dag.where(output.line, f"outputs.{name}.copy_to"))
-    lengths = LengthModels.at_home(spec.home, [node.model for node in dag.nodes.values()])
+    return RunInputs(dag, sources, endpoints, frozenset(), node_vector_dimensions(dag, spec.home)), checks_s
+
+
+def _length_models(dag: DagSpec, home: Path, console: Console) -> LengthModels:
+    """The length models the DAG's models have here (fit again when new outputs were filed)."""
+    lengths = LengthModels.at_home(home, [node.model for node in dag.nodes.values()])
     for model, why in lengths.verdicts.items():
         console.print(f"length model for {model}: {why}", markup=False, highlight=False, soft_wrap=True)
-    return RunInputs(dag, sources, endpoints, lengths.known_prompt_sets, node_vector_dimensions(dag, spec.home)), checks_s, lengths
+    return lengths
 
 
 def _planning_for(dag: DagSpec, sources: dict[str, InputSource], devices: DeviceSet, spec: RunSpec) -> RunPlanning:
