@@ -249,3 +249,21 @@ def test_a_run_the_store_answers_whole_fits_no_length_model_and_makes_no_plan(wo
                              store=workspace.root / "store.sqlite")
     assert asked == [] and result.engines_started == 0
     assert node_rows(workspace.root / "again", "judge") == node_rows(workspace.out, "judge")
+
+
+@pytest.mark.engine
+@pytest.mark.starts_no_engine
+def test_an_embedded_models_keys_come_from_what_its_package_ships_without_converting_it(tmp_path):
+    """The key's model identity of an embedded model is its shipped checkpoint's (and the config it
+    is converted to): plan, validate and a run all answered from the store never convert a model."""
+    from batchllm.dag.loader import load_dag
+    from batchllm.runtime.request_keys import NodeKeys
+
+    pq.write_table(pa.table({"id": ["a"], "question": ["hi"]}), tmp_path / "q.parquet")
+    dag = tmp_path / "dag.yaml"
+    dag.write_text("inputs:\n  q: {path: q.parquet, id_column: id}\nnodes:\n  answer:\n    model: smollm2-135m\n    prompt: '{{ question }}'\n")
+    spec = load_dag(dag)
+    home = tmp_path / "home"
+    first = NodeKeys.of(spec, spec.nodes["answer"], "cpu", home)
+    assert not (home / "models").exists()  # not converted
+    assert NodeKeys.of(spec, spec.nodes["answer"], "cpu", home).scope == first.scope  # the remembered digest gives the same

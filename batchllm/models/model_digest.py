@@ -21,7 +21,8 @@ CHUNK_BYTES = 1 << 22
 
 
 def model_digest(model_dir: Path, home: Path) -> str:
-    """The content digest (hex) of the model in `model_dir`, remembered under `home`."""
+    """The content digest (hex) of the model in `model_dir` (a directory, or one file: an embedded
+    model's shipped checkpoint), remembered under `home`."""
     model_dir = model_dir.resolve()
     listing = _listing(model_dir)
     remembered = _remembered(home)
@@ -39,7 +40,10 @@ def model_digest(model_dir: Path, home: Path) -> str:
 
 
 def _listing(model_dir: Path) -> list[list]:
-    """Every regular file under the directory (hidden ones aside), as [relative path, size, mtime ns]."""
+    """Every regular file under the directory (hidden ones aside), as [relative path, size, mtime ns];
+    a file, as itself."""
+    if model_dir.is_file():
+        return [[model_dir.name, (stat := model_dir.stat()).st_size, stat.st_mtime_ns]]
     files = sorted(p for p in model_dir.rglob("*") if p.is_file() and not any(part.startswith(".")
                                                                               for part in p.relative_to(model_dir).parts))
     return [[str(p.relative_to(model_dir)), (stat := p.stat()).st_size, stat.st_mtime_ns] for p in files]
@@ -49,7 +53,7 @@ def _hash_files(model_dir: Path, relatives: list[str]) -> str:
     digest = hashlib.blake2b(digest_size=16)
     for relative in relatives:
         digest.update(relative.encode() + b"\0")
-        with open(model_dir / relative, "rb") as file:
+        with open(model_dir if model_dir.is_file() else model_dir / relative, "rb") as file:
             while chunk := file.read(CHUNK_BYTES):
                 digest.update(chunk)
         digest.update(b"\0")

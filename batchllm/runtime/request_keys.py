@@ -1,7 +1,8 @@
 """Request keys: what decides a request's answer, as one 32-byte digest the result store files it under.
 
 A node's requests share a *scope*: the model's identity (its directory's content digest,
-`models.model_digest`), the settings that change its numbers (dtype, the engine's task, the
+`models.model_digest`; an embedded model's, of the checkpoint its package ships and the config
+batchllm converts it to, so no key converts a model), the settings that change its numbers (dtype, the engine's task, the
 LoRA adapter's content digest) and the node's own constant keys (every sampling key with the
 seed, the output constraint, chat or completion). A request's key is its scope's digest
 extended by what is its own: the rendered prompt, system message, conversation, score pair
@@ -24,6 +25,7 @@ from batchllm.core.images import ImageUnreadable, image_bytes
 from batchllm.core.requests import EngineRequest
 from batchllm.dag.model import DagSpec, NodeSpec
 from batchllm.engines.devices import engine_dtype
+from batchllm.models.embedded import EMBEDDED_MODELS
 from batchllm.models.lora_adapter import AdapterError, LoraAdapter
 from batchllm.models.model_digest import model_digest
 from batchllm.models.registry import resolve_model
@@ -41,7 +43,11 @@ class NodeKeys:
     def of(cls, dag: DagSpec, node: NodeSpec, device_kind: str, home: Path) -> NodeKeys:
         """The node's scope from its model's files and settings (the model is prepared if it is embedded)."""
         ref = resolve_model(node.model, dag_dir=dag.path.parent, home=home, where=f"nodes.{node.name}.model")
-        identity = model_digest(Path(ref.materialise(home)), home)
+        if ref.kind == "embedded":  # by what ships (its converted weights follow from it), never converted for this
+            embedded = EMBEDDED_MODELS[ref.location]
+            identity = f"{model_digest(embedded.shipped_path(), home)}+{model_digest(embedded.config_dir(), home)}"
+        else:
+            identity = model_digest(Path(ref.materialise(home)), home)
         adapter = None
         if node.adapter is not None:
             try:
