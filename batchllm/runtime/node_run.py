@@ -71,6 +71,7 @@ class NodeRun:
     took_window: bool = False  # took a window in this run (the first is small)
     keys: NodeKeys | None = None  # its requests' keys in the result store (None: it neither reuses nor keeps results)
     store_keys: dict[int, bytes] = field(default_factory=dict)  # the key of each of its units rendered and not yet committed
+    store_may_answer: bool = True  # the store held answers of its scope as the run began (else its requests are not looked up)
     reused: JournalStats = JournalStats()  # its units taken from the result store in this run, with their tokens
     pilot: NodePilot | None = None  # its pilot while it runs: from the run's opening until its last result is in (or it fails)
     lengths: OutputLengths | None = None  # its answer lengths as the run's cost model learns them (None: no cost model plans it)

@@ -9,7 +9,8 @@ and what the engines compute goes into it.
   twice before the engines start (the rest of the node is looked up as it is fed).
 - While the run goes (`take_stored`), every window the feed renders is looked up before it is
   prepared for the engines: a producer that recomputed a row can give its consumer a prompt
-  the store already answered.
+  the store already answered. A node whose model and keys the store held nothing of as the run
+  began is not looked up (a first run over a large data set pays only the filing).
 - A result an engine computed (`keep`) is filed under its request's key, with the run that
   computed it, by a thread of its own (`BackgroundFiling`); one that failed (finish reason
   error) or was aborted is not, so a later run computes it again.
@@ -58,7 +59,10 @@ class RunReuse:
         requests starts its engines without rendering all of them first), unless `whole`."""
         taken = {}
         for run in nodes:
-            if run.keys is None or run.ledger.is_settled() or not self.store.has_scope(run.keys.scope):
+            if run.keys is None or run.ledger.is_settled():
+                continue
+            run.store_may_answer = self.store.has_scope(run.keys.scope)
+            if not run.store_may_answer:  # nothing of its model and keys: its requests are filed, not looked up
                 continue
             count = 0
             for start in range(0, run.ledger.rows, _rows_per_window(run)):
@@ -94,7 +98,7 @@ class RunReuse:
         if run.keys is None or not len(units):
             return units, requests
         keys = run.keys.keys(requests)
-        found = self.store.get_many(keys)
+        found = self.store.get_many(keys) if run.store_may_answer else {}
         if found:
             hit = np.fromiter((key in found for key in keys), bool, len(keys))
             hits = np.flatnonzero(hit)
