@@ -47,7 +47,7 @@ def test_the_end_of_run_summary_fits_80_columns_with_every_node(workspace, monke
         "1 stage (sequential): N s, overhead N s (N%)",
         "engines: 1 model load for 1 node on devices",
         "before them: N s, the command's start (imports, checks, planning)",
-        "  imports N s, checks N s (vLLM's verdict kept), planning N s, rest N s",
+        "  imports N s, checks N s (vLLM kept), planning N s, rest N s",
         "details: out/run.json",
         "judged: out/judged.parquet",
     ]
@@ -111,3 +111,13 @@ def test_validate_says_what_the_result_store_answers_of_each_node(workspace, mon
         "  b: 4 of 4 requests stored",
         "  judge: 0 of 4 requests stored",
     ]
+
+
+def test_the_parts_of_a_commands_start_fit_80_columns_after_a_long_start():
+    """A driver inside a long-lived process (a test worker, a notebook) has a large 'imports' part."""
+    from batchllm.runtime.run_report import CommandStart
+
+    line = "  " + CommandStart(1234.5, 12.3, 11.4, 10.2).text(1299.9)
+    assert line == "  imports 1234.5 s, checks 12.3 s (vLLM 11.4 s), planning 10.2 s, rest 43.0 s"
+    assert len(line) <= 80
+    assert "(vLLM kept)" in CommandStart(1.2, 3.0, 0.0, 0.3).text(4.5)
