@@ -117,7 +117,7 @@ def test_the_parts_of_a_commands_start_fit_80_columns_after_a_long_start():
     """A driver inside a long-lived process (a test worker, a notebook) has a large 'imports' part."""
     from batchllm.runtime.run_report import CommandStart
 
-    line = "  " + CommandStart(1234.5, 12.3, 11.4, 10.2).text(1299.9)
-    assert line == "  imports 1234.5 s, checks 12.3 s (vLLM 11.4 s), planning 10.2 s, rest 43.0 s"
+    line = "  " + CommandStart(1234.5, 12.25, 11.4, 10.25).text(1300.0)
+    assert line == "  imports 1234.5 s, checks 12.2 s (vLLM 11.4 s), planning 10.2 s, rest 43.0 s"
     assert len(line) <= 80
     assert "(vLLM kept)" in CommandStart(1.2, 3.0, 0.0, 0.3).text(4.5)
