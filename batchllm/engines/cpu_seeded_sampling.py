@@ -20,24 +20,33 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import torch
+# torch is imported inside the functions, never when this module is: the worker imports the
+# stepper's modules before it sets the engine's threads, and a torch imported then keeps its
+# default thread count (the local engine's greedy answers then differ from a server's).
 
 
-class OffsetFreeGenerator(torch.Generator):
-    """A CPU generator with vLLM's offset calls as no-ops."""
+@functools.cache
+def _offset_free_class() -> type:
+    import torch
 
-    def get_offset(self) -> int:
-        return 0
+    class OffsetFreeGenerator(torch.Generator):
+        """A CPU generator with vLLM's offset calls as no-ops."""
 
-    def set_offset(self, offset: int) -> OffsetFreeGenerator:
-        return self
+        def get_offset(self) -> int:
+            return 0
+
+        def set_offset(self, offset: int) -> OffsetFreeGenerator:
+            return self
+
+    return OffsetFreeGenerator
 
 
-def offset_free(generator: torch.Generator) -> torch.Generator:
-    """The same CPU generator state, as an OffsetFreeGenerator (another device's is returned as it is)."""
-    if generator.device.type != "cpu" or isinstance(generator, OffsetFreeGenerator):
+def offset_free(generator: Any) -> Any:
+    """The same CPU generator state, as an offset-free generator (another device's is returned as it is)."""
+    kind = _offset_free_class()
+    if generator.device.type != "cpu" or isinstance(generator, kind):
         return generator
-    copy = OffsetFreeGenerator(device="cpu")
+    copy = kind(device="cpu")
     copy.set_state(generator.get_state())
     return copy
 
