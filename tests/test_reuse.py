@@ -267,3 +267,12 @@ def test_an_embedded_models_keys_come_from_what_its_package_ships_without_conver
     first = NodeKeys.of(spec, spec.nodes["answer"], "cpu", home)
     assert not (home / "models").exists()  # not converted
     assert NodeKeys.of(spec, spec.nodes["answer"], "cpu", home).scope == first.scope  # the remembered digest gives the same
+
+
+def test_a_store_path_that_is_a_folder_is_refused_before_anything_is_written(workspace):
+    from batchllm.core.errors import UserError
+
+    (workspace.root / "a-folder").mkdir()
+    with pytest.raises(UserError, match="a folder is in the way of the result store"):
+        run(workspace, FakeEngineFactory(), workspace.out, store=workspace.root / "a-folder")
+    assert not workspace.out.exists()

@@ -95,6 +95,7 @@ def run_dag(dag: DagSpec, spec: RunSpec, *, console: Console, engine_factory: En
         inputs = replace(inputs, store_keys={name: NodeKeys.of(dag, node, spec.devices.kind, spec.home)
                                              for name, node in dag.nodes.items() if not dag.on_endpoints(name)})
     # a run the result store answers whole computes nothing: no length model's fit, no plan
+    store = ResultStore(spec.store) if spec.store is not None else None  # a path that is no store: exit 2 before anything is written
     stored_whole = spec.store is not None and answered_whole(dag, inputs.sources, spec.store, spec.devices.kind, spec.home)
     planning, planned_at = None, time.monotonic()
     lengths = _length_models(dag, spec.home, console) if not stored_whole else LengthModels({}, {}, {}, frozenset())
@@ -124,8 +125,7 @@ def run_dag(dag: DagSpec, spec: RunSpec, *, console: Console, engine_factory: En
     run_dir.open(fresh=spec.fresh)
     try:
         with _run_gc(), RunProgress(console, status_path=run_dir.status_path) as progress:
-            reuse = RunReuse(ResultStore(spec.store), f"{spec.out} {datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}",
-                             progress.note) if spec.store is not None else None
+            reuse = RunReuse(store, f"{spec.out} {datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}", progress.note) if store is not None else None
             executor = Executor(spec, inputs, run_dir, engine_factory or with_endpoints(start_vllm_engine), progress, planning,
                                 RequestPreparer(spec.prefix_order), replanner, sampler, reuse)
             if timed is not None:
