@@ -54,36 +54,14 @@ def pytest_collection_modifyitems(items) -> None:
 
 @pytest.fixture(scope="session")
 def shared_engines():
-    """An engine factory that keeps real engines alive for the whole test session (one per
-    sharing key), for the tests that run on the real engine (marked `engine`)."""
+    """An engine factory that keeps real engines alive between the tests that run on the real
+    engine (marked `engine`): one per sharing key, at most two of them idle (tests/engine_pool.py)."""
     from batchllm.engines.process_engine import start_vllm_engine
+    from tests.engine_pool import EnginePool
 
-    engines = {}
-
-    class Shared:
-        def __init__(self, engine):
-            self._engine, self.config, self.ready = engine, engine.config, engine.ready
-
-        drain_steps = property(lambda self: self._engine.drain_steps)
-        submit = property(lambda self: self._engine.submit)
-        poll = property(lambda self: self._engine.poll)
-        in_flight_limit = property(lambda self: self._engine.in_flight_limit)
-        note = property(lambda self: self._engine.note)
-
-        def stop(self):
-            pass  # stopped at the end of the session
-
-    def factory(config):
-        key = config.sharing_key()
-        if key not in engines:
-            engines[key] = start_vllm_engine(config)
-        return Shared(engines[key])
-
-    yield factory
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=max(1, len(engines))) as stopping:  # each waits on its own process's exit
-        list(stopping.map(lambda engine: engine.stop(), engines.values()))
+    pool = EnginePool(start_vllm_engine, keep=2)
+    yield pool
+    pool.close()
 
 
 QUESTIONS = [
