@@ -17,7 +17,7 @@ from batchllm.cli import app
 from batchllm.core.errors import UserError
 from batchllm.core.requests import EngineRequest
 from batchllm.engines.devices import DeviceSet
-from batchllm.openai_batch import model_map, run_batch
+from batchllm.openai_batch import BatchFile, model_map, run_batch, run_batches
 from batchllm.openai_batch.request_lines import parse_line
 from tests.conftest import make_model_dir
 from tests.fakes import DriverCrash, FakeEngine, FakeEngineFactory, fake_score, fake_vector
@@ -195,6 +195,31 @@ def test_a_crash_then_the_same_command_resumes_each_request_once(batch):
     done = run(batch, resumed)
     assert len(resumed.requests) == 5 - 2  # the two committed before the crash are not asked again
     assert without_created(output_lines(done.output)) == uninterrupted
+
+
+def test_several_request_files_run_as_one_dag_each_with_its_own_results_and_a_resume_after_dropping_one(batch):
+    """`serve`'s groups: the files' nodes carry their prefixes, the same custom_id in two files is two
+    requests, and a run of some of the files on the same folder resumes what they committed."""
+    root = batch["root"]
+    second = root / "second.jsonl"
+    second.write_text(json.dumps(chat("c1", "gpt-b", "Another file's first line", max_tokens=8)) + "\n")
+    files = [BatchFile(batch["requests"], root / "first.results.jsonl", "b1_"), BatchFile(second, root / "second.results.jsonl", "b2_")]
+    factory = FakeEngineFactory()
+    runs = run_batches(files, batch["models"], run_dir=root / "run", devices=CPU2, prefix_order=False, schedule="sequential",
+                       engine_factory=factory, console=Console(quiet=True))
+    assert len(factory.requests) == 5 + 1
+    assert sorted(p.name for p in (root / "run" / "nodes").iterdir()) == [
+        "b1_gpt_a_chat.parquet", "b1_gpt_b_completion.parquet", "b2_gpt_b_chat.parquet"]
+    first, other = (output_lines(run.output) for run in runs)
+    assert [line["custom_id"] for line in first] == ["c1", "c2", "p1", "c3", None, "c1", "u1", "p2"]
+    assert [(line["custom_id"], line["response"]["body"]["model"]) for line in other] == [("c1", "gpt-b")]
+    assert "Another file's first line" in other[0]["response"]["body"]["choices"][0]["message"]["content"]
+    again = FakeEngineFactory()
+    [alone] = run_batches(files[1:], batch["models"], run_dir=root / "run", devices=CPU2, prefix_order=False, schedule="sequential",
+                          engine_factory=again, console=Console(quiet=True))
+    assert again.requests == [] and without_created(output_lines(alone.output)) == without_created(other)
+    with pytest.raises(ValueError, match="prefixes must differ"):
+        run_batches([files[0], BatchFile(second, root / "x.jsonl", "b1_")], batch["models"], run_dir=root / "run")
 
 
 def test_a_missing_request_file_is_refused_and_leaves_no_run_folder(batch):

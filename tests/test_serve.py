@@ -19,7 +19,7 @@ from batchllm.serve.api_errors import ApiError
 from batchllm.serve.app import create_app, open_service
 from batchllm.serve.batches import BatchStatus, BatchStore, InvalidTransition
 from batchllm.serve.files import Limits
-from batchllm.serve.worker import RunJob
+from batchllm.serve.runner import JobBatch, RunJob
 
 S = BatchStatus
 
@@ -44,20 +44,21 @@ class FakeRun:
 
     def _run(self) -> None:
         self.job.run_dir.mkdir(parents=True, exist_ok=True)
-        lines = [raw for raw in self.job.requests.read_bytes().splitlines() if raw.strip()]
-        done = self.committed.get(self.job.batch_id, 0)
+        self.code = max(self._run_batch(batch) for batch in self.job.batches) if not self.interrupted.is_set() else 130
+
+    def _run_batch(self, batch: JobBatch) -> int:
+        lines = [raw for raw in batch.requests.read_bytes().splitlines() if raw.strip()]
+        done = self.committed.get(batch.batch_id, 0)
         if self.job.partial is None:
             while done < len(lines):
                 if self.gate is not None:
                     while not self.gate.acquire(timeout=0.05):
                         if self.interrupted.is_set():
-                            self.code = 130
-                            return
+                            return 130
                 if self.interrupted.is_set():
-                    self.code = 130
-                    return
+                    return 130
                 done += 1
-                self.committed[self.job.batch_id] = done
+                self.committed[batch.batch_id] = done
         out = []
         for k, raw in enumerate(lines, start=1):
             try:
@@ -78,8 +79,8 @@ class FakeRun:
                         "id": f"c{k}", "object": "chat.completion", "created": 1, "model": line["body"]["model"],
                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
                         "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}}})
-        self.job.results.write_text("".join(json.dumps(line) + "\n" for line in out))
-        self.code = 1 if done < len(lines) else 0
+        batch.results.write_text("".join(json.dumps(line) + "\n" for line in out))
+        return 1 if done < len(lines) else 0
 
     def poll(self) -> int | None:
         return self.code
@@ -122,7 +123,8 @@ def served(tmp_path):
 
     def start(api_key: str | None = None, limits: Limits = Limits(), gate: threading.Semaphore | None = None) -> TestClient:
         runner.gate = gate
-        service = open_service(tmp_path / "data", runner, {"gpt-x": "smollm2-135m"}, limits=limits, api_key=api_key, poll_s=0.01)
+        service = open_service(tmp_path / "data", runner, {"gpt-x": "smollm2-135m"}, limits=limits, api_key=api_key, poll_s=0.01,
+                               gather_s=0.3)
         client = TestClient(create_app(service))
         client.__enter__()
         clients.append(client)
@@ -321,12 +323,63 @@ def test_a_queued_batch_cancelled_before_it_runs_ends_without_a_run_and_an_ended
     client.post(f"/v1/batches/{second['id']}/cancel")
     cancelled = until_status(client, second["id"], ("cancelled",))
     assert cancelled["output_file_id"] is None and cancelled["request_counts"]["failed"] == 2
-    assert [job.batch_id for job in served.runner.started] == [first["id"]]
+    assert [[b.batch_id for b in job.batches] for job in served.runner.started] == [[first["id"]]]
     gate.release(2)
     until_status(client, first["id"], ("completed",))
     refused = client.post(f"/v1/batches/{first['id']}/cancel")
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "batch_not_cancellable"
     assert client.delete(f"/v1/files/{file_id}").status_code == 200
+
+
+def members(job: RunJob) -> list[tuple[str, str]]:
+    return [(b.batch_id, b.prefix) for b in job.batches]
+
+
+def test_batches_created_in_a_row_run_as_one_group_and_each_gets_its_own_files(served):
+    client = served()
+    a = create(client, upload(client, jsonl([chat("a1", "hi"), chat("a2", "ho")])).json()["id"]).json()
+    b = create(client, upload(client, jsonl([chat("b1", "hi", model="smollm2-135m")])).json()["id"]).json()
+    done = [until_status(client, batch["id"], ("completed",)) for batch in (a, b)]
+    assert [members(job) for job in served.runner.started] == [[(a["id"], "b1_"), (b["id"], "b2_")]]
+    job = served.runner.started[0]
+    assert job.run_dir == job.run_dir.parent / "run" and job.run_dir.parent.name == a["id"]  # the group is named after its first
+    outputs = [[json.loads(line)["custom_id"] for line in client.get(f"/v1/files/{d['output_file_id']}/content").text.splitlines()]
+               for d in done]
+    assert outputs == [["a1", "a2"], ["b1"]]
+    assert [d["request_counts"] for d in done] == [{"total": 2, "completed": 2, "failed": 0}, {"total": 1, "completed": 1, "failed": 0}]
+
+
+def test_a_batch_created_while_a_group_runs_waits_for_the_next_group(served):
+    gate = threading.Semaphore(0)
+    client = served(gate=gate)
+    a = create(client, upload(client, jsonl([chat("a1", "hi")])).json()["id"]).json()
+    wait_for(lambda: served.runner.started, what="the first group")
+    b = create(client, upload(client, jsonl([chat("b1", "hi")])).json()["id"]).json()
+    gate.release(2)
+    for batch in (a, b):
+        until_status(client, batch["id"], ("completed",))
+    assert [members(job) for job in served.runner.started] == [[(a["id"], "")], [(b["id"], "")]]
+
+
+def test_cancelling_one_batch_of_a_group_keeps_its_finished_lines_and_the_others_resume_without_recomputing(served):
+    gate = threading.Semaphore(0)
+    client = served(gate=gate)
+    a = create(client, upload(client, jsonl([chat(f"a{k}", "hi") for k in range(3)])).json()["id"]).json()
+    b = create(client, upload(client, jsonl([chat(f"b{k}", "hi") for k in range(2)])).json()["id"]).json()
+    wait_for(lambda: served.runner.started, what="the group")
+    gate.release(2)
+    wait_for(lambda: served.runner.committed.get(a["id"]) == 2, what="two lines of the first batch")
+    client.post(f"/v1/batches/{a['id']}/cancel")
+    cancelled = until_status(client, a["id"], ("cancelled",))
+    assert cancelled["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
+    gate.release(5)
+    completed = until_status(client, b["id"], ("completed",))
+    assert completed["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
+    group, partial, resumed = served.runner.started
+    assert members(group) == [(a["id"], "b1_"), (b["id"], "b2_")]
+    assert (members(partial), partial.partial) == ([(a["id"], "b1_")], "the batch was cancelled")
+    assert members(resumed) == [(b["id"], "b2_")] and resumed.run_dir == group.run_dir  # same folder, same node names
+    assert served.runner.committed == {a["id"]: 2, b["id"]: 2}
 
 
 def test_a_server_stopped_mid_batch_resumes_it_when_started_again_and_keeps_every_file(served):
@@ -363,9 +416,9 @@ def test_an_api_error_carries_openais_fields():
 # --- the real service: `batchllm serve` as a process, the real engine, the official client, a real browser
 #
 # One server for the module, started with every batch queued at once: a chat batch (A) and an embeddings
-# batch of another model (B) together and a longer chat batch to cancel (C). They run one after another in
-# the order they were created; the tests below look at each as it gets its turn. The last test makes one more
-# (K) and kills the server with -9 while it runs.
+# batch of another model (B) together and a longer chat batch to cancel (C). Created in a row, they run as
+# one group (one DAG, planned together); the tests below look at each as it ends. The last test makes one
+# more (K) and kills the server with -9 while it runs.
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_HOME = REPO / ".batchllm-home"  # the embedded models as `make test` prepares them
@@ -526,6 +579,9 @@ def test_a_batch_of_another_model_queued_with_it_completes_too(service):
     vectors = [item["embedding"] for line in lines for item in line["response"]["body"]["data"]]
     assert len(vectors) == 4 and {len(v) for v in vectors} == {384}
     assert client.batches.retrieve(service["batches"]["A"]).status == "completed"
+    # created in a row, A, B and C ran as one group: one DAG in one run folder, planned together
+    group = json.loads((service["root"] / "data" / "runs" / service["batches"]["A"] / "members.json").read_text())
+    assert list(group["prefixes"]) == [service["batches"][name] for name in "ABC"]
 
 
 @engine

@@ -48,8 +48,8 @@ def serve(
     from batchllm.io.result_store import default_store_path
     from batchllm.openai_batch import model_map
     from batchllm.serve.files import Limits
+    from batchllm.serve.runner import RunSettings
     from batchllm.serve.server import serve as run_server
-    from batchllm.serve.worker import RunSettings
 
     try:
         api_key = None

@@ -7,6 +7,6 @@ models; `batch_input` converts the file once into the run folder; `batch_dag` ma
 """
 
 from batchllm.openai_batch.model_map import model_map
-from batchllm.openai_batch.run import BatchRun, run_batch
+from batchllm.openai_batch.run import BatchFile, BatchRun, run_batch, run_batches
 
-__all__ = ["BatchRun", "model_map", "run_batch"]
+__all__ = ["BatchFile", "BatchRun", "model_map", "run_batch", "run_batches"]

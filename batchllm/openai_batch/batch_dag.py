@@ -51,27 +51,54 @@ def node_names(keys: list[tuple[str, str]]) -> list[str]:
     return names
 
 
+@dataclass(frozen=True)
+class BatchMember:
+    """One converted request file in a DAG of several (`batchllm serve` runs queued batches as one
+    DAG, so the planner runs their models side by side): its inputs and nodes carry its prefix."""
+
+    prefix: str  # before its node names and input name; "" for the one file of `run-batch`
+    requests_path: str
+    groups: tuple[BatchGroup, ...]
+
+    @property
+    def input_name(self) -> str:
+        return f"{INPUT_NAME}_{self.prefix.rstrip('_')}" if self.prefix else INPUT_NAME
+
+    def node(self, group: BatchGroup) -> str:
+        return self.prefix + group.node
+
+
 def batch_dag(requests_path: str, groups: tuple[BatchGroup, ...]) -> dict:
     """The DAG (as a dict of the YAML schema) over the converted request file."""
+    return batches_dag([BatchMember("", requests_path, groups)])
+
+
+def batches_dag(members: list[BatchMember]) -> dict:
+    """The DAG over several converted request files: each member's groups select from its own input."""
     nodes: dict[str, dict[str, object]] = {}
-    for group in groups:
-        if group.kind in POOLING_TASKS:  # no sampling, no chat: the line's text (and a score's pair) pooled
-            nodes[group.node] = {"model": group.local_model, "task": POOLING_TASKS[group.kind], "prompt": "{{ prompt }}",
-                                 **({"pair": "{{ pair }}"} if POOLING_TASKS[group.kind] == "score" else {}), "where": f"node = '{group.node}'"}
-            continue
-        model, adapter = split_local(group.local_model)
-        node: dict[str, object] = {"model": model, "chat": group.kind == "chat", "sampling": group.sampling,
-                                   "where": f"node = '{group.node}'", **({"adapter": adapter} if adapter else {})}
-        if group.shape == "messages":
-            node["messages"] = "{{ messages }}"
-        else:
-            node["prompt"] = "{{ prompt }}"
-        if group.shape == "system":
-            node["system"] = "{{ system }}"
-        if group.images:
-            node["images"] = "{{ images }}"
-        if group.json_schema is not None:
-            node["output"] = {"json_schema": json.loads(group.json_schema)}
-        nodes[group.node] = node
-    return {"name": DAG_NAME, "inputs": {INPUT_NAME: {"path": requests_path, "id_column": "request_id"}},
+    for member in members:
+        for group in member.groups:
+            nodes[member.node(group)] = {**_node(group), **({"input": member.input_name} if member.prefix else {})}
+    return {"name": DAG_NAME, "inputs": {m.input_name: {"path": m.requests_path, "id_column": "request_id"} for m in members},
             "nodes": nodes, "outputs": {}}
+
+
+def _node(group: BatchGroup) -> dict[str, object]:
+    """A group's node; `where:` selects its rows by the group's own name (the `node` column)."""
+    if group.kind in POOLING_TASKS:  # no sampling, no chat: the line's text (and a score's pair) pooled
+        return {"model": group.local_model, "task": POOLING_TASKS[group.kind], "prompt": "{{ prompt }}",
+                **({"pair": "{{ pair }}"} if POOLING_TASKS[group.kind] == "score" else {}), "where": f"node = '{group.node}'"}
+    model, adapter = split_local(group.local_model)
+    node: dict[str, object] = {"model": model, "chat": group.kind == "chat", "sampling": group.sampling,
+                               "where": f"node = '{group.node}'", **({"adapter": adapter} if adapter else {})}
+    if group.shape == "messages":
+        node["messages"] = "{{ messages }}"
+    else:
+        node["prompt"] = "{{ prompt }}"
+    if group.shape == "system":
+        node["system"] = "{{ system }}"
+    if group.images:
+        node["images"] = "{{ images }}"
+    if group.json_schema is not None:
+        node["output"] = {"json_schema": json.loads(group.json_schema)}
+    return node

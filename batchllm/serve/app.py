@@ -28,8 +28,9 @@ from batchllm.serve.api_errors import ApiError
 from batchllm.serve.batches import COMPLETION_WINDOW_S, BatchStore, check_metadata
 from batchllm.serve.files import FileStore, Limits
 from batchllm.serve.page import BatchView, render_page
+from batchllm.serve.runner import Runner
 from batchllm.serve.validation import ENDPOINTS
-from batchllm.serve.worker import Runner, Worker
+from batchllm.serve.worker import Worker
 
 
 @dataclass
@@ -46,10 +47,10 @@ class Service:
 
 
 def open_service(data: Path, runner: Runner, models: dict[str, str], *, limits: Limits = Limits(), api_key: str | None = None,
-                 poll_s: float = 0.5) -> Service:
+                 poll_s: float = 0.5, gather_s: float = 1.0) -> Service:
     data.mkdir(parents=True, exist_ok=True)
     files, batches = FileStore(data / "files", limits), BatchStore(data / "batches")
-    return Service(data, files, batches, Worker(data, batches, files, runner, models, poll_s=poll_s), api_key)
+    return Service(data, files, batches, Worker(data, batches, files, runner, models, poll_s=poll_s, gather_s=gather_s), api_key)
 
 
 def _error(error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:

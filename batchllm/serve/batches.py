@@ -79,6 +79,7 @@ class BatchRecord:
     usage: dict[str, Any] | None = None
     order: int = 0  # time.time_ns() at creation: batches made in one second keep their order
     attempts: int = 0  # runs started that ended neither done nor stopped on purpose (a crash): bounded
+    run_id: str | None = None  # the run group it runs in (run_groups.py), from its first run on
 
     def to_object(self, counts: tuple[int, int, int] | None = None) -> dict:
         """The Batch object of OpenAI's API; `counts` (total, completed, failed): live ones."""

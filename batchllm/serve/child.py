@@ -1,11 +1,13 @@
-"""One batch's run in a process of its own: `python -m batchllm.serve.child SPEC.json`.
+"""A run of batches in a process of its own: `python -m batchllm.serve.child SPEC.json`.
 
-The worker starts it and stops it with SIGINT (SIGTERM works too): `run_batch` is then
-interrupted as Ctrl-C interrupts `batchllm run-batch`, what finished stays committed in the
-run folder, and the next run of the same spec resumes it. It dies with the server (a
+The spec (`runner.ChildRunner`) names the batches' request and results files and their node
+prefixes; they run as one DAG (`openai_batch.run_batches`). The worker starts it and stops it
+with SIGINT (SIGTERM works too): the run is then interrupted as Ctrl-C interrupts `batchllm
+run-batch`, what finished stays committed in the run folder, and the next run of the same
+batches resumes it. It dies with the server (a
 `kill -9` of the server leaves no run holding the cores). With `partial` in the spec it
 computes nothing: every engine it would start refuses, so the run ends at once and the
-results file is written from what is committed, the other lines saying `partial`'s reason.
+results files are written from what is committed, the other lines saying `partial`'s reason.
 
 Exit codes, as `batchllm run-batch`'s: 0 done, 1 incomplete (results file written),
 2 bad input (the message on stderr), 130 interrupted.
@@ -27,7 +29,7 @@ from rich.console import Console
 from batchllm.core.errors import RunIncomplete, UserError
 from batchllm.engines.engine import Engine, EngineFactory, EngineFailed
 from batchllm.engines.protocol import EngineConfig
-from batchllm.openai_batch import run_batch
+from batchllm.openai_batch import BatchFile, run_batches
 from batchllm.runtime.memory import limit_malloc_arenas
 
 _PR_SET_PDEATHSIG = 1
@@ -62,10 +64,11 @@ def main(spec_path: str) -> int:
     limit_malloc_arenas()
     partial = spec.get("partial")
     try:
-        run_batch(Path(spec["requests"]), Path(spec["results"]), spec["models"], run_dir=Path(spec["run_dir"]),
-                  devices=spec.get("devices", "auto"), schedule="sequential" if partial else spec.get("schedule", "plan"),
-                  console=console, engine=spec.get("engine") or None, store=None if partial or not spec.get("store") else Path(spec["store"]),
-                  engine_factory=refusing_engines(partial) if partial else None)
+        files = [BatchFile(Path(b["requests"]), Path(b["results"]), b["prefix"]) for b in spec["batches"]]
+        run_batches(files, spec["models"], run_dir=Path(spec["run_dir"]),
+                    devices=spec.get("devices", "auto"), schedule="sequential" if partial else spec.get("schedule", "plan"),
+                    console=console, engine=spec.get("engine") or None, store=None if partial or not spec.get("store") else Path(spec["store"]),
+                    engine_factory=refusing_engines(partial) if partial else None)
     except UserError as error:
         print(f"error: {error.paragraph()}", file=sys.stderr, flush=True)
         return 2

@@ -13,7 +13,7 @@ import uvicorn
 
 from batchllm.serve.app import create_app, open_service
 from batchllm.serve.files import Limits
-from batchllm.serve.worker import ChildRunner, RunSettings
+from batchllm.serve.runner import ChildRunner, RunSettings
 
 
 def serve(data: Path, settings: RunSettings, *, host: str = "127.0.0.1", port: int = 8000, limits: Limits = Limits(),

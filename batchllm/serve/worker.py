@@ -1,115 +1,45 @@
-"""Runs the queued batches, one after another, each through `openai_batch.run_batch` in a
-child process (`child.py`), and moves each along its lifecycle (`batches.py`).
+"""Runs the queued batches and moves each along its lifecycle (`batches.py`): the batches
+queued together run as one group (`run_groups.py`), one DAG in one run folder, through
+`openai_batch.run_batches` in a child process (`runner.py`, `child.py`), so the planner runs
+their models side by side.
 
 - validating: each new batch's file is read in a thread of its own (`validation.py`) and the
-  batch becomes in_progress (queued), failed (nothing in it can run) or expired.
-- in_progress: the oldest runs; its lines commit as they finish in `<data>/runs/<id>/run`.
-  Told to stop (the server ends), the worker interrupts the run, which stays in_progress and
-  resumes its run folder, each request computed once, when the server starts again. A run
-  that crashed is started again, at most MAX_ATTEMPTS times.
-- cancelling: the run is interrupted, then finished without an engine: the results file is
-  written from what was committed, the other lines in the error file as `batch_cancelled`.
-- finalizing: the results file is split as OpenAI splits it, lines with a response into the
-  output file, lines with an error into the error file, under ids made from the batch's, so
-  doing it again after a crash gives the same files.
-
-The runner is a seam (`Runner`): the tests of the lifecycle run batches with a fake one.
+  batch becomes in_progress (queued), failed (nothing in it can run) or expired. A new group
+  is made once `gather_s` passed since the newest batch was created, so batches a client creates
+  in a row run together.
+- in_progress: a started group runs until its members end; else the queued batches make a new
+  group. Lines commit as they finish in the group's run folder. Told to stop (the server
+  ends), the worker interrupts the run, which stays in_progress and resumes its run folder,
+  each request computed once, when the server starts again. A run that crashed is started
+  again, at most MAX_ATTEMPTS times.
+- cancelling: the group's run is interrupted; the cancelled batch is finished without an
+  engine (its results file written from what was committed, the other lines in the error
+  file as `batch_cancelled`), then the group's other batches resume.
+- finalizing: the results file is split as OpenAI splits it (`outcome.py`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import signal
-import subprocess
-import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from batchllm.core.errors import UserError
-from batchllm.core.files import write_text_atomically
 from batchllm.runtime.status import read_status
 from batchllm.serve.api_errors import ApiError
 from batchllm.serve.batches import BatchRecord, BatchStatus, BatchStore, InvalidTransition
 from batchllm.serve.files import FileStore
+from batchllm.serve.outcome import Outcome, split_results, unstarted_errors
+from batchllm.serve.run_groups import MAX_BATCHES, RunGroup, RunGroups
+from batchllm.serve.runner import RunHandle, Runner
 from batchllm.serve.validation import Validated, validate_file
 
 MAX_ATTEMPTS = 3
 S = BatchStatus
-
-
-@dataclass(frozen=True)
-class RunJob:
-    batch_id: str
-    requests: Path
-    results: Path  # the run's results file (one line per request line, in order)
-    run_dir: Path
-    log: Path
-    partial: str | None = None  # finish from what is committed, computing nothing; the rest's lines say this
-
-
-class RunHandle(Protocol):
-    def poll(self) -> int | None:
-        """The exit code once it ended (0 done, 1 incomplete, 2 bad input, 130 interrupted)."""
-        ...
-
-    def interrupt(self) -> None: ...
-
-    def kill(self) -> None: ...
-
-
-class Runner(Protocol):
-    def start(self, job: RunJob) -> RunHandle: ...
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """What every batch's run takes: the model mapping and run-batch's options."""
-    models: Mapping[str, str]
-    devices: str = "auto"
-    engine: Mapping[str, Any] = field(default_factory=dict)
-    store: Path | None = None
-
-
-class _Child:
-    def __init__(self, process: subprocess.Popen):
-        self.process = process
-
-    def poll(self) -> int | None:
-        return self.process.poll()
-
-    def interrupt(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-
-
-class ChildRunner:
-    """Each run in a `python -m batchllm.serve.child` process (its output in the job's log)."""
-
-    def __init__(self, settings: RunSettings):
-        self.settings = settings
-
-    def start(self, job: RunJob) -> RunHandle:
-        job.run_dir.parent.mkdir(parents=True, exist_ok=True)
-        spec = job.run_dir.parent / ("partial-spec.json" if job.partial else "run-spec.json")
-        write_text_atomically(spec, json.dumps({
-            "requests": str(job.requests), "results": str(job.results), "run_dir": str(job.run_dir), "partial": job.partial,
-            "models": dict(self.settings.models), "devices": self.settings.devices, "engine": dict(self.settings.engine),
-            "store": str(self.settings.store) if self.settings.store else None}, indent=1) + "\n")
-        with open(job.log, "ab") as log:
-            process = subprocess.Popen([sys.executable, "-m", "batchllm.serve.child", str(spec)], stdin=subprocess.DEVNULL,
-                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        return _Child(process)
 
 
 @dataclass(frozen=True)
@@ -121,24 +51,15 @@ class Progress:
     output_tokens_per_s: float
 
 
-def output_file_id(batch_id: str, kind: str) -> str:
-    return "file-" + hashlib.sha256(f"{batch_id}:{kind}".encode()).hexdigest()[:24]
-
-
 class Worker:
     def __init__(self, data: Path, batches: BatchStore, files: FileStore, runner: Runner, models: Mapping[str, str], *,
-                 poll_s: float = 0.5, stop_wait_s: float = 60.0):
+                 poll_s: float = 0.5, stop_wait_s: float = 60.0, gather_s: float = 1.0):
         self.data, self.batches, self.files, self.runner, self.models = data, batches, files, runner, models
-        self.poll_s, self.stop_wait_s = poll_s, stop_wait_s
+        self.poll_s, self.stop_wait_s, self.gather_s = poll_s, stop_wait_s, gather_s
+        self.groups = RunGroups(data / "runs")
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-
-    # --- paths
-    def job(self, record: BatchRecord, partial: str | None = None) -> RunJob:
-        folder = self.data / "runs" / record.id
-        return RunJob(record.id, self.files.content_path(record.input_file_id), folder / "results.jsonl", folder / "run",
-                      folder / "run.log", partial)
 
     # --- life
     def start(self) -> None:
@@ -149,7 +70,7 @@ class Worker:
         self._thread.start()
 
     def stop(self) -> None:
-        """Interrupt the running batch (it stays in_progress, resumed at the next start) and end."""
+        """Interrupt the running group (its batches stay in_progress, resumed at the next start) and end."""
         self._stopping.set()
         self._wake.set()
         if self._thread is not None:
@@ -198,100 +119,121 @@ class Worker:
     # --- progress
     def progress(self, record: BatchRecord) -> Progress | None:
         """Live counts of a batch that runs (None: it has not started, or its run wrote no status yet)."""
-        if record.status not in (S.IN_PROGRESS, S.CANCELLING):
+        if record.status not in (S.IN_PROGRESS, S.CANCELLING) or record.run_id is None:
             return None
-        run_dir = self.job(record).run_dir
+        run_dir = self.groups.run_dir(record.run_id)
         if not (run_dir / ".batchllm" / "status.json").is_file():
             return None
         try:
-            status = read_status(run_dir)
-        except UserError:
+            status, group = read_status(run_dir), self.groups.get(record.run_id)
+        except (UserError, OSError, ValueError, KeyError):
             return None
-        done = sum(node.committed - node.failed for node in status.nodes.values())
-        failed = sum(node.failed for node in status.nodes.values())
+        nodes = [node for name, node in status.nodes.items() if group.owns_node(record.id, name)]
+        done = sum(node.committed - node.failed for node in nodes)
+        failed = sum(node.failed for node in nodes)
         runnable = max(record.total - record.invalid, 0)
-        etas = [node.eta_s for node in status.nodes.values() if node.eta_s is not None and node.committed < node.total]
-        eta = status.rest_s if status.rest_s is not None else (max(etas) if etas else None)
+        etas = [node.eta_s for node in nodes if node.eta_s is not None and node.committed < node.total]
+        eta = max(etas) if etas else status.rest_s
         return Progress(min(done, runnable), min(record.invalid + failed, record.total), eta if status.state == "running" else None,
-                        sum(node.output_tokens_per_s for node in status.nodes.values()))
+                        sum(node.output_tokens_per_s for node in nodes))
 
     def counts(self, record: BatchRecord) -> tuple[int, int, int] | None:
         progress = self.progress(record)
         return None if progress is None else (record.total, progress.completed, progress.failed)
 
-    # --- the loop
+    # --- the loop: each turn does the most urgent thing there is
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            record = self._next()
-            if record is None:
-                self._wake.wait(1.0)
+            records = self._turn()
+            if not records:
+                self._wake.wait(min(1.0, max(self.gather_s, 0.05)))
                 self._wake.clear()
                 continue
             try:
-                self._advance(record)
-            except Exception:  # a bug must not end the worker: the batch fails with its cause, the others go on
+                self._advance(records)
+            except Exception:  # a bug must not end the worker: the batches fail with its cause, the others go on
                 cause = traceback.format_exc(limit=4).strip().splitlines()[-1]
-                try:
-                    self.batches.transition(record.id, S.FAILED, errors=[{"code": "server_error", "message": cause,
-                                                                          "param": None, "line": None}])
-                except InvalidTransition:
-                    pass
+                for record in records:
+                    self._fail(record, "server_error", cause)
 
-    def _next(self) -> BatchRecord | None:
-        active = [r for r in self.batches.active() if r.status != S.VALIDATING]
-        unstarted_cancels = [r for r in active if r.status == S.CANCELLING and not self.job(r).run_dir.exists()]
-        first = unstarted_cancels or active
-        return first[0] if first else None
+    def _turn(self) -> list[BatchRecord]:
+        """What to advance now: a batch to end or finalize; else the members of the started group to
+        run on; else a new group of the queued batches, once `gather_s` passed since the newest was created."""
+        active = self.batches.active()
+        for record in active:
+            if record.status == S.FINALIZING or (record.status == S.CANCELLING and record.run_id is None):
+                return [record]
+        for record in active:
+            if record.status == S.CANCELLING:
+                return [record]
+        queued = [r for r in active if r.status == S.IN_PROGRESS]
+        started = [r for r in queued if r.run_id is not None]
+        if started:
+            return [r for r in queued if r.run_id == started[0].run_id]
+        newest_ns = max((r.order for r in active), default=0)
+        if len(queued) < MAX_BATCHES and time.time_ns() - newest_ns < self.gather_s * 1e9:
+            return []  # a batch created just now: the next may come with it (a client creating several in a row)
+        return queued[:MAX_BATCHES]
 
-    def _advance(self, record: BatchRecord) -> None:
-        if record.status == S.IN_PROGRESS:
-            if not self.job(record).run_dir.exists() and time.time() > record.expires_at:
+    def _advance(self, records: list[BatchRecord]) -> None:
+        first = records[0]
+        if first.status == S.FINALIZING:
+            self._finish(first, S.COMPLETED)
+        elif first.run_id is None and first.status == S.CANCELLING:
+            self._end_unstarted(first, S.CANCELLED, "batch_cancelled", "the batch was cancelled before this request ran")
+        elif first.run_id is None:
+            self._start_group(records)
+        elif first.status == S.CANCELLING:
+            self._run(self.groups.get(first.run_id), [first], partial="the batch was cancelled")
+        else:
+            self._run(self.groups.get(first.run_id), records)
+
+    def _start_group(self, queued: list[BatchRecord]) -> None:
+        members = []
+        for record in queued:
+            if time.time() > record.expires_at:
                 self._end_unstarted(record, S.EXPIRED, "batch_expired", "the batch expired before this request ran")
             else:
-                self._run(record)
-        elif record.status == S.FINALIZING:
-            self._finalize(record, S.COMPLETED)
-        elif record.status == S.CANCELLING:
-            if not self.job(record).run_dir.exists():
-                self._end_unstarted(record, S.CANCELLED, "batch_cancelled", "the batch was cancelled before this request ran")
-            else:
-                self._run(record, partial="the batch was cancelled")
+                members.append(record)
+        if members:
+            group = self.groups.make([r.id for r in members])
+            members = [r for r in members if r.id in group.prefixes]  # a group made before a crash keeps its members
+            self._run(group, [self.batches.update(r.id, run_id=group.id) for r in members])
 
-    def _run(self, record: BatchRecord, partial: str | None = None) -> None:
-        job = self.job(record, partial)
-        job.results.unlink(missing_ok=True)
+    def _run(self, group: RunGroup, members: list[BatchRecord], partial: str | None = None) -> None:
+        job = self.groups.job(group, [(r.id, self.files.content_path(r.input_file_id)) for r in members], partial)
+        for batch in job.batches:
+            batch.results.unlink(missing_ok=True)
         handle = self.runner.start(job)
-        stopped = cancelled = False
+        ids = [r.id for r in members]
         while (code := handle.poll()) is None:
             if self._stopping.is_set():
-                stopped = True
                 self._end(handle)
-                break
-            if partial is None and self.batches.get(record.id).status == S.CANCELLING:
-                cancelled = True
+                return  # resumed at the next start
+            if partial is None and any(self.batches.get(i).status == S.CANCELLING for i in ids):
                 self._end(handle)
-                break
-            self._cancel_unstarted(but=record.id)
+                return  # the next turn finishes the cancelled batch, the one after resumes the others
+            self._cancel_unstarted()
             time.sleep(self.poll_s)
-        if stopped or cancelled:
-            return  # stopped: resumed at the next start; cancelled: the next turn finishes it
-        code = handle.poll()
-        if code in (0, 1) and job.results.is_file():
-            if partial is not None:
-                self._finalize(record, S.CANCELLED)
-                return
-            try:
-                record = self.batches.transition(record.id, S.FINALIZING, expect=S.IN_PROGRESS)
-            except InvalidTransition:
-                return  # cancelled just as it ended: the next turn finishes it as cancelled
-            self._finalize(record, S.COMPLETED)
+        if code in (0, 1) and all(batch.results.is_file() for batch in job.batches):
+            for record in members:
+                if partial is not None:
+                    self._finish(record, S.CANCELLED)
+                    continue
+                try:
+                    self.batches.transition(record.id, S.FINALIZING, expect=S.IN_PROGRESS)
+                except InvalidTransition:
+                    continue  # cancelled just as it ended: a later turn finishes it as cancelled
+                self._finish(self.batches.get(record.id), S.COMPLETED)
         elif code == 2:
-            self._fail(record, "invalid_batch", _last_error(job.log) or "the batch cannot run")
+            for record in members:
+                self._fail(record, "invalid_batch", _last_error(job.log) or "the batch cannot run")
         else:
-            record = self.batches.update(record.id, attempts=record.attempts + 1)
-            if record.attempts >= MAX_ATTEMPTS:
-                self._fail(record, "run_failed", f"the run ended {record.attempts} times without finishing (exit {code}); "
-                                                 f"last lines: {_last_error(job.log)}")
+            for record in members:
+                record = self.batches.update(record.id, attempts=self.batches.get(record.id).attempts + 1)
+                if record.attempts >= MAX_ATTEMPTS:
+                    self._fail(record, "run_failed", f"the run ended {record.attempts} times without finishing (exit {code}); "
+                                                     f"last lines: {_last_error(job.log)}")
 
     def _end(self, handle: RunHandle) -> None:
         handle.interrupt()
@@ -300,9 +242,9 @@ class Worker:
             time.sleep(0.2)
         handle.kill()
 
-    def _cancel_unstarted(self, but: str) -> None:
+    def _cancel_unstarted(self) -> None:
         for record in self.batches.active():
-            if record.id != but and record.status == S.CANCELLING and not self.job(record).run_dir.exists():
+            if record.status == S.CANCELLING and record.run_id is None:
                 self._end_unstarted(record, S.CANCELLED, "batch_cancelled", "the batch was cancelled before this request ran")
 
     def _fail(self, record: BatchRecord, code: str, message: str) -> None:
@@ -312,58 +254,22 @@ class Worker:
             pass
 
     def _end_unstarted(self, record: BatchRecord, status: BatchStatus, code: str, message: str) -> None:
-        """A batch that never ran: each request line's error says why."""
-        errors = []
-        with open(self.files.content_path(record.input_file_id), "rb") as handle:
-            for number, raw in enumerate(handle, start=1):
-                if raw.strip():
-                    try:
-                        custom_id = json.loads(raw).get("custom_id")
-                    except (ValueError, AttributeError):
-                        custom_id = None
-                    errors.append(json.dumps({"id": f"batch_req_{hashlib.sha256(f'{record.id}:{number}'.encode()).hexdigest()[:32]}",
-                                              "custom_id": custom_id if isinstance(custom_id, str) else None, "response": None,
-                                              "error": {"code": code, "message": f"line {number}: {message}"}}))
-        error_id = self.files.put(output_file_id(record.id, "errors"), errors, f"{record.id}_error.jsonl", "batch_output").id \
-            if errors else None
+        outcome = unstarted_errors(self.files, record.id, self.files.content_path(record.input_file_id), code, message)
+        self._end_with(record, status, outcome, usage=False)
+
+    def _finish(self, record: BatchRecord, status: BatchStatus) -> None:
+        """The batch's files from its results file, and its last status."""
+        assert record.run_id is not None, f"{record.id} finishes without having run"
+        results = self.groups.results(record.run_id, record.id)
+        self._end_with(record, status, split_results(self.files, record.id, results, cancelled=status == S.CANCELLED))
+
+    def _end_with(self, record: BatchRecord, status: BatchStatus, outcome: Outcome, usage: bool = True) -> None:
+        changes: dict[str, Any] = {"usage": outcome.usage} if usage else {}
         try:
-            self.batches.transition(record.id, status, error_file_id=error_id, total=len(errors), completed=0, failed=len(errors))
+            self.batches.transition(record.id, status, output_file_id=outcome.output_file_id, error_file_id=outcome.error_file_id,
+                                    total=outcome.total, completed=outcome.completed, failed=outcome.failed, **changes)
         except InvalidTransition:
             pass
-
-    def _finalize(self, record: BatchRecord, status: BatchStatus) -> None:
-        results = self.job(record).results
-        ok, failed = [], []
-        usage = {"input_tokens": 0, "output_tokens": 0}
-        for line in _read_lines(results):
-            item = json.loads(line)
-            if item.get("error") is None:
-                ok.append(line)
-                body_usage = (item.get("response") or {}).get("body", {}).get("usage") or {}
-                usage["input_tokens"] += int(body_usage.get("prompt_tokens") or 0)
-                usage["output_tokens"] += int(body_usage.get("completion_tokens") or 0)
-            else:
-                if status == S.CANCELLED and item["error"].get("code") == "not_completed":
-                    number = item["error"]["message"].split(":", 1)[0]
-                    item["error"] = {"code": "batch_cancelled", "message": f"{number}: the batch was cancelled before this request ran"}
-                    line = json.dumps(item, ensure_ascii=False)
-                failed.append(line)
-        output_id = self.files.put(output_file_id(record.id, "output"), ok, f"{record.id}_output.jsonl", "batch_output").id \
-            if ok else None
-        error_id = self.files.put(output_file_id(record.id, "errors"), failed, f"{record.id}_error.jsonl", "batch_output").id \
-            if failed else None
-        self.batches.transition(record.id, status, output_file_id=output_id, error_file_id=error_id, total=len(ok) + len(failed),
-                                completed=len(ok), failed=len(failed),
-                                usage={**usage, "total_tokens": usage["input_tokens"] + usage["output_tokens"],
-                                       "input_tokens_details": {"cached_tokens": 0},
-                                       "output_tokens_details": {"reasoning_tokens": 0}})
-
-
-def _read_lines(path: Path) -> Iterator[str]:
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                yield line.rstrip("\n")
 
 
 def _last_error(log: Path) -> str:
