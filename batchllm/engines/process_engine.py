@@ -189,6 +189,11 @@ class ProcessEngine(WorkerEngine):
     def _kill(self) -> None:
         self._process.kill()
 
+    def stop_now(self) -> None:
+        """End it without a clean shutdown (an engine still loading reads no message until it is up)."""
+        self._process.kill()
+        self._process.join(timeout=10)
+
     def stop(self) -> None:
         if self._process.is_alive():
             self._inbox.put(StopWorker())

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from batchllm.core.requests import EngineRequest, EngineResult
 from batchllm.engines.engine import Engine, EngineFactory, EngineFailed
 from batchllm.engines.protocol import EngineConfig, StepRecord
+from batchllm.runtime.early_engines import EarlyEngines
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,13 @@ class Polled:
 
 
 class EngineSet:
-    def __init__(self, factory: EngineFactory):
-        self._factory = factory
+    def __init__(self, factory: EngineFactory, early: EarlyEngines | None = None):
+        """`early`: engines started before the run (early_engines.py), adopted by the first
+        reconcile where it wants them; it stops the others before starting any."""
+        self._factory, self._early = factory, early
         self.running: dict[tuple, RunningEngine] = {}
         self.starts: list[EngineStart] = []
+        self.first_wanted: list[EngineConfig] = []  # what the first reconcile wanted: the next command's early engines
         self._next_slot = 0
 
     def get(self, config: EngineConfig) -> RunningEngine | None:
@@ -75,8 +79,10 @@ class EngineSet:
         stopped = self._stop_many([key for key in self.running if key not in keys])
         missing = [c for key, c in keys.items() if key not in self.running]
         failed: list[EngineLoss] = []
+        self.first_wanted = self.first_wanted or list(wanted)
+        adopted = self._adopt_early(missing)
         launched_at = time.monotonic()
-        launched = [(config, self._launch(config)) for config in missing]  # all load side by side
+        launched = [(config, adopted.get(config.sharing_key()) or self._launch(config)) for config in missing]  # all load side by side
         for config, outcome in launched:
             if not isinstance(outcome, EngineFailed):
                 try:
@@ -92,6 +98,21 @@ class EngineSet:
                 # the worker times its engine's load; the driver also sees process start and imports
                 self.starts.append(EngineStart(config, max(outcome.ready.load_time_s, time.monotonic() - launched_at)))
         return stopped, failed
+
+    def _adopt_early(self, missing: list[EngineConfig]) -> dict[tuple, Engine]:
+        """The early engines these configs want (once, at the first reconcile); the others stopped."""
+        if self._early is None:
+            return {}
+        early, self._early = self._early, None
+        adopted = {c.sharing_key(): engine for c in missing if (engine := early.take(c)) is not None}
+        early.stop_rest()
+        return adopted
+
+    def stop_early(self) -> None:
+        """Stop early engines no reconcile adopted (a run that ended before its first stage)."""
+        if self._early is not None:
+            self._early.stop_rest()
+            self._early = None
 
     def _launch(self, config: EngineConfig) -> Engine | EngineFailed:
         """Start an engine from this (the main) thread; see process_engine on why."""
@@ -136,4 +157,5 @@ class EngineSet:
         return [EngineLoss(running.config, running.slot, None) for running in stopping]
 
     def stop_all(self) -> list[EngineLoss]:
+        self.stop_early()
         return self._stop_many(list(self.running))

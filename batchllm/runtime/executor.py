@@ -23,6 +23,7 @@ import numpy as np
 
 from batchllm.core.errors import RunIncomplete
 from batchllm.engines.engine import EngineFactory
+from batchllm.runtime.early_engines import EarlyEngines
 from batchllm.runtime.engine_configs import endpoint_configs, stage_configs
 from batchllm.runtime.engine_feeding import EngineFeeding
 from batchllm.runtime.engine_set import EngineLoss, EngineSet
@@ -50,17 +51,18 @@ from batchllm.runtime.step_result import EngineStep, StepResult
 class Executor:
     def __init__(self, spec: RunSpec, inputs: RunInputs, run_dir: RunDir, engine_factory: EngineFactory, progress: RunProgress,
                  planning: RunPlanning, preparer: RequestPreparer, replanner: DeviceLossReplanner | None = None,
-                 length_sampler: LengthSampler | None = None, reuse: RunReuse | None = None):
+                 length_sampler: LengthSampler | None = None, reuse: RunReuse | None = None, early: EarlyEngines | None = None):
         """`inputs`: what the checks found (their known prompt sets need no pilot); `length_sampler`:
         remembers a sample of each node's requests for the length model (an observer too); `reuse`:
         the result store requests are answered from, and what the engines compute is filed in
-        (`inputs.store_keys` gives each node's keys)."""
+        (`inputs.store_keys` gives each node's keys); `early`: engines started before the run, which
+        the first stage adopts where it wants them (early_engines.py)."""
         dag, devices = inputs.dag, spec.devices
         self.dag, self.sources, self.run_dir, self.devices, self.home = dag, inputs.sources, run_dir, devices, spec.home
         self.vector_dimensions = inputs.vector_dimensions
         self.device_ids = devices.ids  # every device the run started with (run.html draws a row for each)
         self.replanner = replanner  # on a cluster: a new planning on the devices left when nodes are gone
-        self.engines = EngineSet(engine_factory)
+        self.engines = EngineSet(engine_factory, early)
         self._endpoint_configs = {model: endpoint_configs(dag, model, servers, run_dir, spec.home) for model, servers in inputs.endpoints.items()}
         self.progress, self.planning, self.preparer = progress, planning, preparer
         self.pilots, self.pilots_only, self.length_sampler = Pilots(spec.pilot, inputs.known_prompt_sets), spec.pilots_only, length_sampler

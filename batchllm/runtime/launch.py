@@ -39,6 +39,7 @@ from batchllm.planner.from_dag import dag_workloads, measured_paces, server_node
 from batchllm.planner.length_sources import LengthModels
 from batchllm.planner.problem import build_problem
 from batchllm.runtime.calibrated_stages import CalibratedStages, RunEstimates
+from batchllm.runtime.early_engines import EarlyEngines, FirstEngines, first_engines_key
 from batchllm.runtime.executor import Executor
 from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.length_learning import LengthSampler
@@ -85,11 +86,32 @@ def run_dag(dag: DagSpec, spec: RunSpec, *, console: Console, engine_factory: En
             cluster: RaySession | None = None) -> tuple[RunResult, RunProgress]:
     """Check everything first (nothing is written on bad input), then run.
 
-    `engine_factory`: the engines (None: vLLM's, which check the DAG's settings first).
+    `engine_factory`: the engines (None: vLLM's, which check the DAG's settings first, and
+    whose first engines start while the driver checks and plans where an earlier command of
+    the same models, devices and settings says which they are: early_engines.py).
     `cluster`: a connected `batchllm.cluster.session.RaySession`; `spec.devices` are then its
     nodes' devices, engines run as Ray actors, and a lost node's work is re-planned on the
     devices that survive."""
     entered_s, checked_at = process_age_s(), time.monotonic()
+    first_key = first_engines_key(dag, spec.devices, spec.schedule, installed_engine_version()) \
+        if engine_factory is None and cluster is None else None
+    early = _start_early(first_key, spec.home)
+    try:
+        return _checked_run(dag, spec, console, engine_factory, cluster, entered_s, checked_at, early, first_key)
+    finally:
+        if early is not None:
+            early.stop_rest()  # a check failed, or the run needed no engine: none outlives the command
+
+
+def _start_early(first_key: str | None, home: Path) -> EarlyEngines | None:
+    if first_key is None:
+        return None
+    configs = [c for c in FirstEngines(home).load(first_key) if Path(c.model).is_dir()]
+    return EarlyEngines.start(configs, start_vllm_engine, home) if configs else None
+
+
+def _checked_run(dag: DagSpec, spec: RunSpec, console: Console, engine_factory: EngineFactory | None, cluster: RaySession | None,
+                 entered_s: float, checked_at: float, early: EarlyEngines | None, first_key: str | None) -> tuple[RunResult, RunProgress]:
     inputs, checks_s = _checked_inputs(dag, spec, vllm_engines=engine_factory is None, console=console)
     if spec.store is not None:
         inputs = replace(inputs, store_keys={name: NodeKeys.of(dag, node, spec.devices.kind, spec.home)
@@ -127,7 +149,7 @@ def run_dag(dag: DagSpec, spec: RunSpec, *, console: Console, engine_factory: En
         with _run_gc(), RunProgress(console, status_path=run_dir.status_path) as progress:
             reuse = RunReuse(store, f"{spec.out} {datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}", progress.note) if store is not None else None
             executor = Executor(spec, inputs, run_dir, engine_factory or with_endpoints(start_vllm_engine), progress, planning,
-                                RequestPreparer(spec.prefix_order), replanner, sampler, reuse)
+                                RequestPreparer(spec.prefix_order), replanner, sampler, reuse, early)
             if timed is not None:
                 executor.report.command_start_s, progress.end_s = process_age_s(), timed.expected_end_s
                 executor.report.start = start
@@ -142,6 +164,8 @@ def run_dag(dag: DagSpec, spec: RunSpec, *, console: Console, engine_factory: En
             finally:
                 if reuse is not None:
                     reuse.close()
+                if first_key is not None and executor.engines.first_wanted:
+                    _keep_first_engines(spec.home, first_key, executor.engines.first_wanted, console)
                 _save_learnt(executor.planning.calibration, console)
                 _save_lengths(sampler, spec.home, console)
                 _save_server_paces(dag, progress, spec.home, console)
@@ -239,6 +263,13 @@ def _command_timing(spec: RunSpec, dag: DagSpec, checks_s: float) -> _CommandTim
     store, identity = CommandTimesStore.at_home(spec.home), this_machine(spec.devices.kind)
     key = command_key(spec.command, [node.model for node in dag.nodes.values()])
     return _CommandTiming(store, identity, key, store.load(identity, key), checks_s)
+
+
+def _keep_first_engines(home: Path, key: str, configs: list, console: Console) -> None:
+    try:
+        FirstEngines(home).save(key, configs)
+    except OSError as error:
+        console.print(f"the first engines were not kept for the next command: {error}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _save_lengths(sampler: LengthSampler, home: Path, console: Console) -> None:
