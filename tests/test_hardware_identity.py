@@ -64,6 +64,10 @@ def test_cpuinfo_gives_the_model_name_and_the_flags_that_pick_vllm_kernels():
     assert parse_cpuinfo(XEON_AMX) == SAPPHIRE
     assert parse_cpuinfo("processor\t: 0\n") == HardwareIdentity("cpu", None, "bfloat16", None)  # no flags line: unknown
     assert (cpu_engine_dtype(ROME.cpu_flags), cpu_engine_dtype(GENOA.cpu_flags), cpu_engine_dtype(None)) == ("float32", None, None)
+    # AVX-512 without BF16 in hardware (a VM that hides avx512_bf16 and AMX): float32, as measured faster there
+    xeon_hidden_bf16 = parse_cpuinfo(cpuinfo("Intel(R) Xeon(R) Processor", "avx2 avx512f avx512bw"))
+    assert (xeon_hidden_bf16.dtype, xeon_hidden_bf16.cpu_flags) == ("float32", ("avx2", "avx512f"))
+    assert cpu_engine_dtype(("avx2", "avx512f", "amx_tile", "amx_bf16")) is None
     assert (ROME.folder_name, GENOA.folder_name, SAPPHIRE.folder_name) == ("cpu-amd-epyc-7b12", "cpu-amd-epyc",
                                                                           "cpu-intel-xeon-platinum-8481c")
 

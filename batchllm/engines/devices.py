@@ -163,15 +163,15 @@ def hardware_name(kind: str) -> str:
 
 def engine_dtype(kind: str) -> str | None:
     """The weights' dtype an engine should use on this machine's devices; None keeps the
-    model's own. CPUs without AVX-512 have no fast bfloat16 matmul (vLLM falls back to
-    plain torch: prefill measured 4.6x slower than float32 on an AMD EPYC with AVX2 only)."""
+    model's own. CPUs without bfloat16 arithmetic (avx512_bf16 or AMX) run float32 faster
+    (hardware.cpu_engine_dtype has the measurements)."""
     return cpu_engine_dtype(this_machine("cpu").cpu_flags) if kind == "cpu" else None
 
 
 def engine_dtype_reason(kind: str) -> str:
     """Why `engine_dtype(kind)` is what it is, naming the host's fact, for messages."""
     if engine_dtype(kind) == "float32":
-        return "this CPU has no AVX-512, which vLLM's bfloat16 kernels need"
+        return "this CPU has no bfloat16 arithmetic (avx512_bf16 or AMX), so float32 runs faster"
     return "the model's own dtype"
 
 

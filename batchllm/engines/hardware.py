@@ -81,11 +81,18 @@ def name_slug(name: str) -> str:
     return "-".join(re.findall(r"[a-z0-9]+", slug))
 
 
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # bfloat16 arithmetic in hardware
+
+
 def cpu_engine_dtype(flags: tuple[str, ...] | None) -> str | None:
-    """The dtype CPU engines must use, None for the model's own. Without AVX-512 vLLM has no
-    fast bfloat16 matmul and falls back to plain torch (prefill measured 4.6x slower than
-    float32 on an AMD EPYC with AVX2 only). Unknown flags keep the model's own."""
-    return None if flags is None or "avx512f" in flags else "float32"
+    """The dtype CPU engines must use, None for the model's own (bfloat16 for the embedded
+    model). Without bfloat16 arithmetic in hardware, bfloat16 weights cost conversions on every
+    matmul: float32 was faster wherever measured. Without AVX-512 vLLM falls back to plain torch
+    (prefill 4.6x slower than float32 on an AMD EPYC with AVX2 only); with AVX-512 but no BF16 (an
+    Intel Xeon whose VM hides avx512_bf16 and AMX) float32 ran 12 chats' prefill and 16 tokens
+    3.1x and 4 chats' 128-token decode 1.7x faster on one core
+    (benchmarks/results/cpu-dtype-2026-12-07-avx512-no-bf16.txt). Unknown flags keep the model's own."""
+    return None if flags is None or any(flag in flags for flag in BF16_FLAGS) else "float32"
 
 
 def parse_cpuinfo(text: str) -> HardwareIdentity:
