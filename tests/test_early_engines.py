@@ -82,6 +82,7 @@ def test_the_first_reconcile_adopts_the_early_engine_it_wants_whatever_its_log_a
     stopped, failed = engine_set.reconcile(wanted)
     assert (stopped, failed) == ([], [])
     assert engine_set.of(wanted[0]).engine is engines["/models/a"] and engines["/models/a"].how is None
+    assert engine_set.of(wanted[0]).config == wanted[0]  # the run's config (its steps and losses name it), not the early log's
     assert engines["/models/b"].how == "at once"
     assert [e.config.model for e in factory.started] == ["/models/c"]  # only what no early engine serves is started
     assert engine_set.first_wanted == wanted and len(early) == 0

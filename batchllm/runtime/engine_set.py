@@ -29,10 +29,7 @@ from batchllm.runtime.early_engines import EarlyEngines
 class RunningEngine:
     engine: Engine
     slot: int
-
-    @property
-    def config(self) -> EngineConfig:
-        return self.engine.config
+    config: EngineConfig  # as the run wants it (an early engine's own names another log file)
 
 
 @dataclass(frozen=True)
@@ -93,7 +90,7 @@ class EngineSet:
             if isinstance(outcome, EngineFailed):
                 failed.append(EngineLoss(config, -1, str(outcome)))
             else:
-                self.running[config.sharing_key()] = RunningEngine(outcome, self._next_slot)
+                self.running[config.sharing_key()] = RunningEngine(outcome, self._next_slot, config)
                 self._next_slot += 1
                 # the worker times its engine's load; the driver also sees process start and imports
                 self.starts.append(EngineStart(config, max(outcome.ready.load_time_s, time.monotonic() - launched_at)))
