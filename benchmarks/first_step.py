@@ -23,7 +23,6 @@ The last line: `first step: batchllm <s> s, vLLM run-batch <v> s; whole command 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -34,15 +33,13 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.batch_files import sharegpt_chat_file  # noqa: E402
 from benchmarks.reporting import publish  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BATCHLLM = str(Path(sys.executable).parent / "batchllm")
-PROMPTS = REPO / "profiles" / "prompts" / "first_turns.parquet"
 FIRST_ROW, MAX_TOKENS = 600, 96
 FIRST_STEP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d) \[loggers\.py:\d+\] Engine \d+: Iteration\(0\)")
 
@@ -71,15 +68,6 @@ with open(output, "w") as handle:
         handle.write(json.dumps({"custom_id": row["custom_id"], "text": row["text"]}) + "\\n")
 ray.shutdown()
 """
-
-
-def request_file(path: Path, count: int) -> None:
-    rows = pq.read_table(PROMPTS).slice(FIRST_ROW, count).to_pylist()
-    with open(path, "w") as handle:
-        for row in rows:
-            handle.write(json.dumps({"custom_id": f"sharegpt-{row['id']}", "method": "POST", "url": "/v1/chat/completions",
-                                     "body": {"model": "smollm2-135m", "max_tokens": MAX_TOKENS, "temperature": 0,
-                                              "messages": [{"role": "user", "content": row["prompt"]}]}}) + "\n")
 
 
 def first_step_s(texts: list[str], started_wall: float) -> float | None:
@@ -154,7 +142,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-first-step-") as scratch:
         root = Path(scratch)
         requests = root / "requests.jsonl"
-        request_file(requests, args.requests)
+        sharegpt_chat_file(requests, FIRST_ROW, args.requests, MAX_TOKENS)
         names = list(tools)
         for round_ in range(-1, args.rounds):
             order = names[round_ % len(names):] + names[:round_ % len(names)] if round_ >= 0 else names

@@ -18,7 +18,6 @@ the last line: `serve: <x>x the time of run-batch for the same file` (below 1: t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import statistics
@@ -29,25 +28,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.batch_files import sharegpt_chat_file  # noqa: E402
 from benchmarks.reporting import publish  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BATCHLLM = str(Path(sys.executable).parent / "batchllm")
-PROMPTS = REPO / "profiles" / "prompts" / "first_turns.parquet"
 FIRST_ROW, MAX_TOKENS = 300, 96
-
-
-def request_file(path: Path, count: int) -> None:
-    rows = pq.read_table(PROMPTS).slice(FIRST_ROW, count).to_pylist()
-    with open(path, "w") as handle:
-        for row in rows:
-            handle.write(json.dumps({"custom_id": f"sharegpt-{row['id']}", "method": "POST", "url": "/v1/chat/completions",
-                                     "body": {"model": "smollm2-135m", "max_tokens": MAX_TOKENS, "temperature": 0,
-                                              "messages": [{"role": "user", "content": row["prompt"]}]}}) + "\n")
 
 
 def run_batch(requests: Path, folder: Path) -> float:
@@ -119,7 +107,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         root = Path(tmp)
         requests = root / "requests.jsonl"
-        request_file(requests, args.requests)
+        sharegpt_chat_file(requests, FIRST_ROW, args.requests, MAX_TOKENS)
         for round_ in range(args.rounds):
             order = ["run-batch", "serve"] if round_ % 2 == 0 else ["serve", "run-batch"]
             for side in order:
