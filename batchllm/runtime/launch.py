@@ -26,6 +26,7 @@ from batchllm.engines.endpoint.server_check import check_endpoints
 from batchllm.engines.engine import EngineFactory
 from batchllm.engines.hardware import HardwareIdentity, this_machine
 from batchllm.engines.process_engine import start_vllm_engine
+from batchllm.engines.protocol import EngineConfig
 from batchllm.engines.settings_check import check_engine_settings
 from batchllm.engines.version import installed_engine_version, untested_vllm_note
 from batchllm.io.dag_checks import check_dag, node_vector_dimensions
@@ -265,7 +266,7 @@ def _command_timing(spec: RunSpec, dag: DagSpec, checks_s: float) -> _CommandTim
     return _CommandTiming(store, identity, key, store.load(identity, key), checks_s)
 
 
-def _keep_first_engines(home: Path, key: str, configs: list, console: Console) -> None:
+def _keep_first_engines(home: Path, key: str, configs: list[EngineConfig], console: Console) -> None:
     try:
         FirstEngines(home).save(key, configs)
     except OSError as error:
