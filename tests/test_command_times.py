@@ -81,3 +81,21 @@ def test_a_run_keeps_its_own_start_and_end_for_this_machine_and_reports_its_star
 def test_the_process_age_counts_from_before_this_module_was_imported():
     waited = time.monotonic() - process_clock._IMPORTED_AT
     assert process_clock.process_age_s() >= waited - 0.02  # /proc counts in clock ticks (10 ms)
+
+
+def test_plan_estimates_a_runs_start_with_the_settings_check_it_keeps_and_else_its_own(workspace, isolated_home):
+    """`plan` checks vLLM's settings and keeps the verdict, so the `run` after it starts without
+    the check: kept runs that checked count less their check; with no command kept, the plan's
+    own start (less what it does that the run will not) stands in."""
+    from batchllm.cli.plan_command import _run_command_times
+    from batchllm.dag.loader import load_dag
+
+    dag = load_dag(workspace.dag(ENSEMBLE_DAG))
+    own = CommandTimes(3.5, 0.0)
+    assert _run_command_times(dag, fallback="plan --pilot", this_plan=own)[0] == own
+    assert _run_command_times(dag, fallback="plan --pilot") == (None, "")
+    store = CommandTimesStore(ProfileStore.at_home(isolated_home))
+    store.record(this_machine("cpu"), command_key("run", ["./tiny-model"]), 8.1, 0.4, checks_s=5.6)  # a run that checked
+    times, source = _run_command_times(dag, fallback="plan --pilot", this_plan=own)
+    assert (round(times.start_s, 6), times.end_s) == (2.5, 0.4)
+    assert "verdict kept" in source

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,10 +65,11 @@ def plan(
         _plan_with_pilots(dag, devices, out or Path("runs") / dag.stem, profiles, as_json, endpoint or [], chart)
         return
     try:
-        report, chart, html_path = _planned(dag, devices, chart, profiles, compare, endpoint or [])
+        census = _census(dag, devices, endpoint or [])
+        report, chart, html_path = _planned(dag, devices, chart, profiles, compare, endpoint or [],
+                                            {node.node: node.stored / node.units for node in census if node.units})
     except UserError as error:
         fail(error)
-    census = _census(dag, devices, endpoint or [])
     if as_json:
         stored = {"stored": {node.node: {"stored": node.stored, "units": node.units} for node in census}} if census else {}
         typer.echo(json.dumps({**report_json(report), "chart_png": str(chart), "chart_html": str(html_path), **stored}, indent=2))
@@ -77,13 +79,12 @@ def plan(
     console.print(f"gantt chart: {chart} and {html_path}")
     if any(node.stored for node in census):
         from batchllm.io.result_store import default_store_path
-        from batchllm.planner.preflight import node_times
 
-        held_s = {name: held for name, (held, _) in node_times(report.chosen).items()}
-        console.print(f"the result store ({default_store_path(batchllm_home())}) answers, of each node's requests (the estimate "
-                      "above computes them all; `run` takes them from the store):", soft_wrap=True)
+        console.print(f"the result store ({default_store_path(batchllm_home())}) answers, of each node's requests (`run` takes "
+                      f"them from the store; the estimate above computes the rest only, {report.all_computed_s - report.chosen.total_s:,.0f} s "
+                      "less than computing every request):", soft_wrap=True)
         for node in census:
-            console.print(f"  {node.line(held_s.get(node.node))}", markup=False)
+            console.print(f"  {node.line()}", markup=False)
 
 
 def _census(dag: Path, devices: str, endpoint: list[str]) -> list[NodeCensus]:
@@ -110,11 +111,13 @@ def _census(dag: Path, devices: str, endpoint: list[str]) -> list[NodeCensus]:
 
 
 def _planned(dag: Path, devices: str, chart: Path | None, profiles: Path | None, compare: bool,
-             endpoint: list[str]) -> tuple[PlanReport, Path, Path]:
+             endpoint: list[str], answered_share: dict[str, float] | None = None) -> tuple[PlanReport, Path, Path]:
     """The plan report of DAG on `devices` (this machine's: its models and settings checked as
-    `run` checks them), its Gantt chart written: (report, chart PNG, chart HTML)."""
+    `run` checks them), its Gantt chart written: (report, chart PNG, chart HTML). `answered_share`:
+    by node, the share of its requests the result store answers (the chosen schedule is of the rest)."""
     from dataclasses import replace
 
+    from batchllm.costmodel.command_times import CommandTimes
     from batchllm.dag.endpoints_section import with_endpoint_options
     from batchllm.dag.loader import load_dag
     from batchllm.engines.settings_check import check_engine_settings
@@ -125,17 +128,23 @@ def _planned(dag: Path, devices: str, chart: Path | None, profiles: Path | None,
 
     this_machine = _this_machine_devices()
     spec = with_endpoint_options(load_dag(dag), endpoint)
+    set_aside_s = 0.0  # of this command's own start: what a `run` after it does not do (vLLM's check, its verdict kept)
     if devices in ("auto", this_machine):  # a plan for this machine: its models and settings are checked as `run` does
         devices = this_machine
         check_dag(spec, batchllm_home())
-        check_engine_settings(spec, batchllm_home(), parse_devices("auto").kind)
+        checked_at = time.monotonic()
+        check_engine_settings(spec, batchllm_home(), parse_devices("auto").kind)  # its verdict is kept for the run
+        set_aside_s = time.monotonic() - checked_at
     chart, html_path = chart_paths(chart or Path("plans") / f"{dag.stem}-{devices.replace(':', '').replace('/', '_')}.png")
     models = [node.model for node in spec.nodes.values()]
     lengths = LengthModels.at_home(batchllm_home(), models)
     report = plan_dag(spec, devices, profiles_root=profiles or PROFILES_ROOT, compare=compare,
-                      lengths=lengths.planned(spec))
+                      lengths=lengths.planned(spec), answered_share=answered_share)
     if devices == this_machine:  # what `run` itself takes here, before and after its stages
-        command, source = _run_command_times(spec, fallback="plan --pilot")
+        command, source = _run_command_times(spec, fallback="plan --pilot",
+                                             this_plan=CommandTimes(max(0.0, process_age_s() - set_aside_s), 0.0))
+        if unprepared := _unprepared_embedded_models(spec):
+            source += f"; not counted: the conversion of {', '.join(unprepared)}, once per home, at the run's start"
         report = replace(report, command=command, command_source=source)
     try:
         write_png(report, chart)
@@ -181,21 +190,34 @@ def _plan_with_pilots(dag: Path, devices: str, out: Path, profiles: Path | None,
                   f"`batchllm run {dag} --out {out}` goes on from them.", highlight=False, soft_wrap=True)
 
 
-def _run_command_times(spec: DagSpec, fallback: str | None = None) -> tuple[CommandTimes | None, str]:
-    """A `run` of this DAG's models on this machine: its own start and end as kept here, else
-    (`fallback`) another command's that does the same imports and checks, less vLLM's settings
-    check (whose verdict that command kept for the run); with where they come from. (None, "")
-    when none was measured."""
+def _run_command_times(spec: DagSpec, fallback: str | None = None,
+                       this_plan: CommandTimes | None = None) -> tuple[CommandTimes | None, str]:
+    """The start and end a `run` of this DAG's models will have on this machine, after this
+    command: as kept here for `run`, else (`fallback`) for another command that does the same
+    imports and checks, else `this_plan`'s own start; always less vLLM's settings check, whose
+    verdict this command keeps for the run. With where they come from; (None, "") when none."""
     from batchllm.costmodel.command_times import CommandTimesStore, command_key
     from batchllm.engines.hardware import this_machine
 
     store, identity = CommandTimesStore.at_home(batchllm_home()), this_machine(parse_devices("auto").kind)
     models = [node.model for node in spec.nodes.values()]
     if (times := store.load(identity, command_key("run", models))) is not None:
-        return times, f"measured on this machine over {times.commands} `run` command{'s' if times.commands != 1 else ''}"
+        runs = f"{times.commands} `run` command{'s' if times.commands != 1 else ''}"
+        return times.with_checks_kept(), f"measured on this machine over {runs}, with the settings check's verdict kept"
     if fallback and (times := store.load(identity, command_key(fallback, models))) is not None:
         return times.with_checks_kept(), f"a `{fallback}`'s start and end, less the settings check `run` finds kept"
+    if this_plan is not None:
+        return this_plan, "no `run` measured here yet: this plan's own start, less the settings check and the models' preparation"
     return None, ""
+
+
+def _unprepared_embedded_models(spec: DagSpec) -> list[str]:
+    """The DAG's embedded models this home has not converted yet (a `run` converts them first,
+    about half a minute each on a CPU)."""
+    from batchllm.models.embedded import EMBEDDED_MODELS
+
+    models = {node.model for node in spec.nodes.values()} - set(spec.endpoints)
+    return sorted(m for m in models if m in EMBEDDED_MODELS and not EMBEDDED_MODELS[m].is_prepared(batchllm_home()))
 
 
 def _this_machine_devices() -> str:

@@ -24,6 +24,7 @@ from batchllm.dag.model import DagSpec
 from batchllm.io.dag_checks import check_dag
 from batchllm.io.node_data import Sources
 from batchllm.models.registry import batchllm_home
+from batchllm.planner.answered_work import timeline_of_the_rest
 from batchllm.planner.baselines import lower_bound_s, max_heuristic, min_heuristic
 from batchllm.planner.best import EXACT_MAX_NODES, best_schedule
 from batchllm.planner.cluster import Cluster, parse_cluster
@@ -61,6 +62,7 @@ class PlanReport:
     priced: bool = False  # the DAG has `prices:`
     command: CommandTimes | None = None  # a `run`'s own start and end on this machine (None: planned for other hardware)
     command_source: str = ""  # where `command` comes from
+    all_computed_s: float | None = None  # `chosen` is of the requests the result store does not answer: its total had it answered none
 
     @property
     def estimated_s(self) -> float:
@@ -78,8 +80,10 @@ def plan_dag_file(path: Path, devices: str, *, profiles_root: Path = PROFILES_RO
 
 
 def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT, compare: bool = False,
-             lengths: Mapping[str, OutputLengths] | None = None) -> PlanReport:
-    """`lengths`: by node, its predicted output lengths (`LengthModels.planned`); none: each its profile's CDF."""
+             lengths: Mapping[str, OutputLengths] | None = None, answered_share: Mapping[str, float] | None = None) -> PlanReport:
+    """`lengths`: by node, its predicted output lengths (`LengthModels.planned`); none: each its profile's CDF.
+    `answered_share`: by node, the share of its requests answered before the run (the result
+    store's): the schedules are of the rest (`answered_work`)."""
     tables = check_dag(dag, batchllm_home(), resolve_models=False)
     cluster = parse_cluster(devices, profiles_root)
     paces = measured_paces(dag, ServerPaceStore(batchllm_home()))
@@ -93,8 +97,10 @@ def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT,
                               batchllm_home(), lengths=lengths, outside=outside)
     problem = build_problem(cluster, workloads.planning_nodes(), (*workloads.notes, *on_servers))
     fit_s = time.perf_counter() - started
-    start = Timeline.start(problem)
+    answered = answered_share is not None and any(answered_share.values())
+    start = timeline_of_the_rest(problem, answered_share) if answered else Timeline.start(problem)
     chosen = best_schedule(start)
+    all_computed_s = best_schedule(Timeline.start(problem)).total_s if answered else None
     compared: tuple[Schedule, ...] = ()
     not_run: tuple[NotRun, ...] = ()
     if compare:
@@ -104,7 +110,8 @@ def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT,
         else:
             not_run = (NotRun("exact", f"{len(problem.nodes)} nodes, more than {EXACT_MAX_NODES}"),)
     preflight = {item.name: node_preflight(item, dag) for item in workloads.nodes}
-    return PlanReport(dag.name, cluster, problem, chosen, fit_s, lower_bound_s(start), compared, not_run, preflight, bool(dag.prices))
+    return PlanReport(dag.name, cluster, problem, chosen, fit_s, lower_bound_s(start), compared, not_run, preflight, bool(dag.prices),
+                      all_computed_s=all_computed_s)
 
 
 def server_notes(dag: DagSpec, sources: Sources, paces: Mapping[str, ServerPace | None]) -> tuple[str, ...]:

@@ -134,6 +134,7 @@ def report_json(report: PlanReport) -> dict:
         "device_count": report.cluster.devices, **summary(report.chosen), "estimated_s": round(report.estimated_s, 3),
         **({"command_start_s": round(report.command.start_s, 3), "command_end_s": round(report.command.end_s, 3),
             "command_from": report.command_source} if report.command is not None else {}),
+        **({"all_computed_s": round(report.all_computed_s, 3)} if report.all_computed_s is not None else {}),
         "fit_s": round(report.fit_s, 4), "lower_bound_s": round(report.lower_bound_s, 3), "notes": list(report.problem.notes),
         "nodes": {n: {"model": node.model, "requests": node.requests, "rounds": len(node.rounds), "producers": list(node.producers),
                       **preflight.get(n, {})}
