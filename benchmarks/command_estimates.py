@@ -10,9 +10,14 @@ turns (decode-heavy, long contexts). In one fresh $BATCHLLM_HOME (the models lin
           the plan's `estimated_s` against the two commands' wall time together; the run's own
           first estimate (its start as measured, its first stage's time to the end, its end as
           kept) against the run command's wall time
-  second  the same workloads again into new folders (their prompt sets now known: no pilot;
-          the profile and the commands' times learnt by the first runs): `batchllm plan DAG
-          --json`, then `batchllm run DAG --out DIR`
+  reused  the same workloads again into new folders (no pilot: their prompt sets are known, the
+          profile and the commands' times learnt by the first runs), over the result store the
+          first pass filled: the run computes only what it does not hold (the pilots' rows)
+          `batchllm plan DAG --json`, then `batchllm run DAG --out DIR`
+  known   the same again over an empty result store ($BATCHLLM_STORE): every request computed
+
+The home starts empty, so the first command (the first workload's `plan --pilot`) is a first
+command on a cold home: no profile learnt, no command's start measured, no verdict kept.
 
 Each command is a process of its own, timed from its start to its exit. Target (issue 44): every
 error within 10 %. Prints the host's CPU and the flags that pick vLLM's kernels.
@@ -84,10 +89,13 @@ def dag_file(workload: Workload) -> Path:
     return single_node_dag(WORK / "dags", workload.label, list(workload.prompts), workload.max_tokens)
 
 
-def timed(args: list[str], home: Path, log: Path) -> tuple[float, str]:
-    """Run one command as a user would; its wall time and its stdout."""
+def timed(args: list[str], home: Path, log: Path, store: Path | None = None) -> tuple[float, str]:
+    """Run one command as a user would; its wall time and its stdout. `store`: the result store
+    (default: the home's)."""
+    env = {key: value for key, value in os.environ.items() if key != "BATCHLLM_STORE"}
     started = time.monotonic()
-    done = subprocess.run([BATCHLLM, *args], env={**os.environ, "BATCHLLM_HOME": str(home)}, capture_output=True, text=True)
+    done = subprocess.run([BATCHLLM, *args], env={**env, "BATCHLLM_HOME": str(home), **({"BATCHLLM_STORE": str(store)} if store else {})},
+                          capture_output=True, text=True)
     wall_s = time.monotonic() - started
     log.write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
     if done.returncode != 0:
@@ -126,15 +134,15 @@ def main() -> None:
     print(f"command estimates at {commit}, {datetime.now(UTC).isoformat(timespec='seconds')}, "
           f"{this_machine('cpu').describe()}, load average {os.getloadavg()[0]:.1f}", flush=True)
     rows = []
-    for label in ("first", "second"):
+    for label, store in (("first", None), ("reused", None), ("known", WORK / "empty-store.sqlite")):
         for workload in workloads():
             dag, out = dag_file(workload), WORK / "runs" / f"{workload.label}-{label}"
             out.parent.mkdir(parents=True, exist_ok=True)
             plan_args = ["plan", str(dag), "--json", *(["--pilot", "--out", str(out)] if label == "first" else [])]
-            plan_s, plan_stdout = timed(plan_args, home, WORK / f"{workload.label}-{label}-plan.log")
+            plan_s, plan_stdout = timed(plan_args, home, WORK / f"{workload.label}-{label}-plan.log", store)
             plan = json.loads(plan_stdout)
             end_s = kept_run_end_s(home)
-            run_s, _ = timed(["run", str(dag), "--out", str(out)], home, WORK / f"{workload.label}-{label}-run.log")
+            run_s, _ = timed(["run", str(dag), "--out", str(out)], home, WORK / f"{workload.label}-{label}-run.log", store)
             whole_s = plan_s + run_s if label == "first" else run_s
             row = {"pass": label, "workload": workload.label, "plan_s": plan_s, "run_s": run_s, "estimated_s": plan["estimated_s"],
                    "stages_s": plan["total_s"], "command_start_s": plan.get("command_start_s"), "command_end_s": plan.get("command_end_s"),
@@ -144,7 +152,8 @@ def main() -> None:
             print(f"{label} {workload.label}: plan{' --pilot' if label == 'first' else ''} {plan_s:.1f} s, run {run_s:.1f} s; "
                   f"plan's estimate {row['estimated_s']:.1f} s against {whole_s:.1f} s ({error(row['estimated_s'], whole_s)}); "
                   f"run's own first estimate {row['run_first_estimate_s']:.1f} s against {run_s:.1f} s "
-                  f"({error(row['run_first_estimate_s'], run_s)}); plan parts: {json.dumps({k: row[k] for k in ('pilot_s', 'rest_estimated_s', 'stages_s', 'command_start_s', 'command_end_s')})}",
+                  f"({error(row['run_first_estimate_s'], run_s)}); stored before the run: "
+                  f"{sum(node['stored'] for node in plan.get('stored', {}).values())}; plan parts: {json.dumps({k: row[k] for k in ('pilot_s', 'rest_estimated_s', 'stages_s', 'command_start_s', 'command_end_s')})}",
                   flush=True)
     print()
     print(f"{'pass':7} {'workload':18} {'measured':>9} {'plan est.':>9} {'err':>7} {'run':>8} {'run est.':>9} {'err':>7}")
