@@ -410,6 +410,20 @@ def test_pilots_only_runs_the_pilots_estimates_the_rest_and_a_run_goes_on_from_t
         assert node_keys(workspace.out, node) == [(i, 0) for i in ids]
 
 
+def test_a_run_after_a_pilots_only_command_learns_its_lengths_from_the_pilots_answers(workspace, profiles):
+    """The pilots' rows, committed by the earlier command, teach each generator's lengths as a
+    pilot's end does (the rest is planned on them, not at the prior's level)."""
+    many_questions(workspace, 300)
+    run_dag_file(workspace.dag(ENSEMBLE_DAG), workspace.out, CPU2, console=Console(quiet=True), engine_factory=FakeEngineFactory(),
+                 prefix_order=False, schedule="plan", profiles_root=profiles, pilots_only=True)
+    console = Console(record=True, width=400)
+    run_dag_file(workspace.dag(ENSEMBLE_DAG), workspace.out, CPU2, console=console, engine_factory=FakeEngineFactory(),
+                 prefix_order=False, schedule="plan", profiles_root=profiles)
+    notes = [line for line in console.export_text().splitlines() if "ran in an earlier command" in line]
+    assert len(notes) == 2 and all("(its pilot's 64 rows ran in an earlier command)" in line for line in notes)
+    assert {line.split("pilot of ")[1].split(" ")[0] for line in notes} == {"a", "b"}
+
+
 ROUTER_DAG = """
     inputs:
       questions: {path: questions.parquet, id_column: id}

@@ -204,6 +204,15 @@ class ResultJournal:
             raise ValueError(f"node {self.node!r} is no score node: its journal holds no scores")
         return self._values(rows, steps, "score", lambda record: record.score, lambda column, at: column[at].as_py())
 
+    def answer_sizes(self, rows: np.ndarray, steps: np.ndarray) -> list[tuple[int, int, str] | None]:
+        """(prompt tokens, output tokens, finish reason as stored) of each (row, step), None where
+        nothing is committed."""
+        as_int = lambda column, at: int(column[at].as_py())  # noqa: E731
+        prompts = self._values(rows, steps, "num_prompt_tokens", lambda record: record.num_prompt_tokens, as_int)
+        outputs = self._values(rows, steps, "num_output_tokens", lambda record: record.num_output_tokens, as_int)
+        reasons = self._values(rows, steps, "finish_reason", lambda record: record.finish_reason, lambda column, at: column[at].as_py())
+        return [None if p is None or o is None or r is None else (p, o, r) for p, o, r in zip(prompts, outputs, reasons)]
+
     def _values(self, rows: np.ndarray, steps: np.ndarray, column: str, of_record: Callable[[ResultRecord], Any],
                 of_segment: Callable[[pa.Array, int], Any]) -> list:
         """A column's value of each (row, step): from the tail's record (`of_record`), else from

@@ -102,3 +102,13 @@ class Pilots:
         if committed == len(rows) or ledger.committed_units > committed:  # done, or the run went past it
             return None
         return NodePilot(node.name, rows, ledger.rows)
+
+    def ended_earlier(self, node: NodeSpec, ledger: NodeLedger, fingerprint: str) -> np.ndarray | None:
+        """The node's pilot rows when an earlier command in this run folder committed every one
+        of them (`plan --pilot`, or a run that went past its pilot): a random sample of its
+        prompt set whose answers all ended, which the run's lengths learn from as the pilot's
+        own end would teach them. None when the node would get no pilot, or its pilot is not done."""
+        if self.size is None or node.reads or node.iterate or node.task.pools or not wants_pilot(ledger.rows, self.size):
+            return None
+        rows = pilot_rows(ledger.rows, self.size, seed_of(fingerprint))
+        return rows if (ledger.final_state_of(rows) == FinalState.COMMITTED).all() else None
