@@ -348,14 +348,14 @@ def test_a_new_prompt_set_starts_with_its_pilot_then_the_rest_is_planned(workspa
     factory = FakeEngineFactory()
     run(workspace, factory, schedule="plan", profiles=profiles)
     prints = fingerprints(workspace)
-    for node in ("a", "b"):  # the first 64 requests of each generator's first engine are its pilot's rows (0.5 % of 300
-        sampled = pilot_rows(300, PilotSize(), seed_of(prints[node])).tolist()  # is below the 64-row floor)
-        first_engine = next(k for k, e in enumerate(factory.started) if ORDER[e.seen[0].request_id >> UNIT_BITS] == node)
-        assert len(sampled) == 64 and sorted(sent_rows(factory, node, slice(first_engine, first_engine + 1))[:64]) == sampled
+    for node in ("a", "b"):  # each generator's pilot rows (0.5 % of 300 is below the 64-row floor) are the first it sends
+        sampled = pilot_rows(300, PilotSize(), seed_of(prints[node])).tolist()  # to each engine (its pilot may run on several)
+        earliest = {row for k in range(len(factory.started)) for row in sent_rows(factory, node, slice(k, k + 1))[:64]}
+        assert len(sampled) == 64 and set(sampled) <= earliest and len(earliest) < 2 * 64 + 1
         assert sampled != list(range(64)) and sorted(sent_rows(factory, node)) == list(range(300))  # every row sent once
     assert sorted(sent_rows(factory, "judge")) == list(range(300))  # it reads upstream nodes: no pilot of its own
     stages = json.loads((workspace.out / "run.json").read_text())["stages"]
-    assert stages[0]["nodes"]["a"]["units_after"] == 64 or stages[0]["nodes"]["b"]["units_after"] == 64  # a pilot ended it
+    assert any(stages[0]["nodes"].get(node, {}).get("units_after") == 64 for node in ("a", "b"))  # a pilot ended it
     assert len(stages) >= 3
     for node in ORDER:
         assert node_keys(workspace.out, node) == [(i, 0) for i in ids]

@@ -25,7 +25,7 @@ from batchllm.planner.greedy import greedy_schedule
 from batchllm.planner.problem import PlanNode, PlanProblem
 from batchllm.planner.rollout import rollout_schedule
 from batchllm.planner.speed import PlanSpeed, fit_shape_speed, output_curve
-from batchllm.planner.timeline import Timeline
+from batchllm.planner.timeline import NodeState, Timeline
 from batchllm.runtime.stage_planner import StagePlanner
 
 REPO = Path(__file__).resolve().parent.parent
@@ -218,6 +218,28 @@ def test_the_fitted_speed_line_extrapolates_the_simulation():
     speed = fit_shape_speed(profile, W1, workload)  # fit on 1,024 and 512 of them
     simulated = estimate(profile, ExecutionPlan(1, W1), workload, include_load=False).run_s
     assert speed.per_request_s * 4000 + speed.drain_s == pytest.approx(simulated, rel=0.05)
+
+
+def test_below_saturation_a_round_takes_the_simulated_time_and_its_rest_the_time_of_what_is_left():
+    """Long answers on the CPU profile: below the line's first point (half the sample on a
+    replica) a round takes the time the simulation gave, and the rest of a round (a pilot's rows
+    done) is the time of the requests left, which advancing walks down exactly."""
+    profile = Profile.load(PROFILES / "cpu-intel-xeon" / "smollm2-135m")
+    workload = Workload.of(np.full(276, 60), 256)
+    speed = fit_shape_speed(profile, W1, workload)
+    assert [n for n, _ in speed.time_points] == [69.0, 138.0, 276.0]
+    quarter = estimate(profile, ExecutionPlan(1, W1), Workload.of(np.full(69, 60), 256), include_load=False).run_s
+    plan = speed.plan_speed(DP2)
+    assert plan.round_s(138) + plan.drain_s == pytest.approx(quarter, rel=0.01)  # 69 a replica: simulated
+    node = PlanNode("gen", "m", (276,), (), {DP2: plan})
+    pilot_done = NodeState(1, 0.0, 1.0).capped(node, 64)
+    left_s = pilot_done.remaining_s(node, plan)
+    assert left_s == pytest.approx(plan.round_s(276 - 64) + plan.drain_s)  # the time of the 212 left, on the curve
+    assert left_s != pytest.approx((1 - 64 / 276) * plan.round_s(276) + plan.drain_s, rel=0.01)  # not a share of the whole
+    later = pilot_done.advanced(node, plan, 20.0)
+    assert later.remaining_s(node, plan) == pytest.approx(left_s - 20.0, abs=1e-6)
+    linear = PlanSpeed(DP2, 0.5, 3.0, 1.0, 2.0)  # no simulated points: the line, a round's rest its share
+    assert NodeState(1, 0.0, 1.0).capped(node, 69).remaining_s(node, linear) == pytest.approx(0.75 * 0.5 * 276 + 3.0)
 
 
 runner = CliRunner()

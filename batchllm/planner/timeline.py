@@ -40,7 +40,7 @@ class NodeState:
         rounds = node.rounds
         if self.round_index >= len(rounds):
             return speed.drain_s * self.drain_left
-        head = (1.0 - self.head_done) * speed.round_s(rounds[self.round_index])
+        head = speed.rest_of_round_s(rounds[self.round_index], self.head_done)
         return head + sum(speed.round_s(n) for n in rounds[self.round_index + 1:]) + speed.drain_s * self.drain_left
 
     def done_requests(self, node: PlanNode) -> float:
@@ -51,13 +51,12 @@ class NodeState:
     def advanced(self, node: PlanNode, speed: PlanSpeed, seconds: float) -> NodeState:
         index, head_done, left = self.round_index, self.head_done, seconds
         while index < len(node.rounds) and left > EPSILON_S:
-            round_s = (1.0 - head_done) * speed.round_s(node.rounds[index])
+            round_s = speed.rest_of_round_s(node.rounds[index], head_done)
             if left >= round_s:
                 left -= round_s
                 index, head_done = index + 1, 0.0
             else:
-                full = speed.round_s(node.rounds[index])
-                head_done += left / full
+                head_done = speed.done_share_after(node.rounds[index], head_done, left)
                 left = 0.0
         while index < len(node.rounds) and node.rounds[index] == 0:
             index += 1
