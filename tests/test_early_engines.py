@@ -106,3 +106,29 @@ def test_early_engines_log_into_the_home_and_an_adopted_ones_log_is_linked_into_
     assert early.take(config("/models/a", log=str(run_log))) is engine
     assert run_log.is_symlink() and run_log.read_text() == "loading\n"
     assert early.take(config("/models/a")) is None and early.stop_rest() == 0
+
+
+def test_early_engines_are_planned_as_their_nodes_engines_still_loading(workspace, profiles):
+    """Two one-core engines of the DAG's model started early: the first node of that model owns
+    them as dp2 on both cores; a stage that keeps them pays only what is left of their start,
+    so the estimate is shorter by the time they have loaded."""
+    from batchllm.dag.loader import load_dag
+    from batchllm.planner.plan_file import plan_dag
+    from batchllm.planner.timeline import LoadingEngine
+    from batchllm.runtime.early_engines import early_plans
+    from tests.conftest import ENSEMBLE_DAG
+
+    spec = load_dag(workspace.dag(ENSEMBLE_DAG))
+    model = str(workspace.root / "tiny-model")
+    configs = [config(model, (0,)), config(model, (1,)), config("/models/other", (0,))]
+    plans = early_plans(configs, spec, CPU2, workspace.root, loading_for_s=3.0)
+    assert list(plans) == ["a"] and str(plans["a"].plan) == "dp2xw1-tp1" and plans["a"].devices == (0, 1)
+    assert plans["a"].loading_for_s == 3.0
+    on_one = early_plans(configs, spec, DeviceSet("cpu", (1, 2)), workspace.root, 3.0)  # core 0 is not this run's
+    assert str(on_one["a"].plan) == "dp1xw1-tp1" and on_one["a"].devices == (0,)  # core 1: the run's first device
+    devices = "cpu:2"
+    plain = plan_dag(spec, devices, profiles_root=profiles)
+    first = plain.chosen.stages[0]
+    kept = {name: LoadingEngine(plan, tuple(first.placement[name]), 3.0) for name, plan in first.plans.items()}
+    early = plan_dag(spec, devices, profiles_root=profiles, loading=kept)
+    assert plain.chosen.total_s - 3.5 < early.chosen.total_s < plain.chosen.total_s - 1.0

@@ -336,6 +336,18 @@ def test_a_running_node_whose_requests_end_together_is_judged_by_the_time_it_has
         pytest.approx(7.0)
 
 
+def test_an_engine_started_early_costs_the_first_stage_only_what_is_left_of_its_start():
+    from batchllm.runtime.run_state import NodeProgress, RunningPlan
+    from batchllm.runtime.stage_planner import StagePlanner
+
+    x = node("x", 100, 0.1, plans=(DP1,), start_s=5.0)  # 10 s of work, a 1 s drain, a 5 s start
+    planner = StagePlanner(problem(1, x), "plan")
+    progress = {"x": NodeProgress(0, 100, True)}
+    assert planner.choose(progress, {}).rest_s == pytest.approx(16.0)
+    assert planner.choose(progress, {"x": RunningPlan(DP1, (0,), loading_for_s=3.5)}).rest_s == pytest.approx(12.5)
+    assert planner.choose(progress, {"x": RunningPlan(DP1, (0,), loading_for_s=9.0)}).rest_s == pytest.approx(11.0)  # loaded
+
+
 TP2 = ExecutionPlan(1, W2)  # one replica on two devices
 
 

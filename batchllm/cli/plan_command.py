@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from batchllm.costmodel.command_times import CommandTimes
     from batchllm.dag.model import DagSpec
     from batchllm.planner.plan_file import PlanReport
+    from batchllm.planner.timeline import LoadingEngine
     from batchllm.runtime.reuse_census import NodeCensus
 
 
@@ -138,8 +139,9 @@ def _planned(dag: Path, devices: str, chart: Path | None, profiles: Path | None,
     chart, html_path = chart_paths(chart or Path("plans") / f"{dag.stem}-{devices.replace(':', '').replace('/', '_')}.png")
     models = [node.model for node in spec.nodes.values()]
     lengths = LengthModels.at_home(batchllm_home(), models)
+    loading = _early_loading(spec) if devices == this_machine else None
     report = plan_dag(spec, devices, profiles_root=profiles or PROFILES_ROOT, compare=compare,
-                      lengths=lengths.planned(spec), answered_share=answered_share)
+                      lengths=lengths.planned(spec), answered_share=answered_share, loading=loading)
     if devices == this_machine:  # what `run` itself takes here, before and after its stages
         command, source = _run_command_times(spec, fallback="plan --pilot",
                                              this_plan=CommandTimes(max(0.0, process_age_s() - set_aside_s), 0.0))
@@ -209,6 +211,24 @@ def _run_command_times(spec: DagSpec, fallback: str | None = None,
     if this_plan is not None:
         return this_plan, "no `run` measured here yet: this plan's own start, less the settings check and the models' preparation"
     return None, ""
+
+
+def _early_loading(spec: DagSpec) -> dict[str, LoadingEngine]:
+    """The engines a `run` of this DAG on this machine will start as it begins (those an earlier
+    command of it kept), as loading for the run's start when its first stage is planned: the
+    start kept for `run` here, else this command's own so far."""
+    from batchllm.engines.version import installed_engine_version
+    from batchllm.planner.timeline import LoadingEngine
+    from batchllm.runtime.early_engines import early_plans, first_engines_key, kept_first_engines
+
+    devices = parse_devices("auto")
+    configs = kept_first_engines(batchllm_home(), first_engines_key(spec, devices, "plan", installed_engine_version()))
+    if not configs:
+        return {}
+    kept, _ = _run_command_times(spec, fallback="plan --pilot")
+    loading_for_s = kept.start_s if kept is not None else process_age_s()
+    return {name: LoadingEngine(p.plan, p.devices, p.loading_for_s or 0.0)
+            for name, p in early_plans(configs, spec, devices, batchllm_home(), loading_for_s).items()}
 
 
 def _unprepared_embedded_models(spec: DagSpec) -> list[str]:

@@ -35,7 +35,7 @@ from batchllm.planner.preflight import NodePreflight, node_preflight
 from batchllm.planner.problem import PlanProblem, build_problem
 from batchllm.planner.rollout import rollout_schedule
 from batchllm.planner.schedule import Schedule
-from batchllm.planner.timeline import Timeline
+from batchllm.planner.timeline import LoadingEngine, Timeline, loading_engines
 
 PROFILES_ROOT = Path(__file__).resolve().parent.parent.parent / "profiles"
 
@@ -80,10 +80,12 @@ def plan_dag_file(path: Path, devices: str, *, profiles_root: Path = PROFILES_RO
 
 
 def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT, compare: bool = False,
-             lengths: Mapping[str, OutputLengths] | None = None, answered_share: Mapping[str, float] | None = None) -> PlanReport:
+             lengths: Mapping[str, OutputLengths] | None = None, answered_share: Mapping[str, float] | None = None,
+             loading: Mapping[str, LoadingEngine] | None = None) -> PlanReport:
     """`lengths`: by node, its predicted output lengths (`LengthModels.planned`); none: each its profile's CDF.
     `answered_share`: by node, the share of its requests answered before the run (the result
-    store's): the schedules are of the rest (`answered_work`)."""
+    store's): the schedules are of the rest (`answered_work`). `loading`: by node, the engines
+    the run will have started before its first stage (early engines), loading for a while."""
     tables = check_dag(dag, batchllm_home(), resolve_models=False)
     cluster = parse_cluster(devices, profiles_root)
     paces = measured_paces(dag, ServerPaceStore(batchllm_home()))
@@ -99,6 +101,8 @@ def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT,
     fit_s = time.perf_counter() - started
     answered = answered_share is not None and any(answered_share.values())
     start = timeline_of_the_rest(problem, answered_share) if answered else Timeline.start(problem)
+    if loading:
+        start = Timeline(problem, 0.0, start.states, loading_engines(problem, loading))
     chosen = best_schedule(start)
     all_computed_s = best_schedule(Timeline.start(problem)).total_s if answered else None
     compared: tuple[Schedule, ...] = ()

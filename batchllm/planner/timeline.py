@@ -17,6 +17,7 @@ least one node, so a schedule has at most as many stages as nodes plus preemptio
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from batchllm.costmodel.estimator import ExecutionPlan
@@ -86,6 +87,23 @@ class Engine:
     plan: ExecutionPlan
     devices: tuple[int, ...]
     load_left_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LoadingEngine:
+    """An engine whose start began before the plan (started early, while the driver checked and
+    planned): its plan, devices, and how long it has been loading."""
+
+    plan: ExecutionPlan
+    devices: tuple[int, ...]
+    loading_for_s: float
+
+
+def loading_engines(problem: PlanProblem, loading: Mapping[str, LoadingEngine]) -> dict[str, Engine]:
+    """The loading engines as a timeline's engines: each node's, its start left the node's
+    start cost on that plan less what it has loaded (a plan the node cannot run is left out)."""
+    return {name: Engine(node.model, e.plan, e.devices, max(0.0, node.speeds[e.plan].start_s - e.loading_for_s))
+            for name, e in loading.items() if (node := problem.nodes.get(name)) is not None and e.plan in node.speeds}
 
 
 @dataclass(frozen=True)

@@ -23,12 +23,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from batchllm.core.errors import UserError
 from batchllm.core.files import write_text_atomically
 from batchllm.core.requests import ModelTask
+from batchllm.costmodel.estimator import ExecutionPlan
+from batchllm.costmodel.profile import ReplicaShape
 from batchllm.dag.model import DagSpec
 from batchllm.engines.devices import DeviceSet, Replica
 from batchllm.engines.engine import Engine, EngineFactory, EngineFailed
 from batchllm.engines.protocol import EngineConfig
+from batchllm.models.registry import resolve_model
+from batchllm.runtime.run_state import RunningPlan
 
 GUESSES_FILE = "first-engines.json"
 LOGS_FOLDER = "engine-logs"
@@ -78,14 +83,59 @@ class FirstEngines:
         write_text_atomically(self.path, json.dumps(kept) + "\n")
 
 
+def kept_first_engines(home: Path, key: str) -> list[EngineConfig]:
+    """The engines a command of `key` starts early: those kept for it whose model is still here."""
+    return [c for c in FirstEngines(home).load(key) if Path(c.model).is_dir()]
+
+
+def early_plans(configs: list[EngineConfig], dag: DagSpec, devices: DeviceSet, home: Path,
+                loading_for_s: float) -> dict[str, RunningPlan]:
+    """Engines started early as the planner sees them: by the DAG node whose engine they are (the
+    first in topological order with their model and kind of task), a plan of their replicas and
+    their devices' indices, loading for `loading_for_s`. Configs of no node, or on devices not
+    in `devices`, are left out."""
+    owners: dict[str, list[EngineConfig]] = {}
+    for config in configs:
+        owner = next((name for name in dag.topological_order() if _serves(config, dag, name, home)), None)
+        if owner is not None and all(i in devices.ids for i in config.replica.device_ids):
+            owners.setdefault(owner, []).append(config)
+    plans = {}
+    for name, own in owners.items():
+        shapes = {(len(c.replica.device_ids), c.replica.tp) for c in own}
+        if len(shapes) != 1:
+            continue  # replicas of two shapes: no one plan
+        (size, tp), = shapes
+        indices = tuple(sorted(devices.ids.index(i) for c in own for i in c.replica.device_ids))
+        plans[name] = RunningPlan(ExecutionPlan(len(own), ReplicaShape(size, tp)), indices, loading_for_s)
+    return plans
+
+
+def _serves(config: EngineConfig, dag: DagSpec, node: str, home: Path) -> bool:
+    """`config` is an engine of this node's model and kind of task (its model converted here)."""
+    spec = dag.nodes[node]
+    if dag.on_endpoints(node) or config.task.pools != spec.task.pools:
+        return False
+    try:
+        ref = resolve_model(spec.model, dag_dir=dag.path.parent, home=home, where=f"nodes.{node}.model")
+    except UserError:
+        return False
+    return Path(config.model) == Path(ref.config_dir(home))
+
+
 class EarlyEngines:
-    def __init__(self, engines: dict[tuple, Engine]):
+    def __init__(self, engines: dict[tuple, Engine], started_at: float | None = None):
         self._engines = engines
+        self.started_at = time.monotonic() if started_at is None else started_at  # when their starts began
+
+    def configs(self) -> list[EngineConfig]:
+        """The early engines not taken yet, as they were started."""
+        return [engine.config for engine in self._engines.values()]
 
     @classmethod
     def start(cls, configs: list[EngineConfig], factory: EngineFactory, home: Path) -> EarlyEngines:
         """Start these engines now (their loads go on while the caller checks and plans), each
         logging into `home`'s engine-logs folder; one that cannot start is left out."""
+        started_at = time.monotonic()
         logs = home / LOGS_FOLDER
         logs.mkdir(parents=True, exist_ok=True)
         _prune(logs)
@@ -101,7 +151,7 @@ class EarlyEngines:
             with open(log, "a", encoding="utf-8") as header:  # the worker appends its own lines
                 header.write(f"batchllm: engine process {getattr(engine, 'pid', None)} started early by command process "
                              f"{os.getpid()}, while it checks and plans\n")
-        return cls(engines)
+        return cls(engines, started_at)
 
     def __len__(self) -> int:
         return len(self._engines)

@@ -105,6 +105,12 @@ class EngineSet:
         early.stop_rest()
         return adopted
 
+    def early_loading(self) -> tuple[list[EngineConfig], float] | None:
+        """The early engines no reconcile has adopted yet, and how long they have been loading."""
+        if self._early is None or not len(self._early):
+            return None
+        return self._early.configs(), time.monotonic() - self._early.started_at
+
     def stop_early(self) -> None:
         """Stop early engines no reconcile adopted (a run that ended before its first stage)."""
         if self._early is not None:

@@ -24,7 +24,7 @@ import numpy as np
 from batchllm.core.errors import RunIncomplete
 from batchllm.core.requests import EngineResult, parse_finish_text
 from batchllm.engines.engine import EngineFactory
-from batchllm.runtime.early_engines import EarlyEngines
+from batchllm.runtime.early_engines import EarlyEngines, early_plans
 from batchllm.runtime.engine_configs import endpoint_configs, stage_configs
 from batchllm.runtime.engine_feeding import EngineFeeding
 from batchllm.runtime.engine_set import EngineLoss, EngineSet
@@ -238,6 +238,15 @@ class Executor:
         ended = tuple(run.name for run in self.nodes if run.name in open_before and not run.is_open)
         return StepResult(submitted, tuple(commits), engine_steps, tuple(polled.losses), ended)
 
+    def _running_plans(self) -> dict[str, RunningPlan]:
+        """The nodes' engines, and before the first stage those started early, still loading: a
+        plan that keeps them pays only what is left of their start."""
+        running = self.nodes.running_plans()
+        if (early := self.engines.early_loading()) is not None:
+            configs, loading_for_s = early
+            running = {**early_plans(configs, self.dag, self.devices, self.home, loading_for_s), **running}
+        return running
+
     def _observers(self) -> tuple[RunObserver, ...]:
         """What learns from the run: the planning's, and the length sampler."""
         return (*self.planning.observers, *((self.length_sampler,) if self.length_sampler is not None else ()))
@@ -251,7 +260,7 @@ class Executor:
         on_devices = self.nodes.planned_progress(now_s)
         if self.pilots_only:  # only pilots run: a stage of nodes whose pilot ended would wait for ever
             on_devices = {name: progress for name, progress in on_devices.items() if self.nodes[name].pilot is not None}
-        choice = self.planning.chooser.choose(on_devices, self.nodes.running_plans()) if on_devices else None
+        choice = self.planning.chooser.choose(on_devices, self._running_plans()) if on_devices else None
         if choice is not None and choice.schedule is not None:
             self.report.plan_made(choice.schedule, self.devices.ids)
         self.stage = log = StageLog(len(self.report.stages), now_s, *((choice.stage.duration_s, choice.rest_s, choice.search_s)

@@ -40,7 +40,7 @@ from batchllm.planner.from_dag import dag_workloads, measured_paces, server_node
 from batchllm.planner.length_sources import LengthModels
 from batchllm.planner.problem import build_problem
 from batchllm.runtime.calibrated_stages import CalibratedStages, RunEstimates
-from batchllm.runtime.early_engines import EarlyEngines, FirstEngines, first_engines_key
+from batchllm.runtime.early_engines import EarlyEngines, FirstEngines, first_engines_key, kept_first_engines
 from batchllm.runtime.executor import Executor
 from batchllm.runtime.fingerprint import node_fingerprints
 from batchllm.runtime.length_learning import LengthSampler
@@ -107,7 +107,7 @@ def run_dag(dag: DagSpec, spec: RunSpec, *, console: Console, engine_factory: En
 def _start_early(first_key: str | None, home: Path) -> EarlyEngines | None:
     if first_key is None:
         return None
-    configs = [c for c in FirstEngines(home).load(first_key) if Path(c.model).is_dir()]
+    configs = kept_first_engines(home, first_key)
     return EarlyEngines.start(configs, start_vllm_engine, home) if configs else None
 
 

@@ -34,3 +34,4 @@ class RunningPlan:
 
     plan: ExecutionPlan
     devices: tuple[int, ...]
+    loading_for_s: float | None = None  # an engine started early, still loading: since how long (None: running)

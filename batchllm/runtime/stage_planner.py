@@ -29,7 +29,7 @@ from batchllm.planner.best import best_schedule
 from batchllm.planner.engine_groups import member_schedule
 from batchllm.planner.problem import GroupMember, PlanProblem
 from batchllm.planner.schedule import Schedule
-from batchllm.planner.timeline import Engine, NodeState, Timeline
+from batchllm.planner.timeline import Engine, LoadingEngine, NodeState, Timeline, loading_engines
 from batchllm.runtime.run_state import NodeProgress, RunningPlan
 from batchllm.runtime.stage_chooser import StageChoice
 
@@ -132,5 +132,7 @@ class StagePlanner:
         return states
 
     def _engines(self, running: dict[str, RunningPlan]) -> dict[str, Engine]:
-        return {name: Engine(self.problem.nodes[name].model, r.plan, r.devices) for name, r in running.items()
-                if name in self.problem.nodes}
+        """The engines by node; those still loading (started early) with the start they have left."""
+        loading = {name: LoadingEngine(r.plan, r.devices, r.loading_for_s) for name, r in running.items() if r.loading_for_s is not None}
+        return {**{name: Engine(self.problem.nodes[name].model, r.plan, r.devices) for name, r in running.items()
+                   if name in self.problem.nodes and r.loading_for_s is None}, **loading_engines(self.problem, loading)}
