@@ -284,7 +284,7 @@ def test_a_model_that_misses_new_sets_levels_may_still_order_requests_inside_the
     assert within_sets_concordance(model, noise_prompts, lengths, np.ones(200, bool), ["x"] * 200) < RANK_MIN
 
 
-def test_a_fit_is_kept_until_the_observations_change(tmp_path, monkeypatch):
+def test_a_fit_is_kept_until_the_observations_grow_by_a_quarter(tmp_path, monkeypatch):
     store = ObservationStore.at_home(tmp_path, "m")
     for k in range(4):
         store.add(*workload(100, seed=40 + k), prompt_set=f"set-{k}")
@@ -297,7 +297,9 @@ def test_a_fit_is_kept_until_the_observations_change(tmp_path, monkeypatch):
     monkeypatch.setattr(LengthModel, "fit", no_fit)
     kept, kept_verdict = store.fitted_model(min_outputs=200)
     assert kept_verdict == verdict and np.array_equal(kept.log_shift(workload(20, seed=9)[0]), model.log_shift(workload(20, seed=9)[0]))
-    store.add(*workload(30, seed=50), prompt_set="set-new")
+    store.add(*workload(30, seed=50), prompt_set="set-new")  # 30 more of the 400 it read: still kept
+    assert store.fitted_model(min_outputs=200)[1] == verdict
+    store.add(*workload(80, seed=51), prompt_set="set-newer")  # 110 of 400: fit again
     with pytest.raises(AssertionError, match="fit again"):
         store.fitted_model(min_outputs=200)
 
