@@ -82,7 +82,7 @@ def plan(
         from batchllm.io.result_store import default_store_path
 
         console.print(f"the result store ({default_store_path(batchllm_home())}) answers, of each node's requests (`run` takes "
-                      f"them from the store; the estimate above computes the rest only, {report.all_computed_s - report.chosen.total_s:,.0f} s "
+                      f"them from the store; the estimate above computes the rest only, {(report.all_computed_s or 0.0) - report.chosen.total_s:,.0f} s "
                       "less than computing every request):", soft_wrap=True)
         for node in census:
             console.print(f"  {node.line()}", markup=False)

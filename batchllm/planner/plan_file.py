@@ -99,8 +99,8 @@ def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT,
                               batchllm_home(), lengths=lengths, outside=outside)
     problem = build_problem(cluster, workloads.planning_nodes(), (*workloads.notes, *on_servers))
     fit_s = time.perf_counter() - started
-    answered = answered_share is not None and any(answered_share.values())
-    start = timeline_of_the_rest(problem, answered_share) if answered else Timeline.start(problem)
+    answered = bool(answered_share and any(answered_share.values()))
+    start = timeline_of_the_rest(problem, answered_share) if answered_share and answered else Timeline.start(problem)
     if loading:
         start = Timeline(problem, 0.0, start.states, loading_engines(problem, loading))
     chosen = best_schedule(start)

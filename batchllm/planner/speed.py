@@ -34,7 +34,7 @@ batches).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -72,6 +72,7 @@ class PlanSpeed:
     output_curve: tuple[float, ...] = ()  # finish time / run time at the 0, 1/k, ..., 1 quantiles; () = steady
     max_running: int = 0  # requests the plan's replicas run at once; 0: unknown
     time_points: tuple[tuple[float, float], ...] = ()  # (the plan's requests, simulated time), ascending; (): the line
+    _below: tuple[tuple[float, float], ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         below: tuple[tuple[float, float], ...] = ()
@@ -157,7 +158,7 @@ def fit_shape_speed(profile: Profile, shape: ReplicaShape, workload: Workload, *
 
     quarter = sample[: max(1, sample.size // 4)]
     full_s, half_s = run_s(sample), run_s(half)
-    points = ((float(quarter.size), run_s(quarter)),) if quarter.size < half.size else ()
+    points: tuple[tuple[float, float], ...] = ((float(quarter.size), run_s(quarter)),) if quarter.size < half.size else ()
     points += ((float(half.size), half_s), (float(sample.size), full_s)) if sample.size > half.size else ()
     if sample.size > half.size:
         per_request_s = max((full_s - half_s) / (sample.size - half.size), full_s / sample.size * 0.05)
