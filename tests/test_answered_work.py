@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from batchllm.cli import app
-from batchllm.planner.answered_work import answered_states, timeline_of_the_rest
+from batchllm.planner.answered_work import answered_states
 from batchllm.planner.baselines import lower_bound_s
 from batchllm.planner.best import best_schedule
 from batchllm.planner.timeline import Timeline
@@ -19,17 +19,22 @@ from tests.test_planner import node, problem
 from tests.test_run_cli import run_cli_with
 
 
+def rest_of(plan_problem, answered_share) -> Timeline:
+    """The start of a plan of the requests the result store does not answer, as plan_dag builds it."""
+    return Timeline(plan_problem, 0.0, answered_states(plan_problem, answered_share))
+
+
 def test_an_answered_share_is_done_and_a_node_answered_whole_is_no_stage():
     chain = problem(2, node("gen", 100, 0.1), node("judge", 100, 0.1, producers=["gen"]))
     states = answered_states(chain, {"gen": 1.0, "judge": 0.25})
     assert "gen" not in states
     assert states["judge"].done_requests(chain.nodes["judge"]) == pytest.approx(25.0)
     whole = best_schedule(Timeline.start(chain))
-    rest = best_schedule(timeline_of_the_rest(chain, {"gen": 1.0, "judge": 0.25}))
+    rest = best_schedule(rest_of(chain, {"gen": 1.0, "judge": 0.25}))
     assert {name for stage in rest.stages for name in stage.plans} == {"judge"}
-    assert lower_bound_s(timeline_of_the_rest(chain, {"gen": 1.0, "judge": 0.25})) <= rest.total_s < whole.total_s
-    assert best_schedule(timeline_of_the_rest(chain, {})).total_s == pytest.approx(whole.total_s)
-    assert best_schedule(timeline_of_the_rest(chain, {"gen": 1.0, "judge": 1.0})).stages == ()
+    assert lower_bound_s(rest_of(chain, {"gen": 1.0, "judge": 0.25})) <= rest.total_s < whole.total_s
+    assert best_schedule(rest_of(chain, {})).total_s == pytest.approx(whole.total_s)
+    assert best_schedule(rest_of(chain, {"gen": 1.0, "judge": 1.0})).stages == ()
 
 
 def test_plan_after_a_run_estimates_what_the_store_leaves(workspace, monkeypatch, profiles):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from batchllm.planner.problem import PlanProblem
-from batchllm.planner.timeline import NodeState, Timeline
+from batchllm.planner.timeline import NodeState
 
 
 def answered_states(problem: PlanProblem, answered_share: Mapping[str, float]) -> dict[str, NodeState]:
@@ -24,7 +24,3 @@ def answered_states(problem: PlanProblem, answered_share: Mapping[str, float]) -
         states[name] = NodeState(len(node.rounds), 0.0, 1.0).capped(node, done) if done else NodeState()
     return states
 
-
-def timeline_of_the_rest(problem: PlanProblem, answered_share: Mapping[str, float]) -> Timeline:
-    """The start of a plan of the requests not answered: `best_schedule` and `lower_bound_s` take it."""
-    return Timeline(problem, 0.0, answered_states(problem, answered_share))

@@ -24,7 +24,7 @@ from batchllm.dag.model import DagSpec
 from batchllm.io.dag_checks import check_dag
 from batchllm.io.node_data import Sources
 from batchllm.models.registry import batchllm_home
-from batchllm.planner.answered_work import timeline_of_the_rest
+from batchllm.planner.answered_work import answered_states
 from batchllm.planner.baselines import lower_bound_s, max_heuristic, min_heuristic
 from batchllm.planner.best import EXACT_MAX_NODES, best_schedule
 from batchllm.planner.cluster import Cluster, parse_cluster
@@ -99,10 +99,9 @@ def plan_dag(dag: DagSpec, devices: str, *, profiles_root: Path = PROFILES_ROOT,
                               batchllm_home(), lengths=lengths, outside=outside)
     problem = build_problem(cluster, workloads.planning_nodes(), (*workloads.notes, *on_servers))
     fit_s = time.perf_counter() - started
-    answered = bool(answered_share and any(answered_share.values()))
-    start = timeline_of_the_rest(problem, answered_share) if answered_share and answered else Timeline.start(problem)
-    if loading:
-        start = Timeline(problem, 0.0, start.states, loading_engines(problem, loading))
+    answered = answered_share if answered_share and any(answered_share.values()) else None
+    states = answered_states(problem, answered) if answered else Timeline.start(problem).states
+    start = Timeline(problem, 0.0, states, loading_engines(problem, loading or {}))
     chosen = best_schedule(start)
     all_computed_s = best_schedule(Timeline.start(problem)).total_s if answered else None
     compared: tuple[Schedule, ...] = ()

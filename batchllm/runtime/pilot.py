@@ -94,10 +94,9 @@ class Pilots:
         """The node's pilot when it gets one: its sampled rows, none of them run yet, or some
         committed by an interrupted pilot (those are not run again). A pooling node gets none:
         each of its answers is one prefill step, there is no length to learn."""
-        if (self.size is None or node.reads or node.iterate or node.task.pools or fingerprint in self.known_prompt_sets
-                or not wants_pilot(ledger.rows, self.size)):
+        rows = self._rows(node, ledger, fingerprint)
+        if rows is None or fingerprint in self.known_prompt_sets:
             return None
-        rows = pilot_rows(ledger.rows, self.size, seed_of(fingerprint))
         committed = int((ledger.final_state_of(rows) == FinalState.COMMITTED).sum())
         if committed == len(rows) or ledger.committed_units > committed:  # done, or the run went past it
             return None
@@ -108,7 +107,11 @@ class Pilots:
         of them (`plan --pilot`, or a run that went past its pilot): a random sample of its
         prompt set whose answers all ended, which the run's lengths learn from as the pilot's
         own end would teach them. None when the node would get no pilot, or its pilot is not done."""
+        rows = self._rows(node, ledger, fingerprint)
+        return rows if rows is not None and (ledger.final_state_of(rows) == FinalState.COMMITTED).all() else None
+
+    def _rows(self, node: NodeSpec, ledger: NodeLedger, fingerprint: str) -> np.ndarray | None:
+        """The node's pilot rows, where the node is one pilots are for (see the module); else None."""
         if self.size is None or node.reads or node.iterate or node.task.pools or not wants_pilot(ledger.rows, self.size):
             return None
-        rows = pilot_rows(ledger.rows, self.size, seed_of(fingerprint))
-        return rows if (ledger.final_state_of(rows) == FinalState.COMMITTED).all() else None
+        return pilot_rows(ledger.rows, self.size, seed_of(fingerprint))
